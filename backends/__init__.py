@@ -1,0 +1,1 @@
+"""Backends implementing the device seam: `sim` (SimPy GPU model) and `gpu` (torch)."""

@@ -1,0 +1,37 @@
+"""The simulator as a runner backend: a SimDevice and the toy model as the sequential reference."""
+
+from __future__ import annotations
+
+from overlapcheck.backends.sim.device import SimDevice
+from overlapcheck.backends.sim.timing import Timing
+from overlapcheck.backends.sim.toy_model import ToyModel
+from overlapcheck.scenarios.scenario import RequestSpec, Scenario
+
+
+class SimBackend:
+    name = "sim"
+
+    def __init__(self, timing: Timing | None = None) -> None:
+        self.timing = timing if timing is not None else Timing()
+        self.model: ToyModel | None = None
+        self.device: SimDevice | None = None
+        self._refs: dict[int, list[int]] = {}
+
+    def make_device(self, scenario: Scenario) -> SimDevice:
+        cfg = scenario.config
+        self.model = ToyModel(cfg.vocab_size, cfg.eos_token_id, seed=cfg.seed)
+        for spec in scenario.requests:
+            if spec.continuation:
+                self.model.add_script(spec.prompt, spec.continuation)
+        self.device = SimDevice(cfg, self.model, self.timing)
+        return self.device
+
+    def reference(self, spec: RequestSpec, max_tokens: int) -> list[int]:
+        assert self.model is not None, "make_device first"
+        ref = self.model.generate(spec.prompt, max_tokens, spec.ignore_eos)
+        self._refs[spec.uid] = ref
+        return ref
+
+    def token_matches(self, uid: int, position: int, token: int) -> bool:
+        ref = self._refs.get(uid)
+        return ref is not None and position < len(ref) and ref[position] == token

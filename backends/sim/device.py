@@ -1,0 +1,266 @@
+"""The simulated device: SimPy processes for the streams, numpy buffers with real values.
+
+The host is the scheduler itself. Host time advances only through the device: a span costs
+simulated CPU time, a blocking wait runs the environment until the awaited event fires. A kernel
+reads its inputs when it starts and writes its outputs when it ends, so a write by the other stream
+in between is seen or missed as on hardware.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import simpy
+
+from overlapcheck.backends.sim.timing import Timing
+from overlapcheck.backends.sim.toy_model import DTYPE, ToyModel
+from overlapcheck.core.batch import METADATA_FIELDS, BatchInput, RowWrite
+from overlapcheck.core.config import SchedulerConfig
+from overlapcheck.core.device import Device, Event, ForwardOutput, Stream
+from overlapcheck.core.errors import InvariantError
+from overlapcheck.core.footprints import FootprintRecorder
+from overlapcheck.core.trace import HOST, PAGE_TABLE, TOKEN_POOL, Op, Trace
+
+OpBody = Callable[[], Generator[simpy.Event, Any, None]]
+
+
+class DeadlockError(InvariantError):
+    """The host waits on an event that can never fire."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("liveness", message)
+
+
+class SimEvent(Event):
+    def __init__(self, device: SimDevice, event_id: int) -> None:
+        self.id = event_id
+        self.device = device
+        self.fired = simpy.Event(device.env)
+
+    def synchronize(self) -> None:
+        self.device.host_wait(self)
+
+    def query(self) -> bool:
+        return self.fired.triggered
+
+
+class SimOutput(ForwardOutput):
+    def __init__(self, device: SimDevice, batch: BatchInput) -> None:
+        self.device = device
+        self.batch = batch
+        self.host_buffer = np.full(len(batch.seqs), -1, dtype=np.int64)
+
+    def tokens(self) -> list[int]:
+        self.device.recorder.output_read(self.batch, self.device.now())
+        return [int(t) for t in self.host_buffer]
+
+
+class SimDevice(Device):
+    def __init__(self, config: SchedulerConfig, model: ToyModel, timing: Timing | None = None) -> None:
+        self.config = config
+        self.model = model
+        self.timing = timing or Timing()
+        self.trace = Trace()
+        self.recorder = FootprintRecorder(config, self.trace)
+        self.env = simpy.Environment()
+        self.scheduler_stream = Stream("scheduler")
+        self.engine_stream = Stream("engine")
+        self.h2d_engine = simpy.Resource(self.env, capacity=1)
+        self.d2h_engine = simpy.Resource(self.env, capacity=1)
+        self.compute = simpy.Resource(self.env, capacity=1)
+        self._queues: dict[str, simpy.Store] = {}
+        for stream in (self.scheduler_stream, self.engine_stream):
+            self._queues[stream.name] = simpy.Store(self.env)
+            self.env.process(self._stream_loop(self._queues[stream.name]))
+        width = config.max_seq_len
+        self.token_pool = np.full((config.num_slots + 1, width), -1, dtype=DTYPE)
+        self.page_table = np.full((config.num_slots, width), -1, dtype=np.int64)
+        self.kv = np.full(config.num_cells, -1, dtype=DTYPE)
+        self.metadata = np.full((2, self.recorder.metadata_width), -1, dtype=np.int64)
+        self.staging = np.full(self.recorder.metadata_width, -1, dtype=np.int64)
+
+    # -- host side ----------------------------------------------------------------------------
+
+    def now(self) -> float:
+        return float(self.env.now)
+
+    def set_step(self, step: int) -> None:
+        self.recorder.step = step
+
+    @contextmanager
+    def span(self, phase: str, work: int = 0) -> Iterator[None]:
+        outer = self.recorder.phase
+        self.recorder.phase = phase
+        op = self.recorder.op(HOST, "span", self.now(), label=phase, start=self.now())
+        try:
+            yield
+        finally:
+            self._advance(self.timing.host(phase, work))
+            op.end = self.now()
+            self.recorder.phase = outer
+
+    def sleep_until(self, time: float) -> None:
+        start = self.now()
+        self._advance(time - start)
+        self.recorder.op(HOST, "idle", start, label="idle", start=start, end=self.now())
+
+    def host_wait(self, event: SimEvent) -> None:
+        op = self.recorder.op(HOST, "host_wait", self.now(), label=f"wait e{event.id}",
+                              waits=event.id, start=self.now())
+        try:
+            self.env.run(until=event.fired)
+        except RuntimeError as err:
+            raise DeadlockError(f"host waits on event e{event.id} that can never fire") from err
+        op.end = self.now()
+
+    def _advance(self, seconds: float) -> None:
+        if seconds > 0:
+            self.env.run(until=self.env.now + seconds)
+
+    # -- stream side --------------------------------------------------------------------------
+
+    def _stream_loop(self, queue: simpy.Store) -> Generator[simpy.Event, Any, None]:
+        while True:
+            body: OpBody = yield queue.get()
+            yield from body()
+
+    def _enqueue(self, stream: Stream, body: OpBody) -> None:
+        self._queues[stream.name].put(body)
+
+    def copy_to_device(self, buffer: str, writes: Sequence[RowWrite], stream: Stream) -> None:
+        target = {TOKEN_POOL: self.token_pool, PAGE_TABLE: self.page_table}[buffer]
+        access = self.recorder.rows(buffer, writes)
+        op = self.recorder.op(stream.name, "h2d", self.now(), label=f"h2d {buffer}", accesses=[access])
+        duration = self.timing.h2d(len(access.cells))
+        captured = [(w.row, w.start, np.asarray(w.values, dtype=target.dtype)) for w in writes]
+
+        def body() -> Generator[simpy.Event, Any, None]:
+            with self.h2d_engine.request() as grant:
+                yield grant
+                op.start = self.now()
+                yield self.env.timeout(duration)
+                for row, start, values in captured:
+                    target[row, start : start + len(values)] = values
+                op.end = self.now()
+
+        self._enqueue(stream, body)
+
+    def stage_metadata(self, batch: BatchInput, stream: Stream) -> Event:
+        flat = np.asarray(batch.metadata(), dtype=np.int64)
+        self.staging[: len(flat)] = flat
+        self.recorder.staging_write(batch, self.now())
+        op = self.recorder.op(stream.name, "h2d", self.now(), label=f"metadata {batch.label}",
+                              batch=batch.batch_id, uids=batch.uids,
+                              accesses=self.recorder.metadata_copy_accesses(batch))
+        duration = self.timing.h2d(len(flat))
+        parity, n = batch.batch_id % 2, len(flat)
+
+        def body() -> Generator[simpy.Event, Any, None]:
+            with self.h2d_engine.request() as grant:
+                yield grant
+                op.start = self.now()
+                values = self.staging[:n].copy()  # a copy reads its source when it starts
+                yield self.env.timeout(duration)
+                self.metadata[parity, :n] = values
+                op.end = self.now()
+
+        self._enqueue(stream, body)
+        return self.record(stream)
+
+    def wait_stream(self, waiter: Stream, waitee: Stream) -> None:
+        self.wait_event(waiter, self.record(waitee))
+
+    def record(self, stream: Stream) -> Event:
+        event = SimEvent(self, self.trace.new_event_id())
+        op = self.recorder.op(stream.name, "record", self.now(), label=f"record e{event.id}",
+                              records=event.id)
+
+        def body() -> Generator[simpy.Event, Any, None]:
+            op.start = op.end = self.now()
+            event.fired.succeed()
+            yield from ()
+
+        self._enqueue(stream, body)
+        return event
+
+    def wait_event(self, stream: Stream, event: Event) -> None:
+        assert isinstance(event, SimEvent)
+        op = self.recorder.op(stream.name, "wait", self.now(), label=f"wait e{event.id}",
+                              waits=event.id)
+
+        def body() -> Generator[simpy.Event, Any, None]:
+            op.start = self.now()
+            yield event.fired
+            op.end = self.now()
+
+        self._enqueue(stream, body)
+
+    def forward(self, batch: BatchInput, stream: Stream) -> ForwardOutput:
+        output = SimOutput(self, batch)
+        kernel = self.recorder.op(stream.name, "forward", self.now(), label=batch.label,
+                                  batch=batch.batch_id, uids=batch.uids,
+                                  accesses=self.recorder.forward_accesses(batch))
+        duration = self.timing.forward(batch.num_tokens, batch.num_context_tokens)
+        copy = self.recorder.op(stream.name, "d2h", self.now(), label=f"d2h {batch.label}",
+                                batch=batch.batch_id, uids=batch.uids,
+                                accesses=self.recorder.d2h_accesses(batch))
+        copy_duration = self.timing.d2h()
+        n = len(batch.seqs)
+
+        def run_kernel() -> Generator[simpy.Event, Any, None]:
+            with self.compute.request() as grant:
+                yield grant
+                kernel.start = self.now()
+                plan = self._read_inputs(batch.batch_id % 2, n)
+                yield self.env.timeout(duration)
+                for cells, ids, out_row, out_col, token in plan:
+                    self.kv[cells] = ids
+                    self.token_pool[out_row, out_col] = token
+                kernel.end = self.now()
+
+        def run_copy() -> Generator[simpy.Event, Any, None]:
+            with self.d2h_engine.request() as grant:
+                yield grant
+                copy.start = self.now()
+                meta = self.metadata[batch.batch_id % 2, : n * METADATA_FIELDS].reshape(n, METADATA_FIELDS)
+                values = self.token_pool[_rows(meta[:, 3], self.token_pool), _cols(meta[:, 4], self.token_pool)]
+                yield self.env.timeout(copy_duration)
+                output.host_buffer[:] = values
+                copy.end = self.now()
+
+        self._enqueue(stream, run_kernel)
+        self._enqueue(stream, run_copy)
+        return output
+
+    def _read_inputs(self, parity: int, n: int) -> list[tuple[np.ndarray, np.ndarray, int, int, int]]:
+        """What the kernel reads when it starts, and the token each sequence samples."""
+        meta = self.metadata[parity, : n * METADATA_FIELDS].reshape(n, METADATA_FIELDS)
+        plan = []
+        width = self.token_pool.shape[1]
+        for slot, start, end, out_row, out_col in meta.tolist():
+            slot = slot % self.config.num_slots
+            start, end = max(0, min(start, width)), max(0, min(end, width))
+            ids = self.token_pool[slot, start:end].copy()
+            table = self.page_table[slot, :end] % len(self.kv)
+            context = np.concatenate([self.kv[table[:start]], ids])
+            token = self.model.next_token(context) if len(context) else -1
+            plan.append((table[start:end], ids, out_row % len(self.token_pool), out_col % width, token))
+        return plan
+
+    def __repr__(self) -> str:
+        return f"SimDevice(t={self.now():.6f}s, ops={len(self.trace.ops)})"
+
+
+def _rows(values: np.ndarray, pool: np.ndarray) -> np.ndarray:
+    return values % pool.shape[0]
+
+
+def _cols(values: np.ndarray, pool: np.ndarray) -> np.ndarray:
+    return values % pool.shape[1]
+
+
+def op_duration(op: Op) -> float:
+    return (op.end or 0.0) - (op.start or 0.0)

@@ -1,0 +1,125 @@
+"""Latencies of the simulated device and host: a nominal profile plus delays from a source.
+
+A *site* is the n-th timed operation of a run (in host issue order, which is deterministic). A delay
+source gives each site an extra delay; every draw is recorded so that a run can be replayed exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Protocol
+
+US = 1e-6
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """Nominal costs in seconds. Host phases scale with `work` (requests touched)."""
+
+    schedule: float = 40 * US
+    schedule_per_req: float = 4 * US
+    launch: float = 12 * US
+    launch_per_req: float = 1 * US
+    process: float = 25 * US
+    process_per_req: float = 4 * US
+    idle: float = 0.0
+    h2d: float = 6 * US
+    h2d_per_cell: float = 0.002 * US
+    d2h: float = 6 * US
+    forward: float = 60 * US
+    forward_per_token: float = 1.5 * US
+    forward_per_context: float = 0.01 * US
+
+    @classmethod
+    def load(cls, path: str | Path) -> Profile:
+        """A profile from a JSON object of field -> seconds (a calibrated one, say)."""
+        data = json.loads(Path(path).read_text())
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: a timing profile must be a JSON object")
+        data = data.get("profile", data)
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"{path}: unknown timing fields {', '.join(unknown)}")
+        return cls(**{k: float(v) for k, v in data.items()})
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+class DelaySource(Protocol):
+    def delay(self, site: int, kind: str, nominal: float) -> float:
+        """Extra seconds (>= 0) for the operation at `site`."""
+        ...
+
+
+class NoDelay:
+    def delay(self, site: int, kind: str, nominal: float) -> float:
+        return 0.0
+
+
+class SeededDelay:
+    """Seeded random jitter: each site gets up to `scale` x its nominal duration extra, and now and
+    then (probability `spike`) a large delay, so that rare interleavings happen."""
+
+    def __init__(self, seed: int, scale: float = 0.5, spike: float = 0.02) -> None:
+        self.rng = random.Random(seed)
+        self.scale = scale
+        self.spike = spike
+
+    def delay(self, site: int, kind: str, nominal: float) -> float:
+        extra = self.rng.random() * self.scale * nominal
+        if self.rng.random() < self.spike:
+            extra += self.rng.random() * 200 * US
+        return extra
+
+
+class ReplayDelay:
+    """Delays recorded by an earlier run, by site; sites past the record get none."""
+
+    def __init__(self, draws: dict[int, float]) -> None:
+        self.draws = draws
+
+    def delay(self, site: int, kind: str, nominal: float) -> float:
+        return self.draws.get(site, 0.0)
+
+
+@dataclass(slots=True)
+class Timing:
+    profile: Profile = field(default_factory=Profile)
+    source: DelaySource = field(default_factory=NoDelay)
+    draws: dict[int, float] = field(default_factory=dict)  # site -> non-zero delay drawn
+    sites: int = 0
+
+    def cost(self, kind: str, nominal: float) -> float:
+        """The duration of the next timed operation: nominal plus the source's delay."""
+        site = self.sites
+        self.sites += 1
+        extra = self.source.delay(site, kind, nominal)
+        if extra < 0:
+            raise ValueError(f"negative delay {extra} at site {site}")
+        if extra:
+            self.draws[site] = extra
+        return nominal + extra
+
+    def host(self, phase: str, work: int) -> float:
+        p = self.profile
+        base, per = {
+            "schedule": (p.schedule, p.schedule_per_req),
+            "launch": (p.launch, p.launch_per_req),
+            "process": (p.process, p.process_per_req),
+        }.get(phase, (0.0, 0.0))
+        return self.cost(phase, base + per * work)
+
+    def h2d(self, cells: int) -> float:
+        return self.cost("h2d", self.profile.h2d + self.profile.h2d_per_cell * cells)
+
+    def d2h(self) -> float:
+        return self.cost("d2h", self.profile.d2h)
+
+    def forward(self, tokens: int, context: int) -> float:
+        p = self.profile
+        return self.cost("forward", p.forward + p.forward_per_token * tokens + p.forward_per_context * context)

@@ -1,0 +1,51 @@
+"""The toy model: the next token is a deterministic function of the context actually read.
+
+A scenario may script continuations (context -> next token) to put EOS exactly where it wants;
+otherwise the next token is a hash of the context bytes. The hash never yields EOS, so only scripts
+end requests early. Any corruption of the context the forward reads changes the token.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+DTYPE = np.int32
+
+
+class ToyModel:
+    def __init__(self, vocab_size: int, eos_token_id: int, seed: int = 0) -> None:
+        self.vocab_size = vocab_size
+        self.eos = eos_token_id
+        self.salt = seed.to_bytes(8, "little", signed=True)
+        self.script: dict[bytes, int] = {}
+
+    def add_script(self, prompt: Sequence[int], continuation: Iterable[int]) -> None:
+        """After `prompt + continuation[:k]`, the model says `continuation[k]`."""
+        context = list(prompt)
+        for token in continuation:
+            self.script[np.asarray(context, dtype=DTYPE).tobytes()] = int(token)
+            context.append(int(token))
+
+    def next_token(self, context: np.ndarray) -> int:
+        key = np.ascontiguousarray(context, dtype=DTYPE).tobytes()
+        scripted = self.script.get(key)
+        if scripted is not None:
+            return scripted
+        digest = hashlib.blake2b(key, digest_size=8, key=self.salt).digest()
+        token = int.from_bytes(digest, "little") % (self.vocab_size - 1)
+        return token + 1 if token >= self.eos else token
+
+    def generate(self, prompt: Sequence[int], max_tokens: int, ignore_eos: bool) -> list[int]:
+        """The sequential reference: the request run alone, token by token."""
+        context = list(prompt)
+        out: list[int] = []
+        while len(out) < max_tokens:
+            token = self.next_token(np.asarray(context, dtype=DTYPE))
+            out.append(token)
+            context.append(token)
+            if token == self.eos and not ignore_eos:
+                break
+        return out

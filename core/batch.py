@@ -1,0 +1,77 @@
+"""What the scheduler hands the device for one forward."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+Phase = Literal["prefill", "decode"]
+
+
+@dataclass(frozen=True, slots=True)
+class RowWrite:
+    """Host values copied into `buffer[row, start:start + len(values)]` on the device."""
+
+    row: int
+    start: int
+    values: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SeqWork:
+    """One request's share of a forward.
+
+    The forward reads input ids from `token_pool[slot, start:end]`, writes their KV into the cells
+    `page_table[slot, start:end]` points at, attends over `page_table[slot, 0:end]`, samples from
+    position `end - 1` and writes the sample into `token_pool[out_row, out_col]`.
+    `kv_cells` is the host's copy of `page_table[slot, 0:end]`; backends use it for footprints only
+    and read the real page table on the device.
+    """
+
+    uid: int
+    slot: int
+    start: int
+    end: int
+    out_row: int
+    out_col: int
+    kv_cells: Sequence[int]
+
+    @property
+    def num_new_tokens(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True, slots=True)
+class BatchInput:
+    """A batch as the device sees it: an id (also its label, `P3` or `D4`), a phase, its sequences."""
+
+    batch_id: int
+    phase: Phase
+    seqs: tuple[SeqWork, ...]
+
+    @property
+    def label(self) -> str:
+        return f"{'P' if self.phase == 'prefill' else 'D'}{self.batch_id}"
+
+    @property
+    def uids(self) -> tuple[int, ...]:
+        return tuple(s.uid for s in self.seqs)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.seqs)
+
+    @property
+    def num_context_tokens(self) -> int:
+        return sum(s.end for s in self.seqs)
+
+    def metadata(self) -> list[int]:
+        """The attention/sampling metadata, flattened as it travels through the staging buffer."""
+        flat: list[int] = []
+        for s in self.seqs:
+            flat += [s.slot, s.start, s.end, s.out_row, s.out_col]
+        return flat
+
+
+METADATA_FIELDS = 5

@@ -1,0 +1,1 @@
+"""KV pages: the allocator and the prefix caches (naive, radix)."""

@@ -1,0 +1,94 @@
+"""The cache manager: the page allocator plus a prefix cache, and the page bookkeeping of requests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from overlapcheck.core.cache.allocator import PageAllocator
+from overlapcheck.core.cache.base import PrefixCache
+from overlapcheck.core.cache.naive import NaiveCache
+from overlapcheck.core.cache.radix import RadixCache
+from overlapcheck.core.config import SchedulerConfig
+from overlapcheck.core.errors import InvariantError
+from overlapcheck.core.req import Req
+
+
+class CacheManager:
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.page_size = config.page_size
+        self.num_pages = config.num_pages
+        self.allocator = PageAllocator(config.num_pages)
+        self.prefix: PrefixCache = (
+            RadixCache(config.page_size) if config.cache == "radix" else NaiveCache()
+        )
+        self.hit_tokens = 0
+
+    @property
+    def available_pages(self) -> int:
+        """Pages a new allocation could get: free ones plus unlocked cached ones."""
+        return self.allocator.num_free + self.prefix.num_evictable_pages
+
+    def attach_prefix(self, req: Req) -> None:
+        """Match the prompt (never its last token: one position must be computed to sample) and
+        lock the match into the request."""
+        match = self.prefix.match(req.prompt[:-1])
+        self.prefix.lock(match.handle)
+        req.handle, req.cached_len, req.cells = match.handle, match.length, list(match.cells)
+        req.kv_len = req.table_len = 0
+
+    def detach_prefix(self, req: Req) -> None:
+        """Undo `attach_prefix` for a request that was not admitted after all."""
+        self.prefix.unlock(req.handle)
+        req.handle, req.cached_len, req.cells = None, 0, []
+
+    def grow(self, req: Req, num_positions: int) -> None:
+        """Give `req` KV cells up to `num_positions`, page by page, evicting when needed.
+
+        Admission reserved these pages, so running out here is a scheduler bug.
+        """
+        ps = self.page_size
+        while len(req.cells) < num_positions:
+            if self.allocator.num_free == 0:
+                self.allocator.free(self.prefix.evict(1))
+            page = self.allocator.allocate()
+            req.own_pages.append(page)
+            req.cells += range(page * ps, page * ps + ps)
+
+    def release(self, req: Req, forget: bool = True) -> None:
+        """Return a request's pages: cache what it computed (radix), free the rest, unlock.
+
+        `forget=False` keeps the request's books (pages, handle) as they were: only the
+        `abort-inflight-prefill` fault does that, to release the same request twice as upstream did.
+        """
+        tokens = req.known_tokens()
+        usable = len(tokens) // self.page_size * self.page_size
+        already = self.prefix.insert(tokens[:usable], req.cells[:usable])
+        kept = set(req.cells[already:usable:self.page_size]) if usable > already else set()
+        # Pages before `cached_len` belong to the tree; the request's own pages are freed unless
+        # the tree just took them.
+        to_free = [p for p in req.own_pages if p * self.page_size not in kept]
+        self.allocator.free(to_free)
+        self.prefix.unlock(req.handle)
+        if forget:
+            req.handle, req.own_pages, req.cells = None, [], []
+
+    def check_integrity(self, live: Iterable[Req]) -> None:
+        """free + cached + held by live requests == all pages, and no page is counted twice."""
+        self.prefix.check_integrity()
+        owners: dict[int, str] = {}
+
+        def claim(page: int, who: str) -> None:
+            if page in owners:
+                raise InvariantError("pages-conserved", f"page {page} is {owners[page]} and {who}")
+            owners[page] = who
+
+        for page in self.allocator.free_pages():
+            claim(page, "free")
+        for page in self.prefix.cached_pages():
+            claim(page, "cached")
+        for req in live:
+            for page in req.own_pages:
+                claim(page, f"held by request {req.uid}")
+        if len(owners) != self.num_pages:
+            missing = sorted(set(range(self.num_pages)) - owners.keys())[:8]
+            raise InvariantError("pages-conserved", f"pages {missing} are lost")

@@ -1,0 +1,61 @@
+"""The scheduler's one flat configuration."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+CacheKind = Literal["radix", "naive"]
+LoopKind = Literal["overlap", "normal"]
+CACHE_KINDS: tuple[CacheKind, ...] = ("radix", "naive")
+LOOP_KINDS: tuple[LoopKind, ...] = ("overlap", "normal")
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot work; the message names the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """Sizes of the device pools and the scheduler's switches."""
+
+    num_slots: int = 8
+    num_pages: int = 256
+    page_size: int = 1
+    max_extend_tokens: int = 256
+    max_seq_len: int = 256
+    vocab_size: int = 1024
+    eos_token_id: int = 2
+    cache: CacheKind = "radix"
+    loop: LoopKind = "overlap"
+    faults: frozenset[str] = field(default_factory=frozenset)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        positive = ("num_slots", "num_pages", "page_size", "max_extend_tokens", "max_seq_len")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_seq_len < 2:
+            raise ConfigError(f"max_seq_len must be >= 2, got {self.max_seq_len}")
+        if self.vocab_size < 4:
+            raise ConfigError(f"vocab_size must be >= 4, got {self.vocab_size}")
+        if not 0 <= self.eos_token_id < self.vocab_size:
+            raise ConfigError(f"eos_token_id {self.eos_token_id} is outside the vocabulary")
+        if self.cache not in CACHE_KINDS:
+            raise ConfigError(f"cache must be one of {', '.join(CACHE_KINDS)}, got {self.cache!r}")
+        if self.loop not in LOOP_KINDS:
+            raise ConfigError(f"loop must be one of {', '.join(LOOP_KINDS)}, got {self.loop!r}")
+
+    @property
+    def num_cells(self) -> int:
+        """KV cells in the pool: one per token position a page can hold."""
+        return self.num_pages * self.page_size
+
+    @property
+    def dummy_row(self) -> int:
+        """The extra `token_pool` row that takes throw-away samples of non-final prefill chunks."""
+        return self.num_slots
+
+    def pages_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.page_size)

@@ -1,0 +1,127 @@
+"""The device seam: the only way the scheduler touches the accelerator.
+
+The contract, for every backend:
+
+* Two streams, `scheduler_stream` and `engine_stream`. Work issued on a stream runs later, in issue
+  order on that stream, asynchronously to the host and to the other stream. Nothing orders the two
+  streams except `wait_stream` and `wait_event`.
+* The host only learns that stream work ran by waiting on an `Event` recorded after it
+  (`Event.synchronize`). Reading device results without such a wait is a race.
+* Every call records its footprint (who, which buffer cells, read or write, which synchronisation)
+  into `trace`, so `no-race` and the timeline see the same operations on every backend.
+
+Device buffers: `token_pool[num_slots + 1, max_seq_len]` (token ids; the last row is the dummy row),
+`page_table[num_slots, max_seq_len]` (KV cell per position), the KV pool (`num_pages * page_size`
+cells), the attention metadata (double-buffered by batch parity). Host buffers: the pinned staging
+buffer for metadata, one pinned output buffer per forward.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+
+from overlapcheck.core.batch import BatchInput, RowWrite
+from overlapcheck.core.trace import Trace
+
+
+@dataclass(frozen=True, slots=True)
+class Stream:
+    """A device queue; `name` is its agent name in the trace."""
+
+    name: str
+
+
+class Event(ABC):
+    """A marker recorded on a stream; fires when the stream's work before it has run."""
+
+    id: int
+
+    @abstractmethod
+    def synchronize(self) -> None:
+        """Block the host until the event fired. Records a host-wait operation."""
+
+    @abstractmethod
+    def query(self) -> bool:
+        """Whether the event fired already (never blocks, records nothing)."""
+
+
+class ForwardOutput(ABC):
+    """The sampled tokens of one forward, in a pinned host buffer of its own."""
+
+    batch: BatchInput
+
+    @abstractmethod
+    def tokens(self) -> list[int]:
+        """Read the host buffer: one token per sequence of the batch.
+
+        Valid only after the host waited on an event recorded after the forward on the engine
+        stream; earlier, the values are whatever the buffer held (on the simulator: -1).
+        Records a host read of the buffer.
+        """
+
+
+class Device(ABC):
+    """An accelerator with two streams, as the scheduler sees it."""
+
+    trace: Trace
+    scheduler_stream: Stream
+    engine_stream: Stream
+
+    @abstractmethod
+    def now(self) -> float:
+        """Host time in seconds since the run started (simulated on the simulator)."""
+
+    @abstractmethod
+    def set_step(self, step: int) -> None:
+        """Tell the device which scheduler iteration issues the next calls (for the trace)."""
+
+    @abstractmethod
+    def span(self, phase: str, work: int = 0) -> AbstractContextManager[None]:
+        """A host phase (`schedule`, `process`, ...). `work` scales its simulated CPU cost.
+
+        Calls made inside are attributed to the phase in the trace.
+        """
+
+    @abstractmethod
+    def sleep_until(self, time: float) -> None:
+        """The host idles until `time` (waiting for the next request to arrive)."""
+
+    @abstractmethod
+    def copy_to_device(self, buffer: str, writes: Sequence[RowWrite], stream: Stream) -> None:
+        """H2D of host values into rows of `token_pool` or `page_table`, run later on `stream`.
+
+        The host values are captured at the call (a fresh pinned buffer per call), so the caller
+        may reuse its lists at once. The device cells are written when the copy runs.
+        """
+
+    @abstractmethod
+    def stage_metadata(self, batch: BatchInput, stream: Stream) -> Event:
+        """Write `batch.metadata()` into the reusable pinned staging buffer now, and enqueue its
+        H2D into the metadata slot of the batch's parity on `stream`.
+
+        The staging buffer is one buffer: the caller must wait on the returned event before the
+        next call, or that call overwrites values the previous copy has not read yet.
+        """
+
+    @abstractmethod
+    def wait_stream(self, waiter: Stream, waitee: Stream) -> None:
+        """Work issued on `waiter` from now on runs after all work issued on `waitee` so far."""
+
+    @abstractmethod
+    def record(self, stream: Stream) -> Event:
+        """An event that fires when the work issued on `stream` so far has run."""
+
+    @abstractmethod
+    def wait_event(self, stream: Stream, event: Event) -> None:
+        """Work issued on `stream` from now on runs after `event` fired."""
+
+    @abstractmethod
+    def forward(self, batch: BatchInput, stream: Stream) -> ForwardOutput:
+        """Enqueue the model on `stream`: gather input ids from `token_pool`, read the metadata
+        slot of the batch's parity, attend over the paged KV, write the new KV, sample, write each
+        sample into `token_pool[out_row, out_col]`, then copy the samples into a fresh pinned host
+        buffer (D2H on the same stream). Nothing here waits; the caller orders it.
+        """

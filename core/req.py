@@ -1,0 +1,66 @@
+"""A request as the scheduler tracks it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from overlapcheck.core.cache.base import CacheHandle
+from overlapcheck.core.messages import SamplingParams
+
+
+class ReqState(Enum):
+    PENDING = "pending"  # waiting for admission
+    PREFILLING = "prefilling"  # admitted, prompt not fully launched
+    RUNNING = "running"  # prompt launched, decoding
+    FINISHED = "finished"  # last message sent; resources may still wait for an in-flight batch
+    ABORTED = "aborted"
+
+
+@dataclass(eq=False, slots=True)
+class Req:
+    """One request. Lengths count token positions in the request's `token_pool` row.
+
+    `kv_len`: positions whose KV a launched forward computes. `device_len`: tokens that will sit in
+    the row once every launched forward ran (prompt plus launched samples); the host learns those
+    samples one round later, into `outputs`.
+    """
+
+    uid: int
+    prompt: tuple[int, ...]
+    params: SamplingParams
+    max_output: int  # max_tokens, clamped to what max_seq_len allows
+    arrival_step: int
+    state: ReqState = ReqState.PENDING
+    slot: int = -1
+    cells: list[int] = field(default_factory=list)  # host copy of page_table[slot, :]
+    own_pages: list[int] = field(default_factory=list)  # pages allocated for this request
+    handle: CacheHandle | None = None  # locked prefix-cache match
+    cached_len: int = 0
+    table_len: int = 0  # page_table entries already copied to the device
+    kv_len: int = 0
+    device_len: int = 0
+    outputs: list[int] = field(default_factory=list)
+    inflight: int = 0  # launched batches holding this request whose results are unprocessed
+    released: bool = False
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt)
+
+    @property
+    def launched_outputs(self) -> int:
+        return max(0, self.device_len - self.prompt_len)
+
+    @property
+    def can_decode(self) -> bool:
+        """Another decode round may be launched: counts rounds launched, not results received."""
+        return self.state is ReqState.RUNNING and self.launched_outputs < self.max_output
+
+    @property
+    def done(self) -> bool:
+        return self.state in (ReqState.FINISHED, ReqState.ABORTED)
+
+    def known_tokens(self) -> list[int]:
+        """Prompt plus received outputs, cut to the positions whose KV was computed."""
+        return (list(self.prompt) + self.outputs)[: self.kv_len]

@@ -1,0 +1,309 @@
+"""The scheduler: one implementation, an overlap loop and a normal loop.
+
+Overlap loop, one iteration: receive -> schedule batch N+1 and prepare its inputs on the scheduler
+stream -> the engine stream waits for the scheduler stream -> launch forward N+1 -> process batch N
+(wait for its copy-done event, append tokens, decide finished, free, reply). The normal loop does
+the same with "process" right after "launch".
+
+Every fix of a known upstream bug sits at one spot guarded by `self._fault(NAME)`, so that one named
+fault re-enables it (see `core/faults.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple, Protocol
+
+from overlapcheck.core import faults as F
+from overlapcheck.core.batch import BatchInput, RowWrite, SeqWork
+from overlapcheck.core.cache.manager import CacheManager
+from overlapcheck.core.config import SchedulerConfig
+from overlapcheck.core.decode import DecodeManager
+from overlapcheck.core.device import Device, Event, ForwardOutput
+from overlapcheck.core.errors import InvariantError
+from overlapcheck.core.listener import SchedulerListener
+from overlapcheck.core.messages import AbortMsg, InMsg, OutMsg, RejectMsg, TokenMsg, UserMsg
+from overlapcheck.core.prefill import Chunk, PrefillManager
+from overlapcheck.core.req import Req, ReqState
+from overlapcheck.core.table import TableManager
+from overlapcheck.core.trace import PAGE_TABLE, TOKEN_POOL, Message
+from overlapcheck.core.validate import max_output, rejection
+
+
+class MessageSource(Protocol):
+    """Where requests come from: messages that have arrived by `now`, and when the next one will."""
+
+    def poll(self, now: float) -> list[InMsg]: ...
+
+    def next_arrival(self) -> float | None: ...
+
+
+class Launched(NamedTuple):
+    """A batch whose forward was issued and whose results are not processed yet."""
+
+    batch: BatchInput
+    reqs: tuple[Req, ...]
+    output: ForwardOutput
+    copy_done: Event
+
+
+class Scheduler:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        device: Device,
+        source: MessageSource,
+        sink: Callable[[OutMsg], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.device = device
+        self.source = source
+        self.sink = sink
+        self.listeners: list[SchedulerListener] = []
+        self.table = TableManager(config.num_slots)
+        self.cache = CacheManager(config)
+        self.prefill = PrefillManager(config, self.cache, self.table)
+        self.decode = DecodeManager()
+        self.reqs: dict[int, Req] = {}  # every request holding a uid: pending to released
+        self.step_no = 0
+        self.inflight: Launched | None = None
+        self._staged: Event | None = None
+        self._next_batch_id = 1
+
+    # -- public accessors (invariants read these) ---------------------------------------------
+
+    def live_requests(self) -> list[Req]:
+        return list(self.reqs.values())
+
+    @property
+    def has_work(self) -> bool:
+        return self.prefill.has_work or bool(self.decode.running) or self.inflight is not None
+
+    def check_integrity(self) -> None:
+        """The scheduler's own books: pages conserved, slots owned once. Raises InvariantError."""
+        admitted = [r for r in self.reqs.values() if r.state is not ReqState.PENDING]
+        self.cache.check_integrity(admitted)
+        slots = [r.slot for r in admitted]
+        free = self.table.free_slots()
+        if len(set(slots)) != len(slots) or set(slots) & set(free):
+            raise InvariantError("slot-not-in-flight", f"slots held {sorted(slots)}, free {free}")
+        if len(slots) + len(free) != self.config.num_slots:
+            raise InvariantError("slot-not-in-flight", f"slots held {sorted(slots)}, free {free}")
+
+    # -- the loops ----------------------------------------------------------------------------
+
+    def step(self) -> bool:
+        """One iteration of the configured loop; False once idle with nothing more to come."""
+        self.device.set_step(self.step_no)
+        if not self._receive():
+            return False
+        if self.config.loop == "overlap":
+            self.overlap_step()
+        else:
+            self.normal_step()
+        for listener in self.listeners:
+            listener.on_step_end(self)
+        self.step_no += 1
+        return True
+
+    def overlap_step(self) -> None:
+        launched = self._schedule_and_launch()
+        if self.inflight is not None:
+            self._process(self.inflight)
+        self.inflight = launched
+
+    def normal_step(self) -> None:
+        launched = self._schedule_and_launch()
+        if launched is not None:
+            self._process(launched)
+
+    def run_until_idle(self, max_steps: int | None = None) -> int:
+        """Run until idle with no more arrivals (offline use); returns the iterations run."""
+        start = self.step_no
+        while self.step():
+            if max_steps is not None and self.step_no - start >= max_steps:
+                break
+        return self.step_no - start
+
+    # -- receive ------------------------------------------------------------------------------
+
+    def _receive(self) -> bool:
+        if not self.has_work:
+            arrival = self.source.next_arrival()
+            if arrival is None:
+                return False
+            if arrival > self.device.now():
+                self.device.sleep_until(arrival)
+        for msg in self.source.poll(self.device.now()):
+            for listener in self.listeners:
+                listener.on_receive(self, msg)
+            if isinstance(msg, UserMsg):
+                self._add_request(msg)
+            else:
+                self._abort(msg)
+        return True
+
+    def _add_request(self, msg: UserMsg) -> None:
+        reason = rejection(self.config, msg, live=msg.uid in self.reqs)
+        if reason is not None:
+            self._send(RejectMsg(msg.uid, reason))
+            return
+        req = Req(msg.uid, tuple(msg.input_ids), msg.sampling_params, max_output(self.config, msg),
+                  arrival_step=self.step_no)
+        self.reqs[req.uid] = req
+        self.prefill.add(req)
+
+    def _abort(self, msg: AbortMsg) -> None:
+        req = self.reqs.get(msg.uid)
+        if req is None or req.done:
+            return  # unknown, or already finished: nothing to cancel
+        was = req.state
+        req.state = ReqState.ABORTED
+        self.prefill.remove(req)
+        self.decode.remove(req)
+        if was is ReqState.PENDING:
+            req.released = True
+            del self.reqs[req.uid]
+            return
+        if self._fault(F.ABORT_INFLIGHT_PREFILL) and was is ReqState.PREFILLING and req.inflight:
+            self.cache.release(req, forget=False)  # upstream: cached now, and again on the result
+        self._maybe_release(req)
+
+    # -- schedule and launch ------------------------------------------------------------------
+
+    def _schedule_and_launch(self) -> Launched | None:
+        with self.device.span("schedule", work=len(self.reqs)):
+            batch, reqs = self._schedule()
+        if batch is None:
+            return None
+        with self.device.span("launch", work=len(reqs)):
+            dev = self.device
+            dev.wait_stream(dev.engine_stream, dev.scheduler_stream)
+            output = dev.forward(batch, dev.engine_stream)
+            # NOTE: copy-done must follow the forward and its D2H on the engine stream.
+            done_on = dev.scheduler_stream if self._fault(F.COPY_DONE_WRONG_STREAM) else dev.engine_stream
+            launched = Launched(batch, reqs, output, dev.record(done_on))
+        for listener in self.listeners:
+            listener.on_launch(self, launched)
+        return launched
+
+    def _reserved_pages(self) -> int:
+        return sum(self.prefill.pages_needed(r) for r in self.reqs.values()
+                   if r.state in (ReqState.PREFILLING, ReqState.RUNNING))
+
+    def _schedule(self) -> tuple[BatchInput | None, tuple[Req, ...]]:
+        chunks, admitted = self.prefill.schedule(self._reserved_pages())
+        for req in admitted:
+            for listener in self.listeners:
+                listener.on_admit(self, req)
+        phase = "prefill"
+        if not chunks:
+            phase = "decode"
+            chunks = [Chunk(r, r.device_len - 1, r.device_len) for r in self.decode.batch()]
+        if not chunks:
+            return None, ()
+        batch_id = self._next_batch_id
+        self._next_batch_id += 1
+        seqs, table_writes, token_writes = [], [], []
+        for req, start, end in chunks:
+            self.cache.grow(req, end)
+            if req.table_len < end:
+                table_writes.append(RowWrite(req.slot, req.table_len, tuple(req.cells[req.table_len:end])))
+                req.table_len = end
+            if phase == "prefill":
+                token_writes.append(RowWrite(req.slot, start, req.prompt[start:end]))
+            out_row, out_col = self._sample_cell(req, end)
+            seqs.append(SeqWork(req.uid, req.slot, start, end, out_row, out_col, req.cells[:end]))
+        dev = self.device
+        if table_writes:
+            dev.copy_to_device(PAGE_TABLE, table_writes, dev.scheduler_stream)
+        if token_writes:
+            dev.copy_to_device(TOKEN_POOL, token_writes, dev.scheduler_stream)
+        batch = BatchInput(batch_id, "decode" if phase == "decode" else "prefill", tuple(seqs))
+        # NOTE: one pinned staging buffer: its previous H2D must have read it before we rewrite it.
+        if self._staged is not None and not self._fault(F.STAGING_BUFFER_REUSE):
+            self._staged.synchronize()
+        self._staged = dev.stage_metadata(batch, dev.scheduler_stream)
+        for req, _, end in chunks:
+            self._mark_launched(req, end)
+        return batch, tuple(c.req for c in chunks)
+
+    def _sample_cell(self, req: Req, end: int) -> tuple[int, int]:
+        """Where the forward writes the sample taken at position `end - 1`."""
+        if end < req.prompt_len and not self._fault(F.CHUNK_SAMPLE_OVERWRITE):
+            return self.config.dummy_row, 0  # a non-final chunk's sample is thrown away
+        return req.slot, end
+
+    def _mark_launched(self, req: Req, end: int) -> None:
+        req.kv_len = end
+        req.inflight += 1
+        if req.state is ReqState.PREFILLING and end == req.prompt_len:
+            req.state = ReqState.RUNNING
+            req.device_len = end + 1
+            self.prefill.remove(req)
+            self.decode.add(req)
+        elif req.state is ReqState.RUNNING:
+            req.device_len = end + 1
+
+    # -- process results ----------------------------------------------------------------------
+
+    def _process(self, launched: Launched) -> None:
+        with self.device.span("process", work=len(launched.reqs)):
+            launched.copy_done.synchronize()
+            tokens = launched.output.tokens()
+            for req, seq, token in zip(launched.reqs, launched.batch.seqs, tokens, strict=True):
+                req.inflight -= 1
+                if seq.end < req.prompt_len:
+                    pass  # a non-final chunk: nothing to report
+                elif req.done:
+                    if req.state is ReqState.FINISHED and self._fault(F.REPLY_AFTER_FINISH):
+                        self._send(TokenMsg(req.uid, token, True))
+                    # else: the extra round of a finished or aborted request: dropped
+                else:
+                    self._append(req, token)
+                self._maybe_release(req)
+        for listener in self.listeners:
+            listener.on_processed(self, launched)
+
+    def _append(self, req: Req, token: int) -> None:
+        req.outputs.append(token)
+        if self._fault(F.FINISH_BY_CAN_DECODE):
+            finished = not req.can_decode
+        else:
+            finished = len(req.outputs) >= req.max_output
+        if token == self.config.eos_token_id and not req.params.ignore_eos:
+            finished = True
+        self._send(TokenMsg(req.uid, token, finished))
+        if finished:
+            req.state = ReqState.FINISHED
+            self.decode.remove(req)
+
+    def _maybe_release(self, req: Req) -> None:
+        # NOTE: a finished request may sit in the in-flight batch (its extra round): its slot and
+        # pages are still read and written there, so they are freed only once that batch is done.
+        if not req.done or req.released:
+            return
+        if req.inflight > 0 and not self._fault(F.FREE_SLOT_EARLY):
+            return
+        req.released = True
+        self.cache.release(req)
+        self.table.free(req.slot)
+        del self.reqs[req.uid]
+        for listener in self.listeners:
+            listener.on_release(self, req)
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _fault(self, name: str) -> bool:
+        return name in self.config.faults
+
+    def _send(self, msg: OutMsg) -> None:
+        dev = self.device
+        if isinstance(msg, TokenMsg):
+            dev.trace.messages.append(Message(dev.now(), self.step_no, msg.uid, "token", msg.token, msg.finished))
+        else:
+            dev.trace.messages.append(Message(dev.now(), self.step_no, msg.uid, "reject", reason=msg.reason))
+        for listener in self.listeners:
+            listener.on_message(self, msg)
+        if self.sink is not None:
+            self.sink(msg)

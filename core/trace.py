@@ -1,0 +1,140 @@
+"""The run's trace: every operation the host issued, with its footprint and its synchronisation.
+
+Both backends record the same trace through the :class:`~overlapcheck.core.device.Device` seam, so the
+race checker, the invariants and the timeline work on either. Operations are appended in the order
+the host issues them; that order is a linearisation of happens-before (every edge -- stream order,
+host issue, event record -> wait -- points from an earlier issue to a later one), which is what lets
+the race checker run online.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+HOST = "host"
+Mode = Literal["r", "w"]
+
+# Buffers the footprints name. Host-side pinned buffers are prefixed "host:".
+TOKEN_POOL = "token_pool"
+PAGE_TABLE = "page_table"
+KV = "kv"
+METADATA = "metadata"
+STAGING = "host:staging"
+
+
+def host_output_buffer(batch_id: int) -> str:
+    """The pinned host buffer that receives one batch's sampled tokens."""
+    return f"host:out{batch_id}"
+
+
+@dataclass(slots=True)
+class Access:
+    """A read or write of a set of cells of one buffer (flat indices, sorted, unique)."""
+
+    buffer: str
+    cells: np.ndarray
+    mode: Mode
+
+    def describe(self) -> str:
+        n = len(self.cells)
+        span = f"{int(self.cells[0])}..{int(self.cells[-1])}" if n else "-"
+        return f"{'write' if self.mode == 'w' else 'read'} {self.buffer}[{span}] ({n} cells)"
+
+
+@dataclass(slots=True)
+class Op:
+    """One traced operation.
+
+    `agent` is `host` or a stream name. Host operations run at issue time; stream operations run
+    later, when the backend executes them, which fills `start` and `end`.
+    """
+
+    seq: int
+    agent: str
+    kind: str
+    step: int
+    phase: str
+    issue: float
+    label: str = ""
+    batch: int | None = None
+    uids: tuple[int, ...] = ()
+    accesses: list[Access] = field(default_factory=list)
+    records: int | None = None  # event id this op records
+    waits: int | None = None  # event id this op waits for
+    start: float | None = None
+    end: float | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.end is not None
+
+
+@dataclass(slots=True)
+class Message:
+    """A message the scheduler sent, with when it was sent."""
+
+    time: float
+    step: int
+    uid: int
+    kind: str  # "token" or "reject"
+    token: int = -1
+    finished: bool = False
+    reason: str = ""
+
+
+class Trace:
+    """Operations and messages of one run, in issue order."""
+
+    def __init__(self) -> None:
+        self.ops: list[Op] = []
+        self.messages: list[Message] = []
+        self._next_event = 0
+
+    def new_event_id(self) -> int:
+        self._next_event += 1
+        return self._next_event
+
+    def add(self, op: Op) -> Op:
+        self.ops.append(op)
+        return op
+
+    def next_seq(self) -> int:
+        return len(self.ops)
+
+    def by_agent(self, agent: str) -> Iterator[Op]:
+        return (op for op in self.ops if op.agent == agent)
+
+    def digest(self) -> str:
+        """A hex digest of the canonical trace: same inputs give the same digest in any process."""
+        h = hashlib.blake2b(digest_size=16)
+        for op in self.ops:
+            h.update(
+                repr(
+                    (
+                        op.seq, op.agent, op.kind, op.step, op.phase, _t(op.issue), op.label,
+                        op.batch, op.uids, op.records, op.waits, _t(op.start), _t(op.end),
+                    )
+                ).encode()
+            )
+            for acc in op.accesses:
+                h.update(f"{acc.buffer}:{acc.mode}:".encode())
+                h.update(np.ascontiguousarray(acc.cells, dtype=np.int64).tobytes())
+        for m in self.messages:
+            h.update(repr((_t(m.time), m.step, m.uid, m.kind, m.token, m.finished, m.reason)).encode())
+        return h.hexdigest()
+
+
+def _t(value: float | None) -> str:
+    # Times are rounded to the nanosecond so that float noise in a sum cannot change the digest.
+    return "-" if value is None else f"{value:.9f}"
+
+
+def cells_range(row: int, width: int, start: int, stop: int) -> np.ndarray:
+    """Flat indices of `buffer[row, start:stop]` in a row-major buffer of the given width."""
+    base = row * width
+    return np.arange(base + start, base + stop, dtype=np.int64)

@@ -1,0 +1,47 @@
+"""The happens-before graph of a trace (networkx), to explain a race: which edge is missing."""
+
+from __future__ import annotations
+
+import networkx as nx
+
+from overlapcheck.core.trace import HOST, Op, Trace
+
+
+def hb_graph(trace: Trace, upto: int | None = None) -> nx.DiGraph:
+    """Ops as nodes (by seq); edges for program order, host issue, and event record -> wait."""
+    ops = trace.ops[: None if upto is None else upto + 1]
+    graph = nx.DiGraph()
+    last: dict[str, int] = {}
+    last_host = -1
+    recorders: dict[int, int] = {}
+    for op in ops:
+        graph.add_node(op.seq, agent=op.agent, kind=op.kind, label=op.label, step=op.step)
+        if op.agent in last:
+            graph.add_edge(last[op.agent], op.seq, why="program order")
+        if op.agent != HOST and last_host >= 0:
+            graph.add_edge(last_host, op.seq, why="host issue")
+        if op.waits is not None and op.waits in recorders:
+            graph.add_edge(recorders[op.waits], op.seq, why=f"event e{op.waits}")
+        if op.records is not None:
+            recorders[op.records] = op.seq
+        last[op.agent] = op.seq
+        if op.agent == HOST:
+            last_host = op.seq
+    return graph
+
+
+def ordered(trace: Trace, first: int, second: int) -> bool:
+    return bool(nx.has_path(hb_graph(trace, second), first, second))
+
+
+def explain(trace: Trace, first: Op, second: Op) -> str:
+    """A sentence naming the synchronisation that would have ordered the two operations."""
+    if ordered(trace, first.seq, second.seq):
+        return "the two operations are ordered (not a race)"
+    where = f"`{first.label or first.kind}` on {first.agent} (step {first.step})"
+    if second.agent == HOST:
+        return f"the host did not wait on an event recorded on {first.agent} after {where}"
+    if first.agent == HOST:
+        return (f"{second.agent} ran `{second.label or second.kind}` with no wait ordering it after "
+                f"the host's {first.kind} at step {first.step}")
+    return f"{second.agent} never waited on an event recorded on {first.agent} after {where}"

@@ -1,0 +1,49 @@
+"""The `no-race` invariant: no conflicting accesses unordered by happens-before."""
+
+from __future__ import annotations
+
+from overlapcheck.core.messages import OutMsg
+from overlapcheck.core.scheduler import Scheduler
+from overlapcheck.core.trace import Op
+from overlapcheck.invariants.base import Invariant
+from overlapcheck.invariants.hbgraph import explain
+from overlapcheck.invariants.races import RaceDetector
+
+
+def describe_op(op: Op) -> dict[str, object]:
+    return {
+        "seq": op.seq, "agent": op.agent, "kind": op.kind, "label": op.label,
+        "step": op.step, "phase": op.phase, "batch": op.batch, "uids": list(op.uids),
+    }
+
+
+class NoRace(Invariant):
+    id = "no-race"
+
+    def __init__(self) -> None:
+        self.detector = RaceDetector()
+
+    def on_step_end(self, sched: Scheduler) -> None:
+        self.check()
+
+    def on_message(self, sched: Scheduler, msg: OutMsg) -> None:
+        self.check()  # a race that corrupted this message is the better report than the oracle's
+
+    def finish(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        trace = self.run.scheduler.device.trace
+        race = self.detector.check(trace)
+        if race is None:
+            return
+        first, second = trace.ops[race.first], trace.ops[race.second]
+        uids = tuple(sorted(set(first.uids) | set(second.uids)))
+        self.fail(
+            f"{race.kind} on {race.buffer} cells {list(race.cells)}: {first.agent} "
+            f"`{first.label or first.kind}` (step {first.step}, {first.phase}) vs {second.agent} "
+            f"`{second.label or second.kind}` (step {second.step}, {second.phase}); "
+            f"{explain(trace, first, second)}",
+            uids, kind=race.kind, buffer=race.buffer, cells=list(race.cells),
+            first=describe_op(first), second=describe_op(second),
+        )

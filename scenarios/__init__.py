@@ -1,0 +1,1 @@
+"""Workloads: the `Scenario` type, a file loader, the named scenarios and Hypothesis strategies."""

@@ -1,0 +1,96 @@
+"""Load scenarios from JSON or TOML files, with errors that name the field."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from overlapcheck.core.config import ConfigError, SchedulerConfig
+from overlapcheck.scenarios.scenario import RequestSpec, Scenario
+
+
+class ScenarioError(ValueError):
+    """A scenario that cannot be built; the message is one line for the user."""
+
+
+CONFIG_FIELDS = {f.name for f in fields(SchedulerConfig)} - {"faults"}
+REQUEST_FIELDS = {f.name for f in fields(RequestSpec)}
+
+
+def load_scenario_file(path: str | Path) -> Scenario:
+    p = Path(path)
+    if not p.is_file():
+        raise ScenarioError(f"{p}: no such scenario file")
+    text = p.read_text()
+    try:
+        data = tomllib.loads(text) if p.suffix == ".toml" else json.loads(text)
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as err:
+        raise ScenarioError(f"{p}: not valid {'TOML' if p.suffix == '.toml' else 'JSON'}: {err}") from None
+    return scenario_from_dict(data, default_name=p.stem, where=str(p))
+
+
+def scenario_from_dict(data: Any, default_name: str = "scenario", where: str = "scenario") -> Scenario:
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{where}: expected an object with 'config' and 'requests'")
+    unknown = sorted(set(data) - {"name", "description", "config", "requests", "tags"})
+    if unknown:
+        raise ScenarioError(f"{where}: unknown key {', '.join(unknown)}")
+    cfg = data.get("config", {})
+    if not isinstance(cfg, dict):
+        raise ScenarioError(f"{where}: 'config' must be an object")
+    bad = sorted(set(cfg) - CONFIG_FIELDS)
+    if bad:
+        raise ScenarioError(f"{where}: unknown config field {', '.join(bad)}")
+    try:
+        config = SchedulerConfig(**cfg)
+    except (ConfigError, TypeError) as err:
+        raise ScenarioError(f"{where}: config: {err}") from None
+    reqs = data.get("requests")
+    if not isinstance(reqs, list) or not reqs:
+        raise ScenarioError(f"{where}: 'requests' must be a non-empty list")
+    specs = tuple(_request(r, i, where) for i, r in enumerate(reqs))
+    return Scenario(str(data.get("name", default_name)), config, specs, str(data.get("description", "")))
+
+
+def _request(raw: Any, index: int, where: str) -> RequestSpec:
+    at = f"{where}: requests[{index}]"
+    if not isinstance(raw, dict):
+        raise ScenarioError(f"{at}: expected an object")
+    bad = sorted(set(raw) - REQUEST_FIELDS)
+    if bad:
+        raise ScenarioError(f"{at}: unknown field {', '.join(bad)}")
+    if "uid" not in raw or "prompt" not in raw:
+        raise ScenarioError(f"{at}: needs 'uid' and 'prompt'")
+    spec = RequestSpec(
+        uid=_int(raw["uid"], f"{at}.uid"),
+        prompt=tuple(_int(t, f"{at}.prompt") for t in _list(raw["prompt"], f"{at}.prompt")),
+        max_tokens=_int(raw.get("max_tokens", 8), f"{at}.max_tokens"),
+        arrival=_float(raw.get("arrival", 0.0), f"{at}.arrival"),
+        ignore_eos=bool(raw.get("ignore_eos", False)),
+        continuation=tuple(_int(t, f"{at}.continuation") for t in _list(raw.get("continuation", []), f"{at}.continuation")),
+        abort_at=None if raw.get("abort_at") is None else _float(raw["abort_at"], f"{at}.abort_at"),
+    )
+    if spec.arrival < 0 or (spec.abort_at is not None and spec.abort_at < 0):
+        raise ScenarioError(f"{at}: times must be >= 0")
+    return spec
+
+
+def _int(value: Any, at: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ScenarioError(f"{at}: expected an integer, got {value!r}")
+    return value
+
+
+def _float(value: Any, at: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ScenarioError(f"{at}: expected a number, got {value!r}")
+    return float(value)
+
+
+def _list(value: Any, at: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise ScenarioError(f"{at}: expected a list")
+    return value

@@ -1,0 +1,49 @@
+"""The `overlapcheck` command line. Bad input: one line on stderr, exit 2."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from overlapcheck import __version__
+from overlapcheck.commands import faults, run
+from overlapcheck.errors import UserError
+
+COMMANDS = [run, faults]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="overlapcheck", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"overlapcheck {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for module in COMMANDS:
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the console script."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.main(args))
+    except UserError as err:
+        print(f"overlapcheck: error: {err}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # `overlapcheck run --json | head`: the reader left, not an error
+        sys.stderr.close()
+        return 0
+    except KeyboardInterrupt:
+        print("overlapcheck: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The `overlapcheck` subcommands, one module each: `add_parser(subparsers)` and `main(args)`."""

@@ -1,0 +1,88 @@
+"""Argument helpers shared by the subcommands."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from pathlib import Path
+
+from overlapcheck.backends.sim.timing import Profile, SeededDelay, Timing
+from overlapcheck.core.config import CACHE_KINDS, LOOP_KINDS, ConfigError
+from overlapcheck.core.faults import UnknownFaultError, parse_faults
+from overlapcheck.errors import UserError
+from overlapcheck.scenarios.loader import ScenarioError, load_scenario_file
+from overlapcheck.scenarios.named import NAMED, named_scenario
+from overlapcheck.scenarios.scenario import Scenario
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def nonneg_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def add_config_overrides(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--loop", choices=LOOP_KINDS, help="scheduler loop (default: the scenario's)")
+    parser.add_argument("--cache", choices=CACHE_KINDS, help="prefix cache (default: the scenario's)")
+    parser.add_argument("--page-size", type=positive_int, help="tokens per KV page")
+    parser.add_argument("--chunk", type=positive_int, dest="max_extend_tokens",
+                        help="prefill token budget per batch (max_extend_tokens)")
+    parser.add_argument("--fault", action="append", default=[], metavar="NAME",
+                        help="re-enable a named known bug (repeatable; see `overlapcheck faults`)")
+
+
+def add_timing(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--seed", type=nonneg_int, default=None,
+                        help="draw random operation delays from this seed (default: nominal timing)")
+    parser.add_argument("--timing", metavar="FILE", help="a timing profile (JSON), e.g. from calibrate")
+
+
+def resolve_scenario(text: str) -> Scenario:
+    if text in NAMED:
+        return named_scenario(text)
+    if Path(text).suffix in (".json", ".toml") or Path(text).exists():
+        try:
+            return load_scenario_file(text)
+        except ScenarioError as err:
+            raise UserError(str(err)) from None
+    raise UserError(f"unknown scenario {text!r}: name one of {', '.join(NAMED)} or a .json/.toml file")
+
+
+def apply_overrides(scenario: Scenario, args: argparse.Namespace) -> Scenario:
+    changes: dict[str, object] = {}
+    for name in ("loop", "cache", "page_size", "max_extend_tokens"):
+        value = getattr(args, name, None)
+        if value is not None:
+            changes[name] = value
+    try:
+        changes["faults"] = parse_faults(getattr(args, "fault", []) or [])
+        return replace(scenario, config=replace(scenario.config, **changes))
+    except (UnknownFaultError, ConfigError) as err:
+        raise UserError(str(err)) from None
+
+
+def make_timing(args: argparse.Namespace) -> Timing:
+    profile = Profile()
+    if getattr(args, "timing", None):
+        try:
+            profile = Profile.load(args.timing)
+        except FileNotFoundError:
+            raise UserError(f"{args.timing}: no such timing file") from None
+        except (ValueError, TypeError) as err:
+            raise UserError(f"{args.timing}: bad timing profile: {err}") from None
+    seed = getattr(args, "seed", None)
+    return Timing(profile, SeededDelay(seed)) if seed is not None else Timing(profile)

@@ -1,0 +1,62 @@
+"""`overlapcheck run`: one scenario on one backend, all invariants on."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from overlapcheck.backends.registry import BACKENDS, make_backend
+from overlapcheck.commands.common import add_config_overrides, add_timing, apply_overrides, make_timing, resolve_scenario
+from overlapcheck.runner import RunResult, run_scenario
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="run one scenario and check every invariant")
+    p.add_argument("--backend", choices=BACKENDS, default="sim")
+    p.add_argument("--scenario", default="basic", help="a named scenario or a .json/.toml file")
+    add_config_overrides(p)
+    add_timing(p)
+    p.add_argument("--model", help="(cpu/cuda) a Hugging Face checkpoint directory")
+    p.add_argument("--preset", help="(cpu/cuda) a model preset when no --model is given")
+    p.add_argument("--sanitize", action="store_true", help="(cuda) run under PyTorch's CUDA sanitizer")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--trace", metavar="PATH", help="save the trace (JSON)")
+    p.add_argument("--timeline", metavar="OUT", help="draw the timeline (.png, .svg or .json)")
+    p.set_defaults(main=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    scenario = apply_overrides(resolve_scenario(args.scenario), args)
+    options = {k: getattr(args, k) for k in ("model", "preset", "sanitize") if getattr(args, k)}
+    backend = make_backend(args.backend, make_timing(args), **options)
+    result = run_scenario(scenario, backend)
+    if args.trace:
+        from overlapcheck.trace_io import save_trace
+
+        save_trace(result, args.trace)
+    if args.timeline:
+        from overlapcheck.timeline.render import render_result
+
+        render_result(result, args.timeline)
+    if args.json:
+        json.dump(result.to_json(), sys.stdout)
+        print()
+    else:
+        print_human(result)
+    return 0 if result.ok else 1
+
+
+def print_human(result: RunResult) -> None:
+    c = result.config
+    faults = f" faults={','.join(sorted(c.faults))}" if c.faults else ""
+    print(f"{result.scenario.name} on {result.backend}: loop={c.loop} cache={c.cache} "
+          f"page_size={c.page_size} chunk={c.max_extend_tokens}{faults}")
+    for o in result.outcomes:
+        shown = " ".join(map(str, o.tokens[:12])) + (" ..." if len(o.tokens) > 12 else "")
+        print(f"  uid {o.uid:<4} {o.finish_reason:<10} {len(o.tokens):>3} tokens  {shown}")
+    for v in result.violations:
+        print(f"VIOLATION {v.line()}")
+    status = "ok" if result.ok else f"FAILED ({len(result.violations)} violation)"
+    print(f"{status}: {result.iterations} iterations, {result.simulated_seconds * 1e3:.3f} ms simulated, "
+          f"{result.wall_seconds:.3f} s wall, trace {result.trace_hash[:16]}")

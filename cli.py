@@ -8,10 +8,10 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from overlapcheck import __version__
-from overlapcheck.commands import faults, run
+from overlapcheck.commands import bench, explore, faults, replay, run
 from overlapcheck.errors import UserError
 
-COMMANDS = [run, faults]
+COMMANDS = [run, explore, replay, faults, bench]
 
 
 class _Parser(argparse.ArgumentParser):

@@ -80,15 +80,21 @@ class RunResult:
     def to_json(self) -> dict[str, Any]:
         c = self.config
         return {
-            "backend": self.backend, "scenario": self.scenario.name, "loop": c.loop,
-            "cache": c.cache, "page_size": c.page_size, "faults": sorted(c.faults),
+            "backend": self.backend,
+            "scenario": self.scenario.name,
+            "loop": c.loop,
+            "cache": c.cache,
+            "page_size": c.page_size,
+            "faults": sorted(c.faults),
             "ok": self.ok,
             "requests": [o.to_json() for o in self.outcomes],
             "violations": [v.to_json() for v in self.violations],
             "trace_hash": self.trace_hash,
             "stats": {
-                "iterations": self.iterations, "simulated_seconds": self.simulated_seconds,
-                "wall_seconds": self.wall_seconds, "operations": len(self.trace.ops),
+                "iterations": self.iterations,
+                "simulated_seconds": self.simulated_seconds,
+                "wall_seconds": self.wall_seconds,
+                "operations": len(self.trace.ops),
                 **self.extra,
             },
         }
@@ -97,7 +103,9 @@ class RunResult:
 def step_bound(scenario: Scenario) -> int:
     """Iterations after which a run that has not finished counts as a liveness violation."""
     cfg = scenario.config
-    work = sum(-(-len(r.prompt) // cfg.max_extend_tokens) + r.max_tokens + 2 for r in scenario.requests)
+    work = sum(
+        -(-len(r.prompt) // cfg.max_extend_tokens) + r.max_tokens + 2 for r in scenario.requests
+    )
     return 4 * work + 64
 
 
@@ -113,7 +121,9 @@ def run_scenario(
     cfg = scenario.config
     live = {s.uid: s for s in scenario.requests if rejection(cfg, user_msg(s), live=False) is None}
     ctx = RunContext(
-        scenario, scheduler, backend,
+        scenario,
+        scheduler,
+        backend,
         max_output={u: max_output(cfg, user_msg(s)) for u, s in live.items()},
         ignore_eos={u: s.ignore_eos for u, s in live.items()},
         references={u: backend.reference(s, max_output(cfg, user_msg(s))) for u, s in live.items()},
@@ -124,10 +134,16 @@ def run_scenario(
         scheduler.listeners.append(inv)
     violations = _drive(scheduler, checks, step_bound(scenario))
     return RunResult(
-        scenario=scenario, backend=backend.name, config=cfg,
-        outcomes=outcomes(scenario, device.trace), violations=violations, trace=device.trace,
-        trace_hash=device.trace.digest(), iterations=scheduler.step_no,
-        simulated_seconds=device.now(), wall_seconds=time.perf_counter() - started,
+        scenario=scenario,
+        backend=backend.name,
+        config=cfg,
+        outcomes=outcomes(scenario, device.trace),
+        violations=violations,
+        trace=device.trace,
+        trace_hash=device.trace.digest(),
+        iterations=scheduler.step_no,
+        simulated_seconds=device.now(),
+        wall_seconds=time.perf_counter() - started,
     )
 
 
@@ -136,8 +152,15 @@ def _drive(scheduler: Scheduler, checks: list[Invariant], bound: int) -> list[Vi
         while scheduler.step():
             if scheduler.step_no > bound:
                 stuck = tuple(sorted(scheduler.reqs))
-                return [Violation("liveness", scheduler.step_no, scheduler.device.now(), stuck,
-                                  f"not idle after {bound} iterations; requests {list(stuck)} remain")]
+                return [
+                    Violation(
+                        "liveness",
+                        scheduler.step_no,
+                        scheduler.device.now(),
+                        stuck,
+                        f"not idle after {bound} iterations; requests {list(stuck)} remain",
+                    )
+                ]
         for inv in checks:
             inv.finish()
     except InvariantViolated as err:

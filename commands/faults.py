@@ -17,10 +17,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def main(args: argparse.Namespace) -> int:
     if args.json:
-        print(json.dumps([
-            {"name": f.name, "summary": f.summary, "origin": f.origin, "breaks": list(f.breaks)}
-            for f in FAULTS.values()
-        ], indent=2))
+        print(
+            json.dumps(
+                [
+                    {
+                        "name": f.name,
+                        "summary": f.summary,
+                        "origin": f.origin,
+                        "breaks": list(f.breaks),
+                    }
+                    for f in FAULTS.values()
+                ],
+                indent=2,
+            )
+        )
         return 0
     for f in FAULTS.values():
         print(f"{f.name}  (breaks: {', '.join(f.breaks)})")

@@ -7,7 +7,13 @@ import json
 import sys
 
 from overlapcheck.backends.registry import BACKENDS, make_backend
-from overlapcheck.commands.common import add_config_overrides, add_timing, apply_overrides, make_timing, resolve_scenario
+from overlapcheck.commands.common import (
+    add_config_overrides,
+    add_timing,
+    apply_overrides,
+    make_timing,
+    resolve_scenario,
+)
 from overlapcheck.runner import RunResult, run_scenario
 
 
@@ -19,7 +25,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_timing(p)
     p.add_argument("--model", help="(cpu/cuda) a Hugging Face checkpoint directory")
     p.add_argument("--preset", help="(cpu/cuda) a model preset when no --model is given")
-    p.add_argument("--sanitize", action="store_true", help="(cuda) run under PyTorch's CUDA sanitizer")
+    p.add_argument(
+        "--sanitize", action="store_true", help="(cuda) run under PyTorch's CUDA sanitizer"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--trace", metavar="PATH", help="save the trace (JSON)")
     p.add_argument("--timeline", metavar="OUT", help="draw the timeline (.png, .svg or .json)")
@@ -50,13 +58,17 @@ def main(args: argparse.Namespace) -> int:
 def print_human(result: RunResult) -> None:
     c = result.config
     faults = f" faults={','.join(sorted(c.faults))}" if c.faults else ""
-    print(f"{result.scenario.name} on {result.backend}: loop={c.loop} cache={c.cache} "
-          f"page_size={c.page_size} chunk={c.max_extend_tokens}{faults}")
+    print(
+        f"{result.scenario.name} on {result.backend}: loop={c.loop} cache={c.cache} "
+        f"page_size={c.page_size} chunk={c.max_extend_tokens}{faults}"
+    )
     for o in result.outcomes:
         shown = " ".join(map(str, o.tokens[:12])) + (" ..." if len(o.tokens) > 12 else "")
         print(f"  uid {o.uid:<4} {o.finish_reason:<10} {len(o.tokens):>3} tokens  {shown}")
     for v in result.violations:
         print(f"VIOLATION {v.line()}")
     status = "ok" if result.ok else f"FAILED ({len(result.violations)} violation)"
-    print(f"{status}: {result.iterations} iterations, {result.simulated_seconds * 1e3:.3f} ms simulated, "
-          f"{result.wall_seconds:.3f} s wall, trace {result.trace_hash[:16]}")
+    print(
+        f"{status}: {result.iterations} iterations, {result.simulated_seconds * 1e3:.3f} ms simulated, "
+        f"{result.wall_seconds:.3f} s wall, trace {result.trace_hash[:16]}"
+    )

@@ -38,8 +38,13 @@ class FootprintRecorder:
 
     def op(self, agent: str, kind: str, issue: float, **fields: object) -> Op:
         op = Op(
-            seq=self.trace.next_seq(), agent=agent, kind=kind, step=self.step,
-            phase=self.phase, issue=issue, **fields,  # type: ignore[arg-type]
+            seq=self.trace.next_seq(),
+            agent=agent,
+            kind=kind,
+            step=self.step,
+            phase=self.phase,
+            issue=issue,
+            **fields,  # type: ignore[arg-type]
         )
         return self.trace.add(op)
 
@@ -90,9 +95,15 @@ class FootprintRecorder:
 
     def staging_write(self, batch: BatchInput, issue: float) -> Op:
         return self.op(
-            HOST, "stage", issue, label=f"stage {batch.label}", batch=batch.batch_id,
-            uids=batch.uids, accesses=[Access(STAGING, self.staging_cells(batch), "w")],
-            start=issue, end=issue,
+            HOST,
+            "stage",
+            issue,
+            label=f"stage {batch.label}",
+            batch=batch.batch_id,
+            uids=batch.uids,
+            accesses=[Access(STAGING, self.staging_cells(batch), "w")],
+            start=issue,
+            end=issue,
         )
 
     def metadata_copy_accesses(self, batch: BatchInput) -> list[Access]:
@@ -104,13 +115,23 @@ class FootprintRecorder:
     def output_read(self, batch: BatchInput, issue: float) -> Op:
         out = np.arange(len(batch.seqs), dtype=np.int64)
         return self.op(
-            HOST, "read_output", issue, label=f"read {batch.label}", batch=batch.batch_id,
-            uids=batch.uids, accesses=[Access(host_output_buffer(batch.batch_id), out, "r")],
-            start=issue, end=issue,
+            HOST,
+            "read_output",
+            issue,
+            label=f"read {batch.label}",
+            batch=batch.batch_id,
+            uids=batch.uids,
+            accesses=[Access(host_output_buffer(batch.batch_id), out, "r")],
+            start=issue,
+            end=issue,
         )
 
 
 def _cells(parts: Sequence[np.ndarray]) -> np.ndarray:
+    # Duplicates are harmless to the race checker (shared prefixes are read by several sequences),
+    # so no sort/unique here: this runs several times per simulated iteration.
     if not parts:
         return np.empty(0, dtype=np.int64)
-    return np.unique(np.concatenate(parts).astype(np.int64, copy=False))
+    if len(parts) == 1:
+        return parts[0].astype(np.int64, copy=False)
+    return np.concatenate(parts).astype(np.int64, copy=False)

@@ -34,7 +34,7 @@ def host_output_buffer(batch_id: int) -> str:
 
 @dataclass(slots=True)
 class Access:
-    """A read or write of a set of cells of one buffer (flat indices, sorted, unique)."""
+    """A read or write of a set of cells of one buffer (flat indices; may repeat)."""
 
     buffer: str
     cells: np.ndarray
@@ -42,7 +42,7 @@ class Access:
 
     def describe(self) -> str:
         n = len(self.cells)
-        span = f"{int(self.cells[0])}..{int(self.cells[-1])}" if n else "-"
+        span = f"{int(self.cells.min())}..{int(self.cells.max())}" if n else "-"
         return f"{'write' if self.mode == 'w' else 'read'} {self.buffer}[{span}] ({n} cells)"
 
 
@@ -112,20 +112,39 @@ class Trace:
     def digest(self) -> str:
         """A hex digest of the canonical trace: same inputs give the same digest in any process."""
         h = hashlib.blake2b(digest_size=16)
+        rows = []
+        cells = []
         for op in self.ops:
-            h.update(
-                repr(
-                    (
-                        op.seq, op.agent, op.kind, op.step, op.phase, _t(op.issue), op.label,
-                        op.batch, op.uids, op.records, op.waits, _t(op.start), _t(op.end),
-                    )
-                ).encode()
+            rows.append(
+                (
+                    op.seq,
+                    op.agent,
+                    op.kind,
+                    op.step,
+                    op.phase,
+                    _t(op.issue),
+                    op.label,
+                    op.batch,
+                    op.uids,
+                    op.records,
+                    op.waits,
+                    _t(op.start),
+                    _t(op.end),
+                    [(a.buffer, a.mode, len(a.cells)) for a in op.accesses],
+                )
             )
-            for acc in op.accesses:
-                h.update(f"{acc.buffer}:{acc.mode}:".encode())
-                h.update(np.ascontiguousarray(acc.cells, dtype=np.int64).tobytes())
-        for m in self.messages:
-            h.update(repr((_t(m.time), m.step, m.uid, m.kind, m.token, m.finished, m.reason)).encode())
+            cells.extend(a.cells for a in op.accesses)
+        h.update(repr(rows).encode())
+        if cells:
+            h.update(np.concatenate(cells).astype(np.int64, copy=False).tobytes())
+        h.update(
+            repr(
+                [
+                    (_t(m.time), m.step, m.uid, m.kind, m.token, m.finished, m.reason)
+                    for m in self.messages
+                ]
+            ).encode()
+        )
         return h.hexdigest()
 
 

@@ -24,8 +24,12 @@ class Violation:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "invariant": self.invariant, "step": self.step, "time": self.time,
-            "uids": list(self.uids), "message": self.message, "details": self.details,
+            "invariant": self.invariant,
+            "step": self.step,
+            "time": self.time,
+            "uids": list(self.uids),
+            "message": self.message,
+            "details": self.details,
         }
 
     def line(self) -> str:
@@ -52,7 +56,9 @@ class Invariant(SchedulerListener):
     def fail(self, message: str, uids: tuple[int, ...] = (), **details: Any) -> None:
         self.fail_as(self.id, message, uids, **details)
 
-    def fail_as(self, invariant: str, message: str, uids: tuple[int, ...] = (), **details: Any) -> None:
+    def fail_as(
+        self, invariant: str, message: str, uids: tuple[int, ...] = (), **details: Any
+    ) -> None:
         sched = self.run.scheduler
         raise InvariantViolated(
             Violation(invariant, sched.step_no, sched.device.now(), uids, message, details)

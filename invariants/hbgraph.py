@@ -42,6 +42,8 @@ def explain(trace: Trace, first: Op, second: Op) -> str:
     if second.agent == HOST:
         return f"the host did not wait on an event recorded on {first.agent} after {where}"
     if first.agent == HOST:
-        return (f"{second.agent} ran `{second.label or second.kind}` with no wait ordering it after "
-                f"the host's {first.kind} at step {first.step}")
+        return (
+            f"{second.agent} ran `{second.label or second.kind}` with no wait ordering it after "
+            f"the host's {first.kind} at step {first.step}"
+        )
     return f"{second.agent} never waited on an event recorded on {first.agent} after {where}"

@@ -42,7 +42,9 @@ class ExactLength(Invariant):
             return
         if n > limit:
             self.fail(f"token {n} sent, max_tokens allows {limit}", (msg.uid,))
-        at_eos = msg.token == sched.config.eos_token_id and not self.run.ignore_eos.get(msg.uid, False)
+        at_eos = msg.token == sched.config.eos_token_id and not self.run.ignore_eos.get(
+            msg.uid, False
+        )
         if msg.finished and n < limit and not at_eos:
             self.fail(f"finished after {n} of {limit} tokens, not at EOS", (msg.uid,))
         if n == limit and not msg.finished:
@@ -68,7 +70,9 @@ class AbortSilent(Invariant):
     def on_message(self, sched: Scheduler, msg: OutMsg) -> None:
         if msg.uid in self.aborted:
             step = self.aborted[msg.uid]
-            self.fail(f"{type(msg).__name__} sent after the abort processed at step {step}", (msg.uid,))
+            self.fail(
+                f"{type(msg).__name__} sent after the abort processed at step {step}", (msg.uid,)
+            )
 
     def finish(self) -> None:
         sched = self.run.scheduler

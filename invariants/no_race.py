@@ -12,8 +12,14 @@ from overlapcheck.invariants.races import RaceDetector
 
 def describe_op(op: Op) -> dict[str, object]:
     return {
-        "seq": op.seq, "agent": op.agent, "kind": op.kind, "label": op.label,
-        "step": op.step, "phase": op.phase, "batch": op.batch, "uids": list(op.uids),
+        "seq": op.seq,
+        "agent": op.agent,
+        "kind": op.kind,
+        "label": op.label,
+        "step": op.step,
+        "phase": op.phase,
+        "batch": op.batch,
+        "uids": list(op.uids),
     }
 
 
@@ -44,6 +50,10 @@ class NoRace(Invariant):
             f"`{first.label or first.kind}` (step {first.step}, {first.phase}) vs {second.agent} "
             f"`{second.label or second.kind}` (step {second.step}, {second.phase}); "
             f"{explain(trace, first, second)}",
-            uids, kind=race.kind, buffer=race.buffer, cells=list(race.cells),
-            first=describe_op(first), second=describe_op(second),
+            uids,
+            kind=race.kind,
+            buffer=race.buffer,
+            cells=list(race.cells),
+            first=describe_op(first),
+            second=describe_op(second),
         )

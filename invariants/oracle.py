@@ -22,7 +22,15 @@ class Oracle(Invariant):
         if expected is None:
             return
         if k >= len(expected):
-            self.fail(f"token #{k + 1} = {msg.token}, the reference ends after {len(expected)}", (msg.uid,))
+            self.fail(
+                f"token #{k + 1} = {msg.token}, the reference ends after {len(expected)}",
+                (msg.uid,),
+            )
         if not self.run.token_matches(msg.uid, k, msg.token):
-            self.fail(f"token #{k + 1} = {msg.token}, the reference says {expected[k]}", (msg.uid,),
-                      position=k, got=msg.token, expected=expected[k])
+            self.fail(
+                f"token #{k + 1} = {msg.token}, the reference says {expected[k]}",
+                (msg.uid,),
+                position=k,
+                got=msg.token,
+                expected=expected[k],
+            )

@@ -33,7 +33,7 @@ class _Shadow:
 
     def __init__(self) -> None:
         self.size = 0
-        self.w_agent = np.empty(0, dtype=np.int8)
+        self.w_agent = np.empty(0, dtype=np.int8)  # 0 with clock 0: never written
         self.w_clock = np.empty(0, dtype=np.int64)
         self.w_op = np.empty(0, dtype=np.int64)
         self.r_clock = np.empty((MAX_AGENTS, 0), dtype=np.int64)
@@ -44,11 +44,15 @@ class _Shadow:
             return
         new = max(top + 1, 2 * self.size, 64)
         grow = new - self.size
-        self.w_agent = np.concatenate([self.w_agent, np.full(grow, -1, dtype=np.int8)])
+        self.w_agent = np.concatenate([self.w_agent, np.zeros(grow, dtype=np.int8)])
         self.w_clock = np.concatenate([self.w_clock, np.zeros(grow, dtype=np.int64)])
         self.w_op = np.concatenate([self.w_op, np.full(grow, -1, dtype=np.int64)])
-        self.r_clock = np.concatenate([self.r_clock, np.zeros((MAX_AGENTS, grow), dtype=np.int64)], axis=1)
-        self.r_op = np.concatenate([self.r_op, np.full((MAX_AGENTS, grow), -1, dtype=np.int64)], axis=1)
+        self.r_clock = np.concatenate(
+            [self.r_clock, np.zeros((MAX_AGENTS, grow), dtype=np.int64)], axis=1
+        )
+        self.r_op = np.concatenate(
+            [self.r_op, np.full((MAX_AGENTS, grow), -1, dtype=np.int64)], axis=1
+        )
         self.size = new
 
 
@@ -73,7 +77,9 @@ class HappensBefore:
         a = self.index(op.agent)
         vc = self.clocks[a]
         if a != 0:
-            np.maximum(vc, self.clocks[0], out=vc)  # the host issued it: the host's past is its past
+            np.maximum(
+                vc, self.clocks[0], out=vc
+            )  # the host issued it: the host's past is its past
         vc[a] += 1
         if op.waits is not None and op.waits in self.events:
             np.maximum(vc, self.events[op.waits], out=vc)
@@ -109,18 +115,20 @@ class RaceDetector:
         if shadow is None:
             shadow = self.shadows[acc.buffer] = _Shadow()
         shadow.ensure(int(cells.max()))
-        w_agent = shadow.w_agent[cells]
-        written = w_agent >= 0
-        # The last write races unless this agent's clock already covers it.
-        unordered = written & (shadow.w_clock[cells] > vc[np.where(written, w_agent, 0)])
+        # The last write races unless this agent's clock already covers it. Clocks start at 1, so
+        # a cell never written (clock 0) never races.
+        unordered = shadow.w_clock[cells] > vc[shadow.w_agent[cells]]
         if unordered.any():
             kind = "RAW" if acc.mode == "r" else "WAW"
-            return self._race(kind, acc, cells[unordered], int(shadow.w_op[cells[unordered][0]]), op)
+            return self._race(
+                kind, acc, cells[unordered], int(shadow.w_op[cells[unordered][0]]), op
+            )
         if acc.mode == "r":
             shadow.r_clock[a, cells] = vc[a]
             shadow.r_op[a, cells] = op.seq
             return None
-        reads = shadow.r_clock[:, cells] > vc[:, None]
+        n = len(self.hb.agents)
+        reads = shadow.r_clock[:n, cells] > vc[:n, None]
         reads[a] = False
         if reads.any():
             agent, idx = np.argwhere(reads)[0]
@@ -129,7 +137,7 @@ class RaceDetector:
         shadow.w_agent[cells] = a
         shadow.w_clock[cells] = vc[a]
         shadow.w_op[cells] = op.seq
-        shadow.r_clock[:, cells] = 0
+        shadow.r_clock[:n, cells] = 0
         return None
 
     @staticmethod

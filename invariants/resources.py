@@ -21,12 +21,15 @@ class SlotNotInFlight(Invariant):
                     self.fail(
                         f"slot {req.slot} handed to request {req.uid} while in-flight batch "
                         f"{inflight.batch.label} still uses it for request {other.uid}",
-                        (req.uid, other.uid), batch=inflight.batch.batch_id,
+                        (req.uid, other.uid),
+                        batch=inflight.batch.batch_id,
                     )
         for other in sched.reqs.values():
             if other is not req and other.state is not ReqState.PENDING and other.slot == req.slot:
-                self.fail(f"slot {req.slot} handed to request {req.uid} while request {other.uid} holds it",
-                          (req.uid, other.uid))
+                self.fail(
+                    f"slot {req.slot} handed to request {req.uid} while request {other.uid} holds it",
+                    (req.uid, other.uid),
+                )
 
 
 class PagesConserved(Invariant):
@@ -59,7 +62,9 @@ class Liveness(Invariant):
         if held:
             self.fail(f"idle scheduler still holds requests {held}", tuple(held))
         if sched.table.num_free != sched.config.num_slots:
-            self.fail(f"idle scheduler holds slots {sorted(set(range(sched.config.num_slots)) - set(sched.table.free_slots()))}")
+            self.fail(
+                f"idle scheduler holds slots {sorted(set(range(sched.config.num_slots)) - set(sched.table.free_slots()))}"
+            )
         cache = sched.cache
         if cache.allocator.num_free + cache.prefix.num_cached_pages != sched.config.num_pages:
             self.fail("idle scheduler holds pages outside the free list and the cache")

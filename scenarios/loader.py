@@ -28,11 +28,15 @@ def load_scenario_file(path: str | Path) -> Scenario:
     try:
         data = tomllib.loads(text) if p.suffix == ".toml" else json.loads(text)
     except (json.JSONDecodeError, tomllib.TOMLDecodeError) as err:
-        raise ScenarioError(f"{p}: not valid {'TOML' if p.suffix == '.toml' else 'JSON'}: {err}") from None
+        raise ScenarioError(
+            f"{p}: not valid {'TOML' if p.suffix == '.toml' else 'JSON'}: {err}"
+        ) from None
     return scenario_from_dict(data, default_name=p.stem, where=str(p))
 
 
-def scenario_from_dict(data: Any, default_name: str = "scenario", where: str = "scenario") -> Scenario:
+def scenario_from_dict(
+    data: Any, default_name: str = "scenario", where: str = "scenario"
+) -> Scenario:
     if not isinstance(data, dict):
         raise ScenarioError(f"{where}: expected an object with 'config' and 'requests'")
     unknown = sorted(set(data) - {"name", "description", "config", "requests", "tags"})
@@ -52,7 +56,9 @@ def scenario_from_dict(data: Any, default_name: str = "scenario", where: str = "
     if not isinstance(reqs, list) or not reqs:
         raise ScenarioError(f"{where}: 'requests' must be a non-empty list")
     specs = tuple(_request(r, i, where) for i, r in enumerate(reqs))
-    return Scenario(str(data.get("name", default_name)), config, specs, str(data.get("description", "")))
+    return Scenario(
+        str(data.get("name", default_name)), config, specs, str(data.get("description", ""))
+    )
 
 
 def _request(raw: Any, index: int, where: str) -> RequestSpec:
@@ -70,7 +76,10 @@ def _request(raw: Any, index: int, where: str) -> RequestSpec:
         max_tokens=_int(raw.get("max_tokens", 8), f"{at}.max_tokens"),
         arrival=_float(raw.get("arrival", 0.0), f"{at}.arrival"),
         ignore_eos=bool(raw.get("ignore_eos", False)),
-        continuation=tuple(_int(t, f"{at}.continuation") for t in _list(raw.get("continuation", []), f"{at}.continuation")),
+        continuation=tuple(
+            _int(t, f"{at}.continuation")
+            for t in _list(raw.get("continuation", []), f"{at}.continuation")
+        ),
         abort_at=None if raw.get("abort_at") is None else _float(raw["abort_at"], f"{at}.abort_at"),
     )
     if spec.arrival < 0 or (spec.abort_at is not None and spec.abort_at < 0):

@@ -26,30 +26,48 @@ def basic() -> Scenario:
         RequestSpec(uid, _prompt(rng, n), max_tokens=m, arrival=t * US)
         for uid, (n, m, t) in enumerate([(5, 6, 0), (12, 3, 0), (3, 9, 150), (20, 5, 400)])
     )
-    return Scenario("basic", SchedulerConfig(num_slots=4, num_pages=128), reqs,
-                    "four requests of mixed lengths, two arriving later")
+    return Scenario(
+        "basic",
+        SchedulerConfig(num_slots=4, num_pages=128),
+        reqs,
+        "four requests of mixed lengths, two arriving later",
+    )
 
 
 def shared_prefix() -> Scenario:
     rng = random.Random(2)
     system = _prompt(rng, 24)
     reqs = tuple(
-        RequestSpec(uid, system + _prompt(rng, 3 + uid % 4), max_tokens=4 + uid % 3, arrival=uid * 120 * US)
+        RequestSpec(
+            uid, system + _prompt(rng, 3 + uid % 4), max_tokens=4 + uid % 3, arrival=uid * 120 * US
+        )
         for uid in range(6)
     )
-    return Scenario("shared-prefix", SchedulerConfig(num_slots=4, num_pages=192), reqs,
-                    "a chat system prompt shared by six users; the radix cache reuses it")
+    return Scenario(
+        "shared-prefix",
+        SchedulerConfig(num_slots=4, num_pages=192),
+        reqs,
+        "a chat system prompt shared by six users; the radix cache reuses it",
+    )
 
 
 def early_eos() -> Scenario:
     rng = random.Random(3)
     reqs = tuple(
-        RequestSpec(uid, _prompt(rng, 6 + uid), max_tokens=8,
-                    continuation=tuple(rng.randrange(3, 1000) for _ in range(k)) + (EOS,))
+        RequestSpec(
+            uid,
+            _prompt(rng, 6 + uid),
+            max_tokens=8,
+            continuation=tuple(rng.randrange(3, 1000) for _ in range(k)) + (EOS,),
+        )
         for uid, k in enumerate([0, 1, 3, 5])
     )
-    return Scenario("early-eos", SchedulerConfig(num_slots=4, num_pages=128), reqs,
-                    "scripted EOS after 1, 2, 4 and 6 tokens, so rounds in flight are wasted")
+    return Scenario(
+        "early-eos",
+        SchedulerConfig(num_slots=4, num_pages=128),
+        reqs,
+        "scripted EOS after 1, 2, 4 and 6 tokens, so rounds in flight are wasted",
+    )
 
 
 def abort() -> Scenario:
@@ -62,8 +80,12 @@ def abort() -> Scenario:
         RequestSpec(4, _prompt(rng, 7), max_tokens=3, abort_at=5000 * US),  # after it finished
         RequestSpec(5, _prompt(rng, 4), max_tokens=5, arrival=300 * US),
     )
-    return Scenario("abort", SchedulerConfig(num_slots=4, num_pages=128, max_extend_tokens=16), reqs,
-                    "aborts while pending, mid-chunk, running, and after finishing")
+    return Scenario(
+        "abort",
+        SchedulerConfig(num_slots=4, num_pages=128, max_extend_tokens=16),
+        reqs,
+        "aborts while pending, mid-chunk, running, and after finishing",
+    )
 
 
 def chunked_long() -> Scenario:
@@ -72,8 +94,12 @@ def chunked_long() -> Scenario:
         RequestSpec(uid, _prompt(rng, n), max_tokens=4, arrival=uid * 80 * US)
         for uid, n in enumerate([100, 37, 64])
     )
-    return Scenario("chunked-long", SchedulerConfig(num_slots=4, num_pages=256, max_extend_tokens=16), reqs,
-                    "long prompts prefilled in chunks of 16 tokens")
+    return Scenario(
+        "chunked-long",
+        SchedulerConfig(num_slots=4, num_pages=256, max_extend_tokens=16),
+        reqs,
+        "long prompts prefilled in chunks of 16 tokens",
+    )
 
 
 def memory_pressure() -> Scenario:
@@ -83,15 +109,23 @@ def memory_pressure() -> Scenario:
         RequestSpec(uid, prefixes[uid % 2] + _prompt(rng, 4), max_tokens=6, arrival=uid * 60 * US)
         for uid in range(8)
     )
-    return Scenario("memory-pressure", SchedulerConfig(num_slots=4, num_pages=48), reqs,
-                    "48 pages for 8 requests of 22 tokens: requests wait, cached prefixes are evicted")
+    return Scenario(
+        "memory-pressure",
+        SchedulerConfig(num_slots=4, num_pages=48),
+        reqs,
+        "48 pages for 8 requests of 22 tokens: requests wait, cached prefixes are evicted",
+    )
 
 
 def single_slot() -> Scenario:
     rng = random.Random(7)
     reqs = tuple(RequestSpec(uid, _prompt(rng, 4 + uid), max_tokens=3) for uid in range(4))
-    return Scenario("single-slot", SchedulerConfig(num_slots=1, num_pages=64), reqs,
-                    "one request slot: every request reuses the slot of the one before")
+    return Scenario(
+        "single-slot",
+        SchedulerConfig(num_slots=1, num_pages=64),
+        reqs,
+        "one request slot: every request reuses the slot of the one before",
+    )
 
 
 def page_size_4() -> Scenario:
@@ -101,8 +135,12 @@ def page_size_4() -> Scenario:
         RequestSpec(uid, system + _prompt(rng, 2 + uid), max_tokens=5, arrival=uid * 100 * US)
         for uid in range(5)
     )
-    return Scenario("page-size-4", SchedulerConfig(num_slots=4, num_pages=64, page_size=4), reqs,
-                    "pages of 4 tokens: partial pages, page-aligned prefix matches")
+    return Scenario(
+        "page-size-4",
+        SchedulerConfig(num_slots=4, num_pages=64, page_size=4),
+        reqs,
+        "pages of 4 tokens: partial pages, page-aligned prefix matches",
+    )
 
 
 NAMED: dict[str, Callable[[], Scenario]] = {

@@ -25,7 +25,11 @@ class RequestSpec:
     abort_at: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"uid": self.uid, "prompt": list(self.prompt), "max_tokens": self.max_tokens}
+        out: dict[str, Any] = {
+            "uid": self.uid,
+            "prompt": list(self.prompt),
+            "max_tokens": self.max_tokens,
+        }
         if self.arrival:
             out["arrival"] = self.arrival
         if self.ignore_eos:

@@ -7,7 +7,11 @@ from overlapcheck.scenarios.scenario import RequestSpec
 
 
 def user_msg(spec: RequestSpec) -> UserMsg:
-    return UserMsg(spec.uid, spec.prompt, SamplingParams(max_tokens=spec.max_tokens, ignore_eos=spec.ignore_eos))
+    return UserMsg(
+        spec.uid,
+        spec.prompt,
+        SamplingParams(max_tokens=spec.max_tokens, ignore_eos=spec.ignore_eos),
+    )
 
 
 class WorkloadSource:

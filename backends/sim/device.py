@@ -8,6 +8,7 @@ in between is seen or missed as on hardware.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -22,9 +23,26 @@ from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.device import Device, Event, ForwardOutput, Stream
 from overlapcheck.core.errors import InvariantError
 from overlapcheck.core.footprints import FootprintRecorder
-from overlapcheck.core.trace import HOST, PAGE_TABLE, TOKEN_POOL, Op, Trace
+from overlapcheck.core.trace import HOST, PAGE_TABLE, TOKEN_POOL, Trace
 
 OpBody = Callable[[], Generator[simpy.Event, Any, None]]
+
+
+class Unit:
+    """A serial hardware unit (a copy engine, the compute unit): FIFO, one operation at a time.
+
+    Booked by time rather than through a simpy.Resource: same FIFO semantics, no events when free.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.free_at = 0.0
+
+
+class _StreamQueue:
+    def __init__(self, env: simpy.Environment) -> None:
+        self.ops: deque[OpBody] = deque()
+        self.wakeup: simpy.Event | None = None
 
 
 class DeadlockError(InvariantError):
@@ -59,7 +77,9 @@ class SimOutput(ForwardOutput):
 
 
 class SimDevice(Device):
-    def __init__(self, config: SchedulerConfig, model: ToyModel, timing: Timing | None = None) -> None:
+    def __init__(
+        self, config: SchedulerConfig, model: ToyModel, timing: Timing | None = None
+    ) -> None:
         self.config = config
         self.model = model
         self.timing = timing or Timing()
@@ -68,13 +88,13 @@ class SimDevice(Device):
         self.env = simpy.Environment()
         self.scheduler_stream = Stream("scheduler")
         self.engine_stream = Stream("engine")
-        self.h2d_engine = simpy.Resource(self.env, capacity=1)
-        self.d2h_engine = simpy.Resource(self.env, capacity=1)
-        self.compute = simpy.Resource(self.env, capacity=1)
-        self._queues: dict[str, simpy.Store] = {}
+        self.h2d_engine = Unit("h2d")
+        self.d2h_engine = Unit("d2h")
+        self.compute = Unit("compute")
+        self._queues: dict[str, _StreamQueue] = {}
         for stream in (self.scheduler_stream, self.engine_stream):
-            self._queues[stream.name] = simpy.Store(self.env)
-            self.env.process(self._stream_loop(self._queues[stream.name]))
+            queue = self._queues[stream.name] = _StreamQueue(self.env)
+            self.env.process(self._stream_loop(queue))
         width = config.max_seq_len
         self.token_pool = np.full((config.num_slots + 1, width), -1, dtype=DTYPE)
         self.page_table = np.full((config.num_slots, width), -1, dtype=np.int64)
@@ -108,8 +128,14 @@ class SimDevice(Device):
         self.recorder.op(HOST, "idle", start, label="idle", start=start, end=self.now())
 
     def host_wait(self, event: SimEvent) -> None:
-        op = self.recorder.op(HOST, "host_wait", self.now(), label=f"wait e{event.id}",
-                              waits=event.id, start=self.now())
+        op = self.recorder.op(
+            HOST,
+            "host_wait",
+            self.now(),
+            label=f"wait e{event.id}",
+            waits=event.id,
+            start=self.now(),
+        )
         try:
             self.env.run(until=event.fired)
         except RuntimeError as err:
@@ -122,29 +148,42 @@ class SimDevice(Device):
 
     # -- stream side --------------------------------------------------------------------------
 
-    def _stream_loop(self, queue: simpy.Store) -> Generator[simpy.Event, Any, None]:
+    def _stream_loop(self, queue: _StreamQueue) -> Generator[simpy.Event, Any, None]:
         while True:
-            body: OpBody = yield queue.get()
-            yield from body()
+            if not queue.ops:
+                queue.wakeup = simpy.Event(self.env)
+                yield queue.wakeup
+            yield from queue.ops.popleft()()
 
     def _enqueue(self, stream: Stream, body: OpBody) -> None:
-        self._queues[stream.name].put(body)
+        queue = self._queues[stream.name]
+        queue.ops.append(body)
+        if queue.wakeup is not None and not queue.wakeup.triggered:
+            queue.wakeup.succeed()
+
+    def _acquire(self, unit: Unit, duration: float) -> Generator[simpy.Event, Any, float]:
+        """Wait for `unit` (FIFO) and book it for `duration`; returns the start time."""
+        start = max(self.now(), unit.free_at)
+        unit.free_at = start + duration
+        if start > self.now():
+            yield self.env.timeout(start - self.now())
+        return start
 
     def copy_to_device(self, buffer: str, writes: Sequence[RowWrite], stream: Stream) -> None:
         target = {TOKEN_POOL: self.token_pool, PAGE_TABLE: self.page_table}[buffer]
         access = self.recorder.rows(buffer, writes)
-        op = self.recorder.op(stream.name, "h2d", self.now(), label=f"h2d {buffer}", accesses=[access])
+        op = self.recorder.op(
+            stream.name, "h2d", self.now(), label=f"h2d {buffer}", accesses=[access]
+        )
         duration = self.timing.h2d(len(access.cells))
         captured = [(w.row, w.start, np.asarray(w.values, dtype=target.dtype)) for w in writes]
 
         def body() -> Generator[simpy.Event, Any, None]:
-            with self.h2d_engine.request() as grant:
-                yield grant
-                op.start = self.now()
-                yield self.env.timeout(duration)
-                for row, start, values in captured:
-                    target[row, start : start + len(values)] = values
-                op.end = self.now()
+            op.start = yield from self._acquire(self.h2d_engine, duration)
+            yield self.env.timeout(duration)
+            for row, start, values in captured:
+                target[row, start : start + len(values)] = values
+            op.end = self.now()
 
         self._enqueue(stream, body)
 
@@ -152,20 +191,24 @@ class SimDevice(Device):
         flat = np.asarray(batch.metadata(), dtype=np.int64)
         self.staging[: len(flat)] = flat
         self.recorder.staging_write(batch, self.now())
-        op = self.recorder.op(stream.name, "h2d", self.now(), label=f"metadata {batch.label}",
-                              batch=batch.batch_id, uids=batch.uids,
-                              accesses=self.recorder.metadata_copy_accesses(batch))
+        op = self.recorder.op(
+            stream.name,
+            "h2d",
+            self.now(),
+            label=f"metadata {batch.label}",
+            batch=batch.batch_id,
+            uids=batch.uids,
+            accesses=self.recorder.metadata_copy_accesses(batch),
+        )
         duration = self.timing.h2d(len(flat))
         parity, n = batch.batch_id % 2, len(flat)
 
         def body() -> Generator[simpy.Event, Any, None]:
-            with self.h2d_engine.request() as grant:
-                yield grant
-                op.start = self.now()
-                values = self.staging[:n].copy()  # a copy reads its source when it starts
-                yield self.env.timeout(duration)
-                self.metadata[parity, :n] = values
-                op.end = self.now()
+            op.start = yield from self._acquire(self.h2d_engine, duration)
+            values = self.staging[:n].copy()  # a copy reads its source when it starts
+            yield self.env.timeout(duration)
+            self.metadata[parity, :n] = values
+            op.end = self.now()
 
         self._enqueue(stream, body)
         return self.record(stream)
@@ -175,8 +218,9 @@ class SimDevice(Device):
 
     def record(self, stream: Stream) -> Event:
         event = SimEvent(self, self.trace.new_event_id())
-        op = self.recorder.op(stream.name, "record", self.now(), label=f"record e{event.id}",
-                              records=event.id)
+        op = self.recorder.op(
+            stream.name, "record", self.now(), label=f"record e{event.id}", records=event.id
+        )
 
         def body() -> Generator[simpy.Event, Any, None]:
             op.start = op.end = self.now()
@@ -188,8 +232,9 @@ class SimDevice(Device):
 
     def wait_event(self, stream: Stream, event: Event) -> None:
         assert isinstance(event, SimEvent)
-        op = self.recorder.op(stream.name, "wait", self.now(), label=f"wait e{event.id}",
-                              waits=event.id)
+        op = self.recorder.op(
+            stream.name, "wait", self.now(), label=f"wait e{event.id}", waits=event.id
+        )
 
         def body() -> Generator[simpy.Event, Any, None]:
             op.start = self.now()
@@ -200,42 +245,55 @@ class SimDevice(Device):
 
     def forward(self, batch: BatchInput, stream: Stream) -> ForwardOutput:
         output = SimOutput(self, batch)
-        kernel = self.recorder.op(stream.name, "forward", self.now(), label=batch.label,
-                                  batch=batch.batch_id, uids=batch.uids,
-                                  accesses=self.recorder.forward_accesses(batch))
+        kernel = self.recorder.op(
+            stream.name,
+            "forward",
+            self.now(),
+            label=batch.label,
+            batch=batch.batch_id,
+            uids=batch.uids,
+            accesses=self.recorder.forward_accesses(batch),
+        )
         duration = self.timing.forward(batch.num_tokens, batch.num_context_tokens)
-        copy = self.recorder.op(stream.name, "d2h", self.now(), label=f"d2h {batch.label}",
-                                batch=batch.batch_id, uids=batch.uids,
-                                accesses=self.recorder.d2h_accesses(batch))
+        copy = self.recorder.op(
+            stream.name,
+            "d2h",
+            self.now(),
+            label=f"d2h {batch.label}",
+            batch=batch.batch_id,
+            uids=batch.uids,
+            accesses=self.recorder.d2h_accesses(batch),
+        )
         copy_duration = self.timing.d2h()
         n = len(batch.seqs)
 
         def run_kernel() -> Generator[simpy.Event, Any, None]:
-            with self.compute.request() as grant:
-                yield grant
-                kernel.start = self.now()
-                plan = self._read_inputs(batch.batch_id % 2, n)
-                yield self.env.timeout(duration)
-                for cells, ids, out_row, out_col, token in plan:
-                    self.kv[cells] = ids
-                    self.token_pool[out_row, out_col] = token
-                kernel.end = self.now()
+            kernel.start = yield from self._acquire(self.compute, duration)
+            plan = self._read_inputs(batch.batch_id % 2, n)
+            yield self.env.timeout(duration)
+            for cells, ids, out_row, out_col, token in plan:
+                self.kv[cells] = ids
+                self.token_pool[out_row, out_col] = token
+            kernel.end = self.now()
 
         def run_copy() -> Generator[simpy.Event, Any, None]:
-            with self.d2h_engine.request() as grant:
-                yield grant
-                copy.start = self.now()
-                meta = self.metadata[batch.batch_id % 2, : n * METADATA_FIELDS].reshape(n, METADATA_FIELDS)
-                values = self.token_pool[_rows(meta[:, 3], self.token_pool), _cols(meta[:, 4], self.token_pool)]
-                yield self.env.timeout(copy_duration)
-                output.host_buffer[:] = values
-                copy.end = self.now()
+            copy.start = yield from self._acquire(self.d2h_engine, copy_duration)
+            meta = self.metadata[batch.batch_id % 2, : n * METADATA_FIELDS].reshape(
+                n, METADATA_FIELDS
+            )
+            pool = self.token_pool
+            values = pool[meta[:, 3] % pool.shape[0], meta[:, 4] % pool.shape[1]]
+            yield self.env.timeout(copy_duration)
+            output.host_buffer[:] = values
+            copy.end = self.now()
 
         self._enqueue(stream, run_kernel)
         self._enqueue(stream, run_copy)
         return output
 
-    def _read_inputs(self, parity: int, n: int) -> list[tuple[np.ndarray, np.ndarray, int, int, int]]:
+    def _read_inputs(
+        self, parity: int, n: int
+    ) -> list[tuple[np.ndarray, np.ndarray, int, int, int]]:
         """What the kernel reads when it starts, and the token each sequence samples."""
         meta = self.metadata[parity, : n * METADATA_FIELDS].reshape(n, METADATA_FIELDS)
         plan = []
@@ -247,20 +305,10 @@ class SimDevice(Device):
             table = self.page_table[slot, :end] % len(self.kv)
             context = np.concatenate([self.kv[table[:start]], ids])
             token = self.model.next_token(context) if len(context) else -1
-            plan.append((table[start:end], ids, out_row % len(self.token_pool), out_col % width, token))
+            plan.append(
+                (table[start:end], ids, out_row % len(self.token_pool), out_col % width, token)
+            )
         return plan
 
     def __repr__(self) -> str:
         return f"SimDevice(t={self.now():.6f}s, ops={len(self.trace.ops)})"
-
-
-def _rows(values: np.ndarray, pool: np.ndarray) -> np.ndarray:
-    return values % pool.shape[0]
-
-
-def _cols(values: np.ndarray, pool: np.ndarray) -> np.ndarray:
-    return values % pool.shape[1]
-
-
-def op_duration(op: Op) -> float:
-    return (op.end or 0.0) - (op.start or 0.0)

@@ -122,4 +122,6 @@ class Timing:
 
     def forward(self, tokens: int, context: int) -> float:
         p = self.profile
-        return self.cost("forward", p.forward + p.forward_per_token * tokens + p.forward_per_context * context)
+        return self.cost(
+            "forward", p.forward + p.forward_per_token * tokens + p.forward_per_context * context
+        )

@@ -34,4 +34,4 @@ class PageAllocator:
             heapq.heappush(self._free, page)
 
     def free_pages(self) -> list[int]:
-        return sorted(self._free)
+        return list(self._free)  # heap order: callers that need order sort it

@@ -63,7 +63,7 @@ class CacheManager:
         tokens = req.known_tokens()
         usable = len(tokens) // self.page_size * self.page_size
         already = self.prefix.insert(tokens[:usable], req.cells[:usable])
-        kept = set(req.cells[already:usable:self.page_size]) if usable > already else set()
+        kept = set(req.cells[already : usable : self.page_size]) if usable > already else set()
         # Pages before `cached_len` belong to the tree; the request's own pages are freed unless
         # the tree just took them.
         to_free = [p for p in req.own_pages if p * self.page_size not in kept]
@@ -75,20 +75,29 @@ class CacheManager:
     def check_integrity(self, live: Iterable[Req]) -> None:
         """free + cached + held by live requests == all pages, and no page is counted twice."""
         self.prefix.check_integrity()
-        owners: dict[int, str] = {}
-
-        def claim(page: int, who: str) -> None:
-            if page in owners:
-                raise InvariantError("pages-conserved", f"page {page} is {owners[page]} and {who}")
-            owners[page] = who
-
-        for page in self.allocator.free_pages():
-            claim(page, "free")
-        for page in self.prefix.cached_pages():
-            claim(page, "cached")
-        for req in live:
-            for page in req.own_pages:
-                claim(page, f"held by request {req.uid}")
-        if len(owners) != self.num_pages:
-            missing = sorted(set(range(self.num_pages)) - owners.keys())[:8]
-            raise InvariantError("pages-conserved", f"pages {missing} are lost")
+        free = self.allocator.free_pages()
+        cached = self.prefix.cached_pages()
+        held = [(req.uid, page) for req in live for page in req.own_pages]
+        counts = [0] * self.num_pages
+        for page in free:
+            counts[page] += 1
+        for page in cached:
+            counts[page] += 1
+        for _, page in held:
+            counts[page] += 1
+        if all(c == 1 for c in counts):
+            return
+        # Slow path, only on failure: name the page and its owners.
+        owners: dict[int, list[str]] = {}
+        for page in free:
+            owners.setdefault(page, []).append("free")
+        for page in cached:
+            owners.setdefault(page, []).append("cached")
+        for uid, page in held:
+            owners.setdefault(page, []).append(f"held by request {uid}")
+        for page in range(self.num_pages):
+            who = owners.get(page, [])
+            if len(who) > 1:
+                raise InvariantError("pages-conserved", f"page {page} is {' and '.join(who)}")
+        missing = [p for p in range(self.num_pages) if p not in owners][:8]
+        raise InvariantError("pages-conserved", f"pages {missing} are lost")

@@ -1,0 +1,22 @@
+"""`overlapcheck bench`: measurements that print numbers (never timed tests)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="measure the simulator's speed (and more, by flag)")
+    p.add_argument("--faults", action="store_true", help="time to first failure per named fault")
+    p.set_defaults(main=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from overlapcheck.bench import sim_speed
+
+    sim_speed.main()
+    if args.faults:
+        from overlapcheck.bench import fault_search
+
+        fault_search.main()
+    return 0

@@ -1,0 +1,117 @@
+"""`overlapcheck explore`: search workloads and timings for a violation, shrink, save, replay."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from overlapcheck.backends.sim.timing import Profile
+from overlapcheck.commands.common import nonneg_int, positive_int
+from overlapcheck.core.faults import UnknownFaultError, parse_faults
+from overlapcheck.errors import UserError
+from overlapcheck.explore import counterexample
+from overlapcheck.explore.search import SearchStats, search
+from overlapcheck.scenarios.named import NAMED
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("explore", help="search workloads and timings for a violation")
+    p.add_argument("--scenario", default="all", help=f"all (default) or one of {', '.join(NAMED)}")
+    p.add_argument(
+        "--fault", action="append", default=[], metavar="NAME", help="re-enable a known bug"
+    )
+    p.add_argument(
+        "--budget", type=float, default=60.0, metavar="SECONDS", help="time budget (default 60)"
+    )
+    p.add_argument("--max-examples", type=positive_int, default=100_000, help="example budget")
+    p.add_argument("--seed", type=nonneg_int, default=0)
+    p.add_argument("--out", default="counterexamples", help="where counterexamples go")
+    p.add_argument("--db", help="a Hypothesis example database directory (shared with HypoFuzz)")
+    p.add_argument("--timing", metavar="FILE", help="nominal timing profile (JSON)")
+    p.add_argument(
+        "--no-timeline", action="store_true", help="do not draw timelines next to counterexamples"
+    )
+    p.set_defaults(main=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.scenario != "all" and args.scenario not in NAMED:
+        raise UserError(
+            f"unknown scenario {args.scenario!r} for explore: all or one of {', '.join(NAMED)}"
+        )
+    if args.budget <= 0:
+        raise UserError("--budget must be > 0 seconds")
+    try:
+        faults = parse_faults(args.fault)
+        profile = Profile.load(args.timing) if args.timing else Profile()
+    except UnknownFaultError as err:
+        raise UserError(str(err)) from None
+    except (OSError, ValueError, TypeError) as err:
+        raise UserError(f"--timing: {err}") from None
+    with Progress(
+        TextColumn("exploring"),
+        BarColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        transient=True,
+    ) as progress:
+        task = progress.add_task("", total=args.budget)
+
+        def on_round(stats: SearchStats) -> None:
+            progress.update(
+                task,
+                completed=min(stats.seconds, args.budget),
+                description=f"{stats.examples} examples, {stats.iterations} iterations",
+            )
+
+        result = search(
+            args.scenario,
+            faults,
+            args.budget,
+            args.max_examples,
+            args.seed,
+            profile,
+            args.db,
+            on_round,
+        )
+    stats = result.stats
+    summary = (
+        f"{stats.examples} examples, {stats.iterations} scheduler iterations simulated, "
+        f"{stats.seconds:.1f} s"
+    )
+    if result.found is None:
+        print(f"no violation found: {summary}")
+        return 0
+    found = result.found
+    run = found.result
+    path = counterexample.save(run, profile, found.draws, args.out)
+    check = counterexample.load(path).replay()
+    if check.trace_hash != run.trace_hash:
+        raise RuntimeError(
+            f"overlapcheck bug: replay of {path} is not deterministic "
+            f"({check.trace_hash} != {run.trace_hash})"
+        )
+    v = run.violations[0]
+    print(f"VIOLATION {v.line()}")
+    print(
+        f"found after {summary}; shrunk to {len(run.scenario.requests)} request(s), "
+        f"{run.iterations} iterations"
+    )
+    print(f"counterexample: {path}")
+    if not args.no_timeline:
+        _draw(run, path)
+    print(f"replay: overlapcheck replay {path}")
+    return 1
+
+
+def _draw(run: counterexample.RunResult, path: Path) -> None:
+    try:
+        from overlapcheck.timeline.render import render_trace
+    except ImportError:
+        return
+    for ext in (".png", ".json"):
+        out = path.with_suffix(ext)
+        render_trace(run.trace, out, violation=run.violations[0], title=path.stem)
+        print(f"timeline: {out}")

@@ -1,0 +1,1 @@
+"""Search (Hypothesis), counterexamples, replay."""

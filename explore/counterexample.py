@@ -1,0 +1,119 @@
+"""Counterexample files: everything needed to replay a violation exactly."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from overlapcheck import __version__
+from overlapcheck.backends.sim.backend import SimBackend
+from overlapcheck.backends.sim.timing import Profile, ReplayDelay, Timing
+from overlapcheck.core.faults import UnknownFaultError, parse_faults
+from overlapcheck.errors import UserError
+from overlapcheck.invariants.base import Violation
+from overlapcheck.runner import RunResult, run_scenario
+from overlapcheck.scenarios.loader import ScenarioError, scenario_from_dict
+from overlapcheck.scenarios.scenario import Scenario
+
+FORMAT = "overlapcheck-counterexample"
+VERSION = 1
+
+
+def git_revision() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            cwd=Path(__file__).resolve().parent,
+        )
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def to_json(result: RunResult, profile: Profile, draws: dict[int, float]) -> dict[str, Any]:
+    violation = result.violations[0]
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "overlapcheck": __version__,
+        "git": git_revision(),
+        "scenario": result.scenario.to_json(),
+        "faults": sorted(result.config.faults),
+        "timing": {
+            "profile": profile.as_dict(),
+            "draws": {str(k): v for k, v in sorted(draws.items())},
+        },
+        "invariant": violation.invariant,
+        "violation": violation.to_json(),
+        "trace_hash": result.trace_hash,
+        "size": {"requests": len(result.scenario.requests), "iterations": result.iterations},
+    }
+
+
+def save(result: RunResult, profile: Profile, draws: dict[int, float], out_dir: str | Path) -> Path:
+    data = to_json(result, profile, draws)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{data['invariant']}-{result.trace_hash[:8]}.json"
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    return path
+
+
+class Counterexample:
+    """A loaded counterexample file."""
+
+    def __init__(self, data: dict[str, Any], where: str) -> None:
+        self.data = data
+        self.where = where
+        self.invariant: str = data["invariant"]
+        self.trace_hash: str = data["trace_hash"]
+        try:
+            faults = parse_faults(data.get("faults", []))
+            base = scenario_from_dict(data["scenario"], where=f"{where}: scenario")
+            self.scenario: Scenario = base.with_config(faults=faults)
+            timing = data.get("timing", {})
+            self.profile = Profile(**{k: float(v) for k, v in timing.get("profile", {}).items()})
+            self.draws = {int(k): float(v) for k, v in timing.get("draws", {}).items()}
+        except (UnknownFaultError, ScenarioError) as err:
+            raise UserError(f"{where}: {err}") from None
+        except (TypeError, ValueError, AttributeError) as err:
+            raise UserError(f"{where}: malformed timing: {err}") from None
+
+    def timing(self) -> Timing:
+        return Timing(self.profile, ReplayDelay(self.draws))
+
+    def replay(self) -> RunResult:
+        return run_scenario(self.scenario, SimBackend(self.timing()))
+
+    def reproduced(self, result: RunResult) -> Violation | None:
+        return next((v for v in result.violations if v.invariant == self.invariant), None)
+
+
+def load(path: str | Path) -> Counterexample:
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"{p}: no such counterexample file")
+    try:
+        data = json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise UserError(f"{p}: not valid JSON: {err}") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise UserError(f'{p}: not an overlapcheck counterexample (no "format": "{FORMAT}")')
+    if data.get("version") != VERSION:
+        raise UserError(
+            f"{p}: counterexample format version {data.get('version')!r}, this overlapcheck reads {VERSION}"
+        )
+    missing = [k for k in ("scenario", "invariant", "trace_hash") if k not in data]
+    if missing:
+        raise UserError(f"{p}: counterexample lacks {', '.join(missing)}")
+    return Counterexample(data, str(p))
+
+
+def replay_file(path: str | Path) -> RunResult:
+    """Replay a counterexample on the simulator (for the timeline and other tools)."""
+    return load(path).replay()

@@ -1,0 +1,132 @@
+"""Hypothesis strategies for configurations, workloads and timings. Public: write your own `@given`
+tests with them (see the README).
+
+Everything shrinks toward a small, quiet case: one request, no sharing, no abort, arrival at 0,
+nominal timing (no delays).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from hypothesis import strategies as st
+
+from overlapcheck.backends.sim.timing import US
+from overlapcheck.core.config import SchedulerConfig
+from overlapcheck.scenarios.named import NAMED
+from overlapcheck.scenarios.scenario import RequestSpec, Scenario
+
+EOS = 2
+TIMED_KINDS = ("schedule", "launch", "process", "h2d", "forward", "d2h")
+tokens = st.integers(3, 999)
+
+
+@st.composite
+def configs(draw: st.DrawFn, faults: frozenset[str] = frozenset()) -> SchedulerConfig:
+    """Small pools, so that slots are reused, pages run out and chunks are cut."""
+    page_size = draw(st.sampled_from((1, 2, 4)))
+    kv_tokens = draw(st.sampled_from((256, 96, 48, 32)))
+    return SchedulerConfig(
+        num_slots=draw(st.integers(1, 4)),
+        num_pages=kv_tokens // page_size,
+        page_size=page_size,
+        max_extend_tokens=draw(st.sampled_from((64, 16, 8, 4))),
+        max_seq_len=48,
+        cache=draw(st.sampled_from(("radix", "naive"))),
+        loop=draw(st.sampled_from(("overlap", "normal"))),
+        faults=faults,
+    )
+
+
+@st.composite
+def requests(draw: st.DrawFn, prefixes: Sequence[tuple[int, ...]], uid: int = 0) -> RequestSpec:
+    prefix: tuple[int, ...] = ()
+    if prefixes and draw(st.booleans()):
+        prefix = prefixes[draw(st.integers(0, len(prefixes) - 1))]
+    suffix = tuple(draw(st.lists(tokens, min_size=0 if prefix else 1, max_size=12)))
+    max_tokens = draw(st.integers(1, 8))
+    continuation: tuple[int, ...] = ()
+    if draw(st.booleans()):  # stop at a scripted EOS after k tokens
+        k = draw(st.integers(0, max_tokens - 1))
+        continuation = tuple(draw(st.lists(tokens, min_size=k, max_size=k))) + (EOS,)
+    abort_at = None
+    if draw(st.booleans()):
+        abort_at = draw(st.integers(0, 800)) * US
+    return RequestSpec(
+        uid=uid,
+        prompt=prefix + suffix,
+        max_tokens=max_tokens,
+        arrival=draw(st.integers(0, 400)) * US,
+        ignore_eos=draw(st.booleans()),
+        continuation=continuation,
+        abort_at=abort_at,
+    )
+
+
+@st.composite
+def workloads(draw: st.DrawFn, max_requests: int = 5) -> tuple[RequestSpec, ...]:
+    """Requests with shared prefixes, EOS positions, aborts and arrival times."""
+    prefixes = draw(st.lists(st.lists(tokens, min_size=1, max_size=16).map(tuple), max_size=2))
+    # A list (not a count, then draws) so that the shrinker can delete any one request.
+    specs = draw(st.lists(requests(prefixes), min_size=1, max_size=max_requests))
+    return tuple(replace(spec, uid=uid) for uid, spec in enumerate(specs))
+
+
+@st.composite
+def generated_scenarios(draw: st.DrawFn, faults: frozenset[str] = frozenset()) -> Scenario:
+    return Scenario("generated", draw(configs(faults)), draw(workloads()))
+
+
+@st.composite
+def variations(draw: st.DrawFn, base: Scenario, faults: frozenset[str] = frozenset()) -> Scenario:
+    """A named scenario under another loop / cache / page size / chunk size, arrivals jittered."""
+    cfg = base.config
+    page_size = draw(st.sampled_from(sorted({cfg.page_size, 1, 2, 4})))
+    config = replace(
+        cfg,
+        loop=draw(st.sampled_from((cfg.loop, "normal" if cfg.loop == "overlap" else "overlap"))),
+        cache=draw(st.sampled_from((cfg.cache, "naive" if cfg.cache == "radix" else "radix"))),
+        page_size=page_size,
+        num_pages=max(1, cfg.num_pages * cfg.page_size // page_size),
+        max_extend_tokens=draw(st.sampled_from((cfg.max_extend_tokens, 16, 4))),
+        faults=faults,
+    )
+    jitter = draw(
+        st.lists(st.integers(0, 200), min_size=len(base.requests), max_size=len(base.requests))
+    )
+    reqs = tuple(
+        replace(r, arrival=r.arrival + j * US) for r, j in zip(base.requests, jitter, strict=True)
+    )
+    return Scenario(base.name, config, reqs, base.description)
+
+
+def scenarios(
+    name: str = "all", faults: frozenset[str] = frozenset()
+) -> st.SearchStrategy[Scenario]:
+    """`all`: generated workloads (they shrink to the smallest counterexamples); a name: variations
+    of that named scenario (its requests stay, so its counterexamples stay that size)."""
+    if name == "all":
+        return generated_scenarios(faults)
+    return variations(NAMED[name](), faults)
+
+
+class HypothesisDelay:
+    """Operation delays drawn lazily from Hypothesis while the simulation runs.
+
+    Swarm testing: each example turns delays on for a subset of operation kinds only. PCT-style: a
+    few sites get one large delay. Draws shrink toward 0, i.e. toward the nominal profile.
+    """
+
+    def __init__(self, data: st.DataObject) -> None:
+        self.data = data
+        self.enabled = tuple(k for k in TIMED_KINDS if data.draw(st.booleans(), label=f"delay {k}"))
+        self.spikes = data.draw(
+            st.dictionaries(st.integers(0, 400), st.integers(50, 2000), max_size=3), label="spikes"
+        )
+
+    def delay(self, site: int, kind: str, nominal: float) -> float:
+        extra = 0.0
+        if kind in self.enabled:
+            extra = self.data.draw(st.integers(0, 300)) * US / 4
+        return extra + self.spikes.get(site, 0) * US

@@ -24,6 +24,10 @@ class Backend(Protocol):
 
     name: str
 
+    def prepare(self, scenario: Scenario) -> Scenario:
+        """The scenario as this backend runs it (the real engine fits it to its model)."""
+        ...
+
     def make_device(self, scenario: Scenario) -> Device: ...
 
     def reference(self, spec: RequestSpec, max_tokens: int) -> list[int]: ...
@@ -72,6 +76,7 @@ class RunResult:
     simulated_seconds: float
     wall_seconds: float
     extra: dict[str, Any] = field(default_factory=dict)
+    scheduler: Scheduler | None = None  # its final state, for tests and tools
 
     @property
     def ok(self) -> bool:
@@ -116,6 +121,7 @@ def run_scenario(
 ) -> RunResult:
     """Run until idle (or the first violation) and report."""
     started = time.perf_counter()
+    scenario = backend.prepare(scenario)
     device = backend.make_device(scenario)
     scheduler = Scheduler(scenario.config, device, WorkloadSource(scenario.requests))
     cfg = scenario.config
@@ -144,6 +150,7 @@ def run_scenario(
         iterations=scheduler.step_no,
         simulated_seconds=device.now(),
         wall_seconds=time.perf_counter() - started,
+        scheduler=scheduler,
     )
 
 

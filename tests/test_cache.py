@@ -1,0 +1,81 @@
+"""The paged allocator and the radix prefix cache, on their own."""
+
+from __future__ import annotations
+
+import pytest
+
+from overlapcheck.core.cache.allocator import PageAllocator
+from overlapcheck.core.cache.radix import RadixCache
+from overlapcheck.core.errors import InvariantError
+
+
+def cells(pages: list[int], page_size: int) -> list[int]:
+    return [p * page_size + i for p in pages for i in range(page_size)]
+
+
+def test_allocator_hands_out_lowest_first_and_catches_double_free() -> None:
+    alloc = PageAllocator(4)
+    assert [alloc.allocate() for _ in range(3)] == [0, 1, 2]
+    alloc.free([1])
+    assert alloc.allocate() == 1
+    with pytest.raises(InvariantError, match="page 3 freed twice"):
+        alloc.free([3])
+
+
+def test_radix_match_insert_split_and_lock() -> None:
+    tree = RadixCache(page_size=2)
+    assert tree.insert((1, 2, 3, 4, 5, 6), cells([7, 8, 9], 2)) == 0
+    assert tree.num_cached_pages == 3 and tree.num_evictable_pages == 3
+    match = tree.match((1, 2, 3, 4, 9, 9, 9))  # diverges inside the second edge page: splits
+    assert match.length == 4 and match.cells == cells([7, 8], 2)
+    tree.lock(match.handle)
+    assert tree.num_evictable_pages == 1
+    tree.check_integrity()
+    # A duplicate insert keeps the tree's pages and reports the prefix that was there.
+    assert tree.insert((1, 2, 3, 4, 11, 12), cells([7, 8, 3], 2)) == 4
+    assert tree.num_cached_pages == 4
+    assert sorted(tree.evict(10)) == [3, 9]  # only unlocked leaves go
+    tree.unlock(match.handle)
+    assert sorted(tree.evict(10)) == [7, 8]
+    assert tree.num_cached_pages == 0
+    tree.check_integrity()
+
+
+def test_radix_evicts_least_recently_used_leaf_first() -> None:
+    tree = RadixCache(page_size=1)
+    tree.insert((1, 2), [10, 11])
+    tree.insert((5, 6), [20, 21])
+    tree.match((1, 2))  # touch the first
+    assert tree.evict(1) == [20, 21]
+
+
+def test_radix_only_caches_whole_pages_and_never_matches_partial_ones() -> None:
+    tree = RadixCache(page_size=4)
+    tree.insert((1, 2, 3, 4, 5, 6), cells([0], 4) + [4, 5])
+    assert tree.num_cached_pages == 1
+    assert tree.match((1, 2, 3, 4, 5, 6)).length == 4
+    assert tree.match((1, 2, 3)).length == 0
+
+
+def test_radix_integrity_check_really_checks() -> None:
+    tree = RadixCache(page_size=1)
+    tree.insert((1, 2, 3), [4, 5, 6])
+    node = next(iter(tree.root.children.values()))
+    node.pages[1] = 4  # the same page twice
+    with pytest.raises(InvariantError, match="page 4 cached twice"):
+        tree.check_integrity()
+    node.pages[1] = 5
+    node.lock_ref = -1
+    with pytest.raises(InvariantError, match="lock count < 0"):
+        tree.check_integrity()
+    node.lock_ref = 0
+    tree._evictable += 1  # books that disagree with the tree
+    with pytest.raises(InvariantError, match="books say"):
+        tree.check_integrity()
+
+
+def test_unlock_of_an_unlocked_node_is_an_error() -> None:
+    tree = RadixCache(page_size=1)
+    tree.insert((1,), [0])
+    with pytest.raises(InvariantError, match="unlock"):
+        tree.unlock(tree.match((1,)).handle)

@@ -1,0 +1,334 @@
+"""Timelines: Chrome JSON structure, pictures, overlap vs normal, trace files, the CLI."""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from overlapcheck.backends.sim.backend import SimBackend
+from overlapcheck.backends.sim.timing import Profile
+from overlapcheck.cli import main as cli
+from overlapcheck.core.faults import parse_faults
+from overlapcheck.core.trace import Access, Op, Trace
+from overlapcheck.runner import RunResult, run_scenario
+from overlapcheck.scenarios.named import named_scenario
+from overlapcheck.timeline.compare import render_compare, run_both
+from overlapcheck.timeline.render import render_result, render_trace
+from overlapcheck.trace_io import load_trace, save_trace, trace_from_json, trace_to_json
+
+LANES = ["host", "scheduler stream", "engine stream"]
+Pair = tuple[RunResult, RunResult]
+
+
+@pytest.fixture(scope="module")
+def pair() -> Pair:
+    return run_both(named_scenario("early-eos"), SimBackend)
+
+
+@pytest.fixture(scope="module")
+def race() -> RunResult:
+    scenario = named_scenario("single-slot").with_config(
+        faults=parse_faults(["copy-done-wrong-stream"])
+    )
+    result = run_scenario(scenario, SimBackend())
+    assert [v.invariant for v in result.violations] == ["no-race"]
+    return result
+
+
+def chrome(result: RunResult, tmp_path: Path) -> list[dict[str, Any]]:
+    out = tmp_path / "t.json"
+    render_result(result, out)
+    events: list[dict[str, Any]] = json.loads(out.read_text())["traceEvents"]
+    return events
+
+
+def edges(trace: Trace) -> set[tuple[int, int]]:
+    recorded = {op.records: op.seq for op in trace.ops if op.records is not None}
+    return {
+        (recorded[op.waits], op.seq)
+        for op in trace.ops
+        if op.waits is not None and op.waits in recorded
+    }
+
+
+def flows(events: list[dict[str, Any]], cat: str) -> set[tuple[int, int]]:
+    ends: dict[int, dict[str, int]] = defaultdict(dict)
+    for e in events:
+        if e["ph"] in "sf" and e["cat"] == cat:
+            key = "from_seq" if e["ph"] == "s" else "to_seq"
+            ends[e["id"]][key] = e["args"][key]
+    return {(v["from_seq"], v["to_seq"]) for v in ends.values()}
+
+
+# -- Chrome Trace Event JSON -------------------------------------------------------------------
+
+
+def test_chrome_one_named_thread_per_lane(pair: Pair, tmp_path: Path) -> None:
+    events = chrome(pair[0], tmp_path)
+    threads = sorted((e for e in events if e["name"] == "thread_name"), key=lambda e: e["tid"])
+    assert [e["args"]["name"] for e in threads] == LANES
+    assert len({e["tid"] for e in threads}) == 3
+    assert len([e for e in events if e["name"] == "process_name"]) == 1
+    assert all(e["ph"] == "M" for e in threads)
+
+
+def test_chrome_one_complete_event_per_op(pair: Pair, tmp_path: Path) -> None:
+    trace = pair[0].trace
+    events = chrome(pair[0], tmp_path)
+    tids = {e["args"]["name"]: e["tid"] for e in events if e["name"] == "thread_name"}
+    complete = [e for e in events if e["ph"] == "X"]
+    assert sorted(e["args"]["seq"] for e in complete) == [op.seq for op in trace.ops]
+    for e in complete:
+        op = trace.ops[e["args"]["seq"]]
+        assert op.start is not None and op.end is not None
+        assert e["ts"] == pytest.approx(op.start * 1e6, abs=1e-3)
+        assert e["dur"] == pytest.approx((op.end - op.start) * 1e6, abs=2e-3)
+        assert e["tid"] == tids[LANES[["host", "scheduler", "engine"].index(op.agent)]]
+    forwards = [e for e in complete if e["cat"] == "forward"]
+    assert all(e["args"]["batch"] == e["name"] for e in forwards)
+    assert any("tokens" in e["args"] for e in forwards)  # what each batch sampled, where known
+
+
+def test_chrome_slices_nest_on_every_thread(pair: Pair, tmp_path: Path) -> None:
+    # Perfetto rejects partly overlapping slices on one thread; ours must nest or follow each other.
+    by_thread: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    for e in chrome(pair[1], tmp_path):
+        if e["ph"] == "X":
+            start = round(e["ts"] * 1000)
+            by_thread[e["tid"]].append((start, start + round(e["dur"] * 1000)))
+    for slices in by_thread.values():
+        stack: list[int] = []
+        for start, end in sorted(slices, key=lambda s: (s[0], -s[1])):
+            while stack and stack[-1] <= start:
+                stack.pop()
+            assert not stack or end <= stack[-1], (start, end, stack)
+            stack.append(end)
+
+
+def test_chrome_flow_for_every_sync_edge(pair: Pair, tmp_path: Path) -> None:
+    trace = pair[0].trace
+    expected = edges(trace)
+    # Stream waits (`wait_stream` before each forward) and host waits (copy-done, staging buffer).
+    assert {trace.ops[wait].agent for _, wait in expected} == {"host", "engine"}
+    assert flows(chrome(pair[0], tmp_path), "sync") == expected
+
+
+def test_chrome_violation_instant_and_flow(race: RunResult, tmp_path: Path) -> None:
+    events = chrome(race, tmp_path)
+    instants = [e for e in events if e["ph"] == "i" and e["cat"] == "violation"]
+    assert [e["name"] for e in instants] == ["VIOLATION no-race"]
+    assert instants[0]["ts"] == pytest.approx(race.violations[0].time * 1e6, abs=1e-3)
+    details = race.violations[0].details
+    assert flows(events, "violation") == {(details["first"]["seq"], details["second"]["seq"])}
+    assert flows(events, "sync") == edges(race.trace)
+
+
+def test_chrome_marks_ops_cut_off_by_a_violation(race: RunResult, tmp_path: Path) -> None:
+    events = chrome(race, tmp_path)
+    never_ran = {op.seq for op in race.trace.ops if op.start is None}
+    cut = {op.seq for op in race.trace.ops if op.start is not None and op.end is None}
+    assert never_ran and cut  # the run stopped with a forward and its copy still queued
+    assert {e["args"]["seq"] for e in events if e["args"].get("never_ran")} == never_ran
+    assert {e["args"]["seq"] for e in events if e["args"].get("unfinished")} == cut
+
+
+# -- pictures ----------------------------------------------------------------------------------
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", head[16:24])
+    return width, height
+
+
+def test_png_and_svg_of_a_violation(race: RunResult, tmp_path: Path) -> None:
+    png = render_result(race, tmp_path / "race.png")
+    assert png.path.stat().st_size > 10_000
+    assert png_size(png.path) == png.size_px
+    assert png.size_px[0] == 1300
+    svg = render_result(race, tmp_path / "race.svg")
+    text = svg.path.read_text()
+    assert svg.size_in is not None
+    assert f'width="{svg.size_in[0] * 72:g}pt"' in text
+    assert "no-race" in text  # the caption names the invariant
+
+
+def test_window_limits_what_is_drawn(pair: Pair, tmp_path: Path) -> None:
+    whole = render_result(pair[0], tmp_path / "whole.png")
+    part = render_result(pair[0], tmp_path / "part.png", window=(100e-6, 300e-6))
+    assert 0 < part.panels[0].boxes < whole.panels[0].boxes
+    assert "window 100-300 µs" in part.panels[0].title
+
+
+def test_render_trace_for_exploration(race: RunResult, tmp_path: Path) -> None:
+    out = render_trace(race.trace, tmp_path / "cx.png", race.violations[0], title="cx")
+    assert out.panels[0].total == pytest.approx(race.simulated_seconds)
+    assert png_size(out.path) == out.size_px
+
+
+# -- overlap vs normal -------------------------------------------------------------------------
+
+
+def test_compare_totals_are_the_runs_simulated_times(pair: Pair, tmp_path: Path) -> None:
+    overlap, normal = pair
+    rendered = render_compare(overlap, normal, tmp_path / "cmp.png")
+    totals = [p.total for p in rendered.panels]
+    assert totals == [overlap.simulated_seconds, normal.simulated_seconds]
+    assert png_size(rendered.path) == rendered.size_px
+    assert overlap.simulated_seconds < normal.simulated_seconds
+    # The point of the picture: the engine stream idles less under the overlap loop.
+    assert rendered.panels[0].engine_idle < rendered.panels[1].engine_idle
+
+
+def first_op(trace: Trace, kind: str, batch: int) -> Op:
+    return next(op for op in trace.ops if op.kind == kind and op.batch == batch)
+
+
+def test_overlap_launches_next_batch_before_processing(pair: Pair) -> None:
+    overlap, normal = pair
+    batches = sorted({op.batch for op in overlap.trace.ops if op.kind == "forward"})
+    assert len(batches) >= 3
+    for n in batches[:-1]:
+        assert (
+            first_op(overlap.trace, "forward", n + 1).issue
+            < first_op(overlap.trace, "read_output", n).issue
+        )
+    for n in sorted({op.batch for op in normal.trace.ops if op.kind == "forward"})[:-1]:
+        assert (
+            first_op(normal.trace, "read_output", n).issue
+            < first_op(normal.trace, "forward", n + 1).issue
+        )
+
+
+# -- trace files -------------------------------------------------------------------------------
+
+
+def test_trace_file_round_trip(race: RunResult, tmp_path: Path) -> None:
+    saved = load_trace(save_trace(race, tmp_path / "t.json"))
+    assert saved.lossless
+    assert saved.trace.digest() == race.trace_hash
+    assert saved.violations == race.violations
+    assert saved.simulated_seconds == race.simulated_seconds
+
+
+def test_scattered_footprint_is_summarised() -> None:
+    trace = Trace()
+    cells = np.arange(0, 2000, 2)  # 1000 runs of one cell
+    trace.add(Op(0, "host", "stage", 0, "schedule", 0.0, accesses=[Access("kv", cells, "w")]))
+    data = trace_to_json(trace)
+    assert data["ops"][0]["accesses"][0]["count"] == 1000
+    loaded, lossless = trace_from_json(json.loads(json.dumps(data)))
+    assert not lossless
+    assert list(loaded.ops[0].accesses[0].cells) == list(cells[:16])
+
+
+# -- command line ------------------------------------------------------------------------------
+
+
+def test_cli_run_trace_then_timeline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace, png = tmp_path / "t.json", tmp_path / "run.png"
+    argv = [
+        "run",
+        "--scenario",
+        "single-slot",
+        "--fault",
+        "copy-done-wrong-stream",
+        "--trace",
+        str(trace),
+        "--timeline",
+        str(png),
+    ]
+    assert cli(argv) == 1  # the fault is found
+    assert png_size(png)[0] == 1300
+    out = tmp_path / "again.svg"
+    assert cli(["timeline", str(trace), "-o", str(out), "--window", "50:150"]) == 0
+    assert out.stat().st_size > 0
+    assert "window 50-150 µs" in capsys.readouterr().out
+
+
+def test_cli_counterexample_is_replayed(race: RunResult, tmp_path: Path) -> None:
+    counterexample = pytest.importorskip("overlapcheck.explore.counterexample")
+    path = counterexample.save(race, Profile(), {}, tmp_path)
+    out = tmp_path / "cx.json"
+    assert cli(["timeline", str(path), "-o", str(out)]) == 0
+    names = [e["name"] for e in json.loads(out.read_text())["traceEvents"]]
+    assert "VIOLATION no-race" in names
+
+
+def write(tmp_path: Path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "make_argv",
+    [
+        lambda d: ["timeline", write(d, "t.json", "{}"), "-o", str(d / "out.gif")],
+        lambda d: ["timeline", str(d / "missing.json"), "-o", str(d / "out.png")],
+        lambda d: ["timeline", write(d, "bad.json", "{not json"), "-o", str(d / "out.png")],
+        lambda d: ["timeline", write(d, "other.json", '{"format": "x"}'), "-o", str(d / "out.png")],
+        lambda d: [
+            "timeline",
+            write(d, "v9.json", '{"format": "overlapcheck-trace", "version": 9}'),
+            "-o",
+            str(d / "out.png"),
+        ],
+        lambda d: [
+            "timeline",
+            write(
+                d,
+                "broken.json",
+                '{"format": "overlapcheck-trace", "version": 1, "trace": {"ops": [{}]}}',
+            ),
+            "-o",
+            str(d / "o.svg"),
+        ],
+        lambda d: [
+            "timeline",
+            write(d, "t.json", "{}"),
+            "-o",
+            str(d / "out.png"),
+            "--window",
+            "9:3",
+        ],
+        lambda d: ["timeline", "-o", str(d / "out.png")],
+        lambda d: ["timeline", "--compare", "--scenario", "nope", "-o", str(d / "out.png")],
+        lambda d: [
+            "timeline",
+            "--compare",
+            "--scenario",
+            "basic",
+            "-o",
+            str(d / "no/such/dir.png"),
+        ],
+    ],
+    ids=[
+        "extension",
+        "missing",
+        "malformed",
+        "format",
+        "version",
+        "fields",
+        "window",
+        "no-file",
+        "scenario",
+        "folder",
+    ],
+)
+def test_cli_bad_input_is_one_line_exit_2(
+    make_argv: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        raise SystemExit(cli(make_argv(tmp_path)))
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith("overlapcheck")

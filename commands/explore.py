@@ -111,7 +111,7 @@ def _draw(run: counterexample.RunResult, path: Path) -> None:
         from overlapcheck.timeline.render import render_trace
     except ImportError:
         return
-    for ext in (".png", ".json"):
-        out = path.with_suffix(ext)
+    # The Perfetto file must not take the counterexample's own name.
+    for out in (path.with_suffix(".png"), path.with_name(f"{path.stem}.perfetto.json")):
         render_trace(run.trace, out, violation=run.violations[0], title=path.stem)
         print(f"timeline: {out}")

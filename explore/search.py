@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from hypothesis import HealthCheck, Phase, given, settings, target
@@ -49,7 +49,8 @@ class SearchStats:
     iterations: int = 0
     rounds: int = 0
     seconds: float = 0.0
-    near_race_us: list[float] = field(default_factory=list)
+    first_failure: float | None = None  # seconds to the first violating example (before shrinking)
+    examples_to_failure: int | None = None
 
 
 @dataclass
@@ -102,6 +103,9 @@ def search(
         if gap is not None:
             target(-gap, label="near-race gap (-µs)")
         if result.violations:
+            if stats.first_failure is None:
+                stats.first_failure = time.perf_counter() - started
+                stats.examples_to_failure = stats.examples
             raise _found_class(result.violations[0].invariant)(result, dict(timing.draws))
 
     while stats.examples < max_examples and time.perf_counter() - started < budget:

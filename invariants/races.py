@@ -63,6 +63,10 @@ class HappensBefore:
         self.agents: dict[str, int] = {HOST: 0}
         self.clocks: list[np.ndarray] = [np.zeros(MAX_AGENTS, dtype=np.int64)]
         self.events: dict[int, np.ndarray] = {}
+        self.ops: list[list[int]] = [[]]  # per agent: op seq by clock - 1
+
+    def op_of(self, agent: int, clock: int) -> int:
+        return self.ops[agent][clock - 1]
 
     def index(self, agent: str) -> int:
         if agent not in self.agents:
@@ -70,6 +74,7 @@ class HappensBefore:
                 raise ValueError(f"more than {MAX_AGENTS} agents in one trace")
             self.agents[agent] = len(self.agents)
             self.clocks.append(np.zeros(MAX_AGENTS, dtype=np.int64))
+            self.ops.append([])
         return self.agents[agent]
 
     def advance(self, op: Op) -> tuple[int, np.ndarray]:
@@ -81,6 +86,7 @@ class HappensBefore:
                 vc, self.clocks[0], out=vc
             )  # the host issued it: the host's past is its past
         vc[a] += 1
+        self.ops[a].append(op.seq)
         if op.waits is not None and op.waits in self.events:
             np.maximum(vc, self.events[op.waits], out=vc)
         if op.records is not None:

@@ -68,6 +68,7 @@ class Op:
     waits: int | None = None  # event id this op waits for
     start: float | None = None
     end: float | None = None
+    delay: float = 0.0  # injected on top of the nominal duration (simulator timing draws)
 
     @property
     def done(self) -> bool:

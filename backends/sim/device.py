@@ -119,6 +119,7 @@ class SimDevice(Device):
             yield
         finally:
             self._advance(self.timing.host(phase, work))
+            op.delay = self.timing.last_delay
             op.end = self.now()
             self.recorder.phase = outer
 
@@ -176,6 +177,7 @@ class SimDevice(Device):
             stream.name, "h2d", self.now(), label=f"h2d {buffer}", accesses=[access]
         )
         duration = self.timing.h2d(len(access.cells))
+        op.delay = self.timing.last_delay
         captured = [(w.row, w.start, np.asarray(w.values, dtype=target.dtype)) for w in writes]
 
         def body() -> Generator[simpy.Event, Any, None]:
@@ -201,6 +203,7 @@ class SimDevice(Device):
             accesses=self.recorder.metadata_copy_accesses(batch),
         )
         duration = self.timing.h2d(len(flat))
+        op.delay = self.timing.last_delay
         parity, n = batch.batch_id % 2, len(flat)
 
         def body() -> Generator[simpy.Event, Any, None]:
@@ -255,6 +258,7 @@ class SimDevice(Device):
             accesses=self.recorder.forward_accesses(batch),
         )
         duration = self.timing.forward(batch.num_tokens, batch.num_context_tokens)
+        kernel.delay = self.timing.last_delay
         copy = self.recorder.op(
             stream.name,
             "d2h",
@@ -265,6 +269,7 @@ class SimDevice(Device):
             accesses=self.recorder.d2h_accesses(batch),
         )
         copy_duration = self.timing.d2h()
+        copy.delay = self.timing.last_delay
         n = len(batch.seqs)
 
         def run_kernel() -> Generator[simpy.Event, Any, None]:

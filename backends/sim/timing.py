@@ -93,6 +93,7 @@ class Timing:
     source: DelaySource = field(default_factory=NoDelay)
     draws: dict[int, float] = field(default_factory=dict)  # site -> non-zero delay drawn
     sites: int = 0
+    last_delay: float = 0.0  # the delay of the latest cost, for the trace (and GPU replay plans)
 
     def cost(self, kind: str, nominal: float) -> float:
         """The duration of the next timed operation: nominal plus the source's delay."""
@@ -103,6 +104,7 @@ class Timing:
             raise ValueError(f"negative delay {extra} at site {site}")
         if extra:
             self.draws[site] = extra
+        self.last_delay = extra
         return nominal + extra
 
     def host(self, phase: str, work: int) -> float:

@@ -1,0 +1,69 @@
+"""CPU-side pieces of GPU replay and calibration: the delay plan from timing draws, and the profile
+fit recovering the latencies that generated a synthetic measurement set."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from overlapcheck.backends.sim.backend import SimBackend
+from overlapcheck.backends.sim.calibrate import Sample, fit_profile
+from overlapcheck.backends.sim.timing import Profile, ReplayDelay, Timing
+from overlapcheck.explore.delay_plan import DelayInjector, delay_plan
+from overlapcheck.runner import run_scenario
+from overlapcheck.scenarios.named import named_scenario
+
+
+def test_delay_plan_lists_exactly_the_delayed_operations() -> None:
+    scenario = named_scenario("basic")
+    nominal = run_scenario(scenario, SimBackend())
+    assert delay_plan(nominal.trace) == []
+    # Delay the 3rd and 10th timed operations.
+    timing = Timing(Profile(), ReplayDelay({2: 50e-6, 9: 7e-6}))
+    delayed = run_scenario(scenario, SimBackend(timing))
+    plan = delay_plan(delayed.trace)
+    assert [round(d.seconds * 1e6, 3) for d in plan] == [50.0, 7.0]
+    assert all(d.agent in ("host", "scheduler", "engine") for d in plan)
+    assert "µs" in plan[0].line()
+
+
+def test_injector_applies_each_delay_to_the_same_operation_of_a_replayed_run() -> None:
+    scenario = named_scenario("early-eos")
+    timing = Timing(Profile(), ReplayDelay({4: 30e-6, 12: 80e-6, 20: 5e-6}))
+    delayed = run_scenario(scenario, SimBackend(timing))
+    plan = delay_plan(delayed.trace)
+    injector = DelayInjector(plan)
+    # Walk the same run's operations as a real device would issue them.
+    got = [injector.take(op.step, op.agent, op.kind) for op in delayed.trace.ops]
+    assert sum(1 for g in got if g) == len(plan) and not injector.missed
+    assert sorted(round(g * 1e6, 3) for g in got if g) == sorted(round(d.seconds * 1e6, 3) for d in plan)
+
+
+def test_fit_recovers_the_profile_that_generated_the_measurements() -> None:
+    truth = Profile(schedule=31e-6, schedule_per_req=3e-6, launch=9e-6, launch_per_req=0.5e-6,
+                    process=22e-6, process_per_req=5e-6, h2d=4e-6, h2d_per_cell=0.003e-6, d2h=7e-6,
+                    forward=80e-6, forward_per_token=2e-6, forward_per_context=0.02e-6)
+    rng = random.Random(0)
+    noise = lambda: 1 + rng.uniform(-0.01, 0.01)  # noqa: E731 -- 1 % measurement noise
+    samples = []
+    for _ in range(200):
+        w, cells, tokens, ctx = rng.randint(1, 32), rng.randint(1, 4000), rng.randint(1, 512), rng.randint(1, 20000)
+        samples += [
+            Sample("schedule", (truth.schedule + truth.schedule_per_req * w) * noise(), work=w),
+            Sample("launch", (truth.launch + truth.launch_per_req * w) * noise(), work=w),
+            Sample("process", (truth.process + truth.process_per_req * w) * noise(), work=w),
+            Sample("h2d", (truth.h2d + truth.h2d_per_cell * cells) * noise(), cells=cells),
+            Sample("d2h", truth.d2h * noise()),
+            Sample("forward", (truth.forward + truth.forward_per_token * tokens
+                               + truth.forward_per_context * ctx) * noise(), tokens=tokens, context=ctx),
+        ]
+    fitted = fit_profile(samples)
+    for name, want in truth.as_dict().items():
+        assert getattr(fitted, name) == pytest.approx(want, rel=0.1), name
+
+
+def test_fit_keeps_the_base_for_unmeasured_kinds() -> None:
+    base = Profile()
+    fitted = fit_profile([Sample("d2h", 1e-5), Sample("d2h", 3e-5)], base)
+    assert fitted.d2h == pytest.approx(2e-5) and fitted.forward == base.forward

@@ -10,13 +10,13 @@ from typing import Any, Protocol
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.device import Device
 from overlapcheck.core.errors import InvariantError
-from overlapcheck.core.scheduler import Scheduler
+from overlapcheck.core.scheduler import MessageSource, Scheduler
 from overlapcheck.core.trace import Trace
 from overlapcheck.core.validate import max_output, rejection
 from overlapcheck.invariants.base import Invariant, InvariantViolated, Violation
 from overlapcheck.invariants.registry import make_invariants
 from overlapcheck.scenarios.scenario import RequestSpec, Scenario
-from overlapcheck.scenarios.source import WorkloadSource, user_msg
+from overlapcheck.scenarios.source import IterationSource, WorkloadSource, delivery_schedule, user_msg
 
 
 class Backend(Protocol):
@@ -118,12 +118,24 @@ def run_scenario(
     scenario: Scenario,
     backend: Backend,
     invariants: Iterable[str] | None = None,
+    deliveries: list[tuple[int, int, str]] | None = None,
 ) -> RunResult:
-    """Run until idle (or the first violation) and report."""
+    """Run until idle (or the first violation) and report.
+
+    `deliveries` ((iteration, uid, "user" | "abort") as another run received them) replaces the
+    workload's arrival times: a real device replays a simulated run's message order that way.
+    """
     started = time.perf_counter()
     scenario = backend.prepare(scenario)
     device = backend.make_device(scenario)
-    scheduler = Scheduler(scenario.config, device, WorkloadSource(scenario.requests))
+    source: MessageSource
+    if deliveries is None:
+        source = WorkloadSource(scenario.requests)
+    else:
+        source = IterationSource(delivery_schedule(scenario.requests, deliveries))
+    scheduler = Scheduler(scenario.config, device, source)
+    if isinstance(source, IterationSource):
+        source.bind(lambda: scheduler.step_no)
     cfg = scenario.config
     live = {s.uid: s for s in scenario.requests if rejection(cfg, user_msg(s), live=False) is None}
     ctx = RunContext(

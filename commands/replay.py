@@ -6,8 +6,13 @@ import argparse
 import json
 import sys
 
+import networkx as nx
+
 from overlapcheck.errors import UserError
 from overlapcheck.explore import counterexample
+from overlapcheck.invariants.base import Violation
+from overlapcheck.invariants.hbgraph import race_subgraph
+from overlapcheck.runner import RunResult
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -16,6 +21,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--backend", choices=("sim", "cuda"), default="sim")
     p.add_argument("--repeat", type=int, default=1, help="(cuda) repeats")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--hb-graph", metavar="OUT.graphml",
+                   help="for a race: write the happens-before graph around it (GraphML)")
     p.set_defaults(main=main)
 
 
@@ -32,6 +39,8 @@ def main(args: argparse.Namespace) -> int:
         return int(replay_on_gpu(cex, repeat=args.repeat, as_json=args.json))
     result = cex.replay()
     hit = cex.reproduced(result)
+    if args.hb_graph:
+        _write_hb_graph(result, hit, args.hb_graph)
     same_hash = result.trace_hash == cex.trace_hash
     if args.json:
         json.dump(
@@ -54,3 +63,14 @@ def main(args: argparse.Namespace) -> int:
         others = "; ".join(v.line() for v in result.violations) or "none"
         print(f"did not reproduce {cex.invariant} (violations now: {others})")
     return 1 if hit is not None else 0
+
+
+def _write_hb_graph(result: RunResult, hit: Violation | None, out: str) -> None:
+    if hit is None or hit.invariant != "no-race":
+        raise UserError("--hb-graph needs a counterexample that reproduces a no-race violation")
+    graph = race_subgraph(result.trace, hit.details["first"]["seq"], hit.details["second"]["seq"])
+    try:
+        nx.write_graphml(graph, out)
+    except OSError as err:
+        raise UserError(f"{out}: {err.strerror}") from None
+    print(f"happens-before graph: {out} ({graph.number_of_nodes()} operations)", file=sys.stderr)

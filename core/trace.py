@@ -77,12 +77,12 @@ class Op:
 
 @dataclass(slots=True)
 class Message:
-    """A message the scheduler sent, with when it was sent."""
+    """A message the scheduler sent or received, with when and at which iteration."""
 
     time: float
     step: int
     uid: int
-    kind: str  # "token" or "reject"
+    kind: str  # sent: "token" or "reject"; received: "user" or "abort"
     token: int = -1
     finished: bool = False
     reason: str = ""
@@ -93,7 +93,8 @@ class Trace:
 
     def __init__(self) -> None:
         self.ops: list[Op] = []
-        self.messages: list[Message] = []
+        self.messages: list[Message] = []  # sent by the scheduler
+        self.received: list[Message] = []  # handed to the scheduler, with the iteration
         self._next_event = 0
 
     def new_event_id(self) -> int:
@@ -113,8 +114,8 @@ class Trace:
     def digest(self) -> str:
         """A hex digest of the canonical trace: same inputs give the same digest in any process."""
         h = hashlib.blake2b(digest_size=16)
-        rows = []
-        cells = []
+        rows: list[tuple[object, ...]] = []
+        cells: list[np.ndarray] = []
         for op in self.ops:
             rows.append(
                 (
@@ -142,7 +143,7 @@ class Trace:
             repr(
                 [
                     (_t(m.time), m.step, m.uid, m.kind, m.token, m.finished, m.reason)
-                    for m in self.messages
+                    for m in self.messages + self.received
                 ]
             ).encode()
         )

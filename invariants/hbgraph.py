@@ -47,3 +47,16 @@ def explain(trace: Trace, first: Op, second: Op) -> str:
             f"the host's {first.kind} at step {first.step}"
         )
     return f"{second.agent} never waited on an event recorded on {first.agent} after {where}"
+
+
+def race_subgraph(trace: Trace, first: int, second: int) -> nx.DiGraph:
+    """The happens-before graph around a race: the iterations of its two operations, with the two
+    racing nodes marked and no path between them (write it with `nx.write_graphml`)."""
+    graph = hb_graph(trace, second)
+    low = trace.ops[first].step
+    keep = [n for n, data in graph.nodes(data=True) if data["step"] >= low]
+    sub = graph.subgraph(keep).copy()
+    for seq, role in ((first, "first"), (second, "second")):
+        if seq in sub:
+            sub.nodes[seq]["race"] = role
+    return sub

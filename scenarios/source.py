@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from overlapcheck.core.messages import AbortMsg, InMsg, SamplingParams, UserMsg
 from overlapcheck.scenarios.scenario import RequestSpec
 
@@ -38,3 +40,34 @@ class WorkloadSource:
         if self._next < len(self._timeline):
             return self._timeline[self._next][0]
         return None
+
+
+class IterationSource:
+    """Messages delivered at given scheduler iterations: a replay of another run's deliveries (a
+    simulator counterexample on a real GPU, whose clock runs differently)."""
+
+    def __init__(self, schedule: list[tuple[int, InMsg]]) -> None:
+        self._schedule = sorted(schedule, key=lambda item: item[0])
+        self._next = 0
+        self._step: Callable[[], int] = lambda: 0
+
+    def bind(self, step: Callable[[], int]) -> None:
+        """Where to read the current iteration (the scheduler's `step_no`)."""
+        self._step = step
+
+    def poll(self, now: float) -> list[InMsg]:
+        out = []
+        while self._next < len(self._schedule) and self._schedule[self._next][0] <= self._step():
+            out.append(self._schedule[self._next][1])
+            self._next += 1
+        return out
+
+    def next_arrival(self) -> float | None:
+        # Idle iterations are how a replay reaches the iteration of the next message.
+        return 0.0 if self._next < len(self._schedule) else None
+
+
+def delivery_schedule(requests: tuple[RequestSpec, ...], received: list[tuple[int, int, str]]) -> list[tuple[int, InMsg]]:
+    """Each (step, uid, kind) a run received, turned back into messages of the workload."""
+    specs = {s.uid: s for s in requests}
+    return [(step, user_msg(specs[uid]) if kind == "user" else AbortMsg(uid)) for step, uid, kind in received]

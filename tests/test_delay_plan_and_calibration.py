@@ -67,3 +67,19 @@ def test_fit_keeps_the_base_for_unmeasured_kinds() -> None:
     base = Profile()
     fitted = fit_profile([Sample("d2h", 1e-5), Sample("d2h", 3e-5)], base)
     assert fitted.d2h == pytest.approx(2e-5) and fitted.forward == base.forward
+
+
+def test_replaying_deliveries_by_iteration_reproduces_the_run() -> None:
+    """What a GPU replay does: same messages at the same iterations -> same decisions and tokens."""
+    scenario = named_scenario("abort")
+    original = run_scenario(scenario, SimBackend(Timing(Profile(), ReplayDelay({3: 40e-6}))))
+    deliveries = [(m.step, m.uid, m.kind) for m in original.trace.received]
+    again = run_scenario(scenario, SimBackend(), deliveries=deliveries)
+    assert again.ok
+    assert [(o.uid, o.tokens, o.finish_reason) for o in again.outcomes] == [
+        (o.uid, o.tokens, o.finish_reason) for o in original.outcomes
+    ]
+    assert [(m.step, m.uid, m.kind) for m in again.trace.received] == deliveries
+    # The same operations in the same iterations (idling until an arrival is the clock's business).
+    ops = lambda r: [(op.step, op.agent, op.kind, op.label) for op in r.trace.ops if op.kind != "idle"]  # noqa: E731
+    assert ops(again) == ops(original)

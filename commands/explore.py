@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from overlapcheck.backends.sim.timing import Profile
@@ -50,12 +51,16 @@ def main(args: argparse.Namespace) -> int:
         raise UserError(str(err)) from None
     except (OSError, ValueError, TypeError) as err:
         raise UserError(f"--timing: {err}") from None
+    # Progress goes to stderr, and only to a terminal: piped output stays clean.
+    console = Console(stderr=True)
     with Progress(
         TextColumn("exploring"),
         BarColumn(),
         TextColumn("{task.description}"),
         TimeElapsedColumn(),
+        console=console,
         transient=True,
+        disable=not console.is_terminal,
     ) as progress:
         task = progress.add_task("", total=args.budget)
 

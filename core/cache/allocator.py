@@ -14,6 +14,7 @@ class PageAllocator:
         self.num_pages = num_pages
         self._free = list(range(num_pages))
         self._is_free = [True] * num_pages
+        self._num_flagged_free = num_pages
 
     @property
     def num_free(self) -> int:
@@ -24,6 +25,7 @@ class PageAllocator:
             raise InvariantError("pages-conserved", "allocate with no free page")
         page = heapq.heappop(self._free)
         self._is_free[page] = False
+        self._num_flagged_free -= 1
         return page
 
     def free(self, pages: list[int]) -> None:
@@ -31,7 +33,15 @@ class PageAllocator:
             if self._is_free[page]:
                 raise InvariantError("pages-conserved", f"page {page} freed twice")
             self._is_free[page] = True
+            self._num_flagged_free += 1
             heapq.heappush(self._free, page)
+
+    def is_free(self, page: int) -> bool:
+        return self._is_free[page]
+
+    def consistent(self) -> bool:
+        """The free list and the free flags agree (cheap: a count, not a scan of the list)."""
+        return len(self._free) == self._num_flagged_free
 
     def free_pages(self) -> list[int]:
         return list(self._free)  # heap order: callers that need order sort it

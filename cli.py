@@ -8,10 +8,10 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from overlapcheck import __version__
-from overlapcheck.commands import bench, explore, faults, replay, run
+from overlapcheck.commands import bench, explore, faults, replay, run, timeline
 from overlapcheck.errors import UserError
 
-COMMANDS = [run, explore, replay, faults, bench]
+COMMANDS = [run, explore, replay, timeline, faults, bench]
 
 
 class _Parser(argparse.ArgumentParser):

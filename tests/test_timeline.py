@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from overlapcheck.backends.sim.backend import SimBackend
-from overlapcheck.backends.sim.timing import Profile
+from overlapcheck.backends.sim.timing import Profile, SeededDelay, Timing
 from overlapcheck.cli import main as cli
 from overlapcheck.core.faults import parse_faults
 from overlapcheck.core.trace import Access, Op, Trace
@@ -216,6 +216,15 @@ def test_trace_file_round_trip(race: RunResult, tmp_path: Path) -> None:
     assert saved.trace.digest() == race.trace_hash
     assert saved.violations == race.violations
     assert saved.simulated_seconds == race.simulated_seconds
+
+
+def test_trace_file_keeps_delays_and_received_messages(tmp_path: Path) -> None:
+    result = run_scenario(named_scenario("abort"), SimBackend(Timing(source=SeededDelay(3))))
+    saved = load_trace(save_trace(result, tmp_path / "t.json"))
+    assert saved.trace.digest() == result.trace_hash
+    delays = [op.delay for op in result.trace.ops]
+    assert any(delays) and [op.delay for op in saved.trace.ops] == delays
+    assert saved.trace.received == result.trace.received != []
 
 
 def test_scattered_footprint_is_summarised() -> None:

@@ -1,0 +1,134 @@
+"""`overlapcheck timeline`: draw a saved trace or a counterexample, or overlap vs normal."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+from pathlib import Path
+from typing import Any
+
+from overlapcheck.backends.registry import make_backend
+from overlapcheck.commands.common import add_timing, make_timing, resolve_scenario
+from overlapcheck.errors import UserError
+from overlapcheck.timeline.model import Interval, Rendered
+from overlapcheck.timeline.render import output_path, render_result, render_trace
+from overlapcheck.trace_io import FORMAT as TRACE_FORMAT
+from overlapcheck.trace_io import trace_file_from_json
+
+COUNTEREXAMPLE_FORMAT = "overlapcheck-counterexample"
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "timeline",
+        help="draw a trace or counterexample (.png, .svg, or .json for Perfetto)",
+        description="Draw FILE (a trace saved by `run --trace`, or a counterexample, which is "
+        "replayed) or, with --compare, a scenario run with both loops.",
+    )
+    p.add_argument("file", nargs="?", metavar="FILE", help="a saved trace or a counterexample")
+    p.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        metavar="OUT",
+        help="where to write: .png or .svg (picture), .json (Chrome trace for Perfetto)",
+    )
+    p.add_argument(
+        "--window",
+        type=parse_window,
+        metavar="START:END",
+        help="draw only this stretch, in µs (pictures; the JSON holds the whole run)",
+    )
+    p.add_argument(
+        "--compare",
+        action="store_true",
+        help="run --scenario with both loops (simulator), draw one above the other",
+    )
+    p.add_argument("--scenario", help="with --compare: a named scenario or a .json/.toml file")
+    add_timing(p)
+    p.set_defaults(main=main)
+
+
+def parse_window(text: str) -> Interval:
+    """`A:B` in microseconds -> (a, b) in seconds."""
+    try:
+        a, b = (float(x) for x in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected START:END in µs, got {text!r}") from None
+    if not 0 <= a < b:
+        raise argparse.ArgumentTypeError(f"expected 0 <= START < END, got {text!r}")
+    return a * 1e-6, b * 1e-6
+
+
+def main(args: argparse.Namespace) -> int:
+    out = output_path(args.output)
+    if args.compare:
+        rendered = _compare(args, out)
+    else:
+        if args.file is None:
+            raise UserError(
+                "timeline needs FILE (a trace or counterexample) or --compare --scenario NAME"
+            )
+        if args.scenario:
+            raise UserError(
+                "--scenario goes with --compare; to draw one run use `overlapcheck run "
+                "--scenario NAME --timeline OUT`"
+            )
+        rendered = _draw_file(Path(args.file), out, args.window)
+    for panel in rendered.panels:
+        print(panel.title)
+    print(f"wrote {rendered.path}")
+    return 0
+
+
+def _compare(args: argparse.Namespace, out: Path) -> Rendered:
+    from overlapcheck.timeline.compare import render_compare, run_both
+
+    if args.file is not None:
+        raise UserError("--compare runs a scenario: give --scenario NAME instead of FILE")
+    if not args.scenario:
+        raise UserError("--compare needs --scenario NAME")
+    scenario = resolve_scenario(args.scenario)
+    overlap, normal = run_both(scenario, lambda: make_backend("sim", make_timing(args)))
+    return render_compare(overlap, normal, out, args.window)
+
+
+def _draw_file(path: Path, out: Path, window: Interval | None) -> Rendered:
+    data = _read_json(path)
+    kind = data.get("format") if isinstance(data, dict) else None
+    if kind == TRACE_FORMAT:
+        saved = trace_file_from_json(data, where=str(path))
+        title = f"{saved.name}, {saved.loop} loop (saved trace)"
+        violation = saved.violations[0] if saved.violations else None
+        return render_trace(
+            saved.trace, out, violation, title, window=window, total=saved.simulated_seconds
+        )
+    if kind == COUNTEREXAMPLE_FORMAT:
+        return render_result(_replay(path), out, window)
+    raise UserError(
+        f'{path}: neither a trace ("format": "{TRACE_FORMAT}") nor a '
+        f'counterexample ("format": "{COUNTEREXAMPLE_FORMAT}")'
+    )
+
+
+def _replay(path: Path) -> Any:
+    try:
+        module = importlib.import_module("overlapcheck.explore.counterexample")
+    except ModuleNotFoundError as err:
+        if not (err.name or "").startswith("overlapcheck.explore"):
+            raise
+        raise UserError(
+            f"{path}: drawing a counterexample needs overlapcheck.explore, "
+            "which this installation lacks"
+        ) from None
+    return module.replay_file(path)
+
+
+def _read_json(path: Path) -> Any:
+    if not path.is_file():
+        raise UserError(f"{path}: no such file")
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UserError(f"{path}: not valid JSON: {err}") from None

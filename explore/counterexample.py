@@ -16,6 +16,7 @@ from overlapcheck.invariants.base import Violation
 from overlapcheck.runner import RunResult, run_scenario
 from overlapcheck.scenarios.loader import ScenarioError, scenario_from_dict
 from overlapcheck.scenarios.scenario import Scenario
+from overlapcheck.trace_io import trace_to_json
 
 FORMAT = "overlapcheck-counterexample"
 VERSION = 1
@@ -52,6 +53,8 @@ def to_json(result: RunResult, profile: Profile, draws: dict[int, float]) -> dic
         "violation": violation.to_json(),
         "trace_hash": result.trace_hash,
         "size": {"requests": len(result.scenario.requests), "iterations": result.iterations},
+        # The trace itself, so that tools can read what happened without replaying.
+        "trace": trace_to_json(result.trace),
     }
 
 

@@ -69,6 +69,7 @@ class Op:
     start: float | None = None
     end: float | None = None
     delay: float = 0.0  # injected on top of the nominal duration (simulator timing draws)
+    work: int = 0  # host phases: the requests they touched (what their cost scales with)
 
     @property
     def done(self) -> bool:

@@ -17,6 +17,9 @@ class SimBackend:
         self.device: SimDevice | None = None
         self._refs: dict[int, list[int]] = {}
 
+    def prepare(self, scenario: Scenario) -> Scenario:
+        return scenario  # the toy model runs any scenario as written
+
     def make_device(self, scenario: Scenario) -> SimDevice:
         cfg = scenario.config
         self.model = ToyModel(cfg.vocab_size, cfg.eos_token_id, seed=cfg.seed)

@@ -114,7 +114,7 @@ class SimDevice(Device):
     def span(self, phase: str, work: int = 0) -> Iterator[None]:
         outer = self.recorder.phase
         self.recorder.phase = phase
-        op = self.recorder.op(HOST, "span", self.now(), label=phase, start=self.now())
+        op = self.recorder.op(HOST, "span", self.now(), label=phase, start=self.now(), work=work)
         try:
             yield
         finally:

@@ -1,0 +1,141 @@
+"""The real engine as a runner backend.
+
+`overlapcheck run --backend cpu|cuda [--model PATH | --preset NAME] [--sanitize]`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from transformers import PretrainedConfig
+
+from overlapcheck.backends.gpu.device import TorchDevice
+from overlapcheck.backends.gpu.engine import Engine
+from overlapcheck.backends.gpu.model import DecoderModel
+from overlapcheck.backends.gpu.oracle import BF16_LOGIT_MARGIN, HFOracle, TeacherForcing
+from overlapcheck.backends.gpu.prepare import fit_scenario
+from overlapcheck.backends.gpu.sanitizer import Sanitizer
+from overlapcheck.backends.gpu.weights import (
+    ModelSpec,
+    load_checkpoint,
+    preset_config,
+    random_weights,
+)
+from overlapcheck.core.messages import SamplingParams
+from overlapcheck.errors import UserError
+from overlapcheck.scenarios.scenario import RequestSpec, Scenario
+
+DEFAULT_PRESET = "tiny"
+
+
+class TorchBackend:
+    """One model (weights loaded once), a fresh device per run, HF as the reference.
+
+    `oracle=False` skips the reference (benchmarks): `reference` is then empty and every token
+    matches, so run without the `oracle` invariant. `graph_sizes` captures CUDA graphs for greedy
+    decode batches of those sizes on every new device.
+    """
+
+    def __init__(self, name: str, hf_config: PretrainedConfig, tensors: dict[str, torch.Tensor],
+                 device: torch.device, dtype: torch.dtype, *, sanitize: bool = False,
+                 oracle: bool = True, graph_sizes: Iterable[int] = (),
+                 margin: float = BF16_LOGIT_MARGIN) -> None:
+        self.name = name
+        self.spec = ModelSpec.from_config(hf_config)
+        self.model = DecoderModel(self.spec, tensors, device, dtype)
+        self.exact = dtype == torch.float32
+        self.margin = margin
+        self.oracle = HFOracle(hf_config, tensors, device) if oracle else None
+        self.sanitizer = Sanitizer() if sanitize else None
+        self.graph_sizes = tuple(graph_sizes)
+        self.sampling: dict[int, SamplingParams] = {}
+        self.device: TorchDevice | None = None
+        self._refs: dict[int, list[int]] = {}
+        self._prompts: dict[int, tuple[int, ...]] = {}
+        self._forcing: dict[int, TeacherForcing] = {}
+        self._eos = self.spec.eos_token_id
+
+    def prepare(self, scenario: Scenario) -> Scenario:
+        greedy = self.oracle.greedy if self.oracle is not None else (lambda prompt, n: [])
+        return fit_scenario(scenario, self.spec.vocab_size, self.spec.eos_token_id, greedy)
+
+    def make_device(self, scenario: Scenario) -> TorchDevice:
+        cfg = scenario.config
+        if self.sanitizer is not None:
+            self.sanitizer.enable()  # before the pools exist, so CSAN sees their allocation
+        engine = Engine(self.model, cfg, flashinfer=self.model.device.type == "cuda", seed=cfg.seed)
+        if self.graph_sizes and self.sanitizer is None:  # CSAN cannot see inside a graph replay
+            engine.capture(self.graph_sizes)
+        self.device = TorchDevice(cfg, engine, self.sanitizer, self.sampling)
+        self._refs, self._forcing = {}, {}
+        self._prompts = {s.uid: s.prompt for s in scenario.requests}
+        self._eos = cfg.eos_token_id
+        return self.device
+
+    def reference(self, spec: RequestSpec, max_tokens: int) -> list[int]:
+        if self.oracle is None:
+            return []
+        ref = list(self.oracle.greedy(spec.prompt, max_tokens))
+        # Exact (CPU): the request ends where the reference says EOS. bf16 (CUDA): tokens are
+        # judged one by one under teacher forcing, so the engine may end elsewhere (within margin).
+        if self.exact and not spec.ignore_eos and self._eos in ref:
+            ref = ref[: ref.index(self._eos) + 1]
+        self._refs[spec.uid] = ref
+        return ref
+
+    def token_matches(self, uid: int, position: int, token: int) -> bool:
+        if self.oracle is None:
+            return True
+        ref = self._refs.get(uid)
+        if ref is None:
+            return False
+        if self.exact:
+            return position < len(ref) and ref[position] == token
+        forcing = self._forcing.get(uid)
+        if forcing is None:
+            forcing = self._forcing[uid] = self.oracle.forcing(self._prompts[uid])
+        if position != len(forcing.deficits):
+            return False  # tokens arrive in order; a gap is a lost or repeated message
+        return forcing.accept(token) <= self.margin
+
+    def max_deficit(self) -> float:
+        """The largest logit deficit seen under teacher forcing in the last run (CUDA)."""
+        return max((max(f.deficits, default=0.0) for f in self._forcing.values()), default=0.0)
+
+    def close(self) -> None:
+        if self.sanitizer is not None:
+            self.sanitizer.disable()
+
+
+def make_torch_backend(name: str, model: str | None = None, preset: str | None = None,
+                       sanitize: bool = False, **options: Any) -> TorchBackend:
+    """The `cpu` or `cuda` backend; bad options and missing pieces are one-line UserErrors."""
+    if name not in ("cpu", "cuda"):
+        raise UserError(f"unknown torch backend {name!r}")
+    if model and preset:
+        raise UserError("give --model or --preset, not both")
+    if sanitize and name != "cuda":
+        raise UserError("--sanitize needs --backend cuda (it checks CUDA streams)")
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise UserError(f"backend cuda: no CUDA device is available to torch "
+                            f"{torch.__version__} (use --backend cpu)")
+        if importlib.util.find_spec("flashinfer") is None:
+            raise UserError("backend cuda needs FlashInfer: pip install 'overlapcheck[cuda]'")
+        try:
+            import flashinfer  # noqa: F401
+        except Exception as err:  # a broken install fails here, not in the middle of a run
+            raise UserError(f"backend cuda: FlashInfer does not import: {err}") from None
+    device = torch.device("cuda" if name == "cuda" else "cpu")
+    dtype = torch.bfloat16 if name == "cuda" else torch.float32
+    if model:
+        hf_config, tensors = load_checkpoint(model)
+    else:
+        hf_config = preset_config(preset or DEFAULT_PRESET)
+        tensors = random_weights(ModelSpec.from_config(hf_config), seed=0, device=device,
+                                 dtype=torch.float32)
+    tensors = {k: v.to(device=device, dtype=dtype) for k, v in tensors.items()}
+    return TorchBackend(name, hf_config, tensors, device, dtype, sanitize=sanitize, **options)

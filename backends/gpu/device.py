@@ -1,0 +1,249 @@
+"""`TorchDevice`: the device seam on a real torch device.
+
+On CUDA: a scheduler stream and an engine stream (`torch.cuda.Stream`), CUDA events, pinned host
+buffers and `non_blocking` copies, so stream work really runs asynchronously to the host and to the
+other stream; spans are NVTX ranges and each stream operation's start and end come from CUDA
+events. On CPU the same calls run synchronously, in issue order.
+
+The trace is recorded exactly as the simulator records it (same ops, kinds, labels, footprints via
+`FootprintRecorder`), so `no-race` and the timeline work on real runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from overlapcheck.backends.gpu.engine import Engine
+from overlapcheck.backends.gpu.sanitizer import Sanitizer
+from overlapcheck.core.batch import BatchInput, RowWrite
+from overlapcheck.core.config import SchedulerConfig
+from overlapcheck.core.device import Device, Event, ForwardOutput, Stream
+from overlapcheck.core.footprints import FootprintRecorder
+from overlapcheck.core.messages import SamplingParams
+from overlapcheck.core.trace import HOST, PAGE_TABLE, TOKEN_POOL, Op, Trace
+
+
+class TorchEvent(Event):
+    def __init__(self, device: TorchDevice, event_id: int, cuda: torch.cuda.Event | None) -> None:
+        self.id, self.device, self.cuda = event_id, device, cuda
+
+    def synchronize(self) -> None:
+        self.device.host_wait(self)
+
+    def query(self) -> bool:
+        return self.cuda is None or bool(self.cuda.query())
+
+
+class TorchOutput(ForwardOutput):
+    def __init__(self, device: TorchDevice, batch: BatchInput, host_buffer: torch.Tensor) -> None:
+        self.device, self.batch, self.host_buffer = device, batch, host_buffer
+
+    def tokens(self) -> list[int]:
+        with self.device.guard():
+            self.device.recorder.output_read(self.batch, self.device.now())
+            return [int(t) for t in self.host_buffer.tolist()]
+
+
+class EventClock:
+    """Maps CUDA event times onto the host clock and fills stream ops' start/end once they ran."""
+
+    def __init__(self, stream: torch.cuda.Stream, host_now: float) -> None:
+        self.anchor = torch.cuda.Event(enable_timing=True)
+        self.anchor.record(stream)
+        self.anchor.synchronize()
+        self.anchor_time = host_now
+        self.pending: deque[tuple[Op, torch.cuda.Event, torch.cuda.Event]] = deque()
+
+    def add(self, op: Op, start: torch.cuda.Event, end: torch.cuda.Event) -> None:
+        self.pending.append((op, start, end))
+
+    def resolve(self) -> None:
+        while self.pending and self.pending[0][2].query():
+            op, start, end = self.pending.popleft()
+            op.start = self.anchor_time + self.anchor.elapsed_time(start) / 1e3
+            op.end = self.anchor_time + self.anchor.elapsed_time(end) / 1e3
+
+
+class TorchDevice(Device):
+    def __init__(self, config: SchedulerConfig, engine: Engine, sanitizer: Sanitizer | None = None,
+                 sampling: dict[int, SamplingParams] | None = None) -> None:
+        self.config, self.engine, self.sanitizer = config, engine, sanitizer
+        self.sampling = sampling or {}
+        self.cuda = engine.model.device.type == "cuda"
+        self.trace = Trace()
+        self.recorder = FootprintRecorder(config, self.trace)
+        self.scheduler_stream, self.engine_stream = Stream("scheduler"), Stream("engine")
+        self._t0 = time.perf_counter()
+        self.staging = torch.full((self.recorder.metadata_width,), -1, dtype=torch.int32,
+                                  pin_memory=self.cuda)
+        self._streams: dict[str, torch.cuda.Stream] = {}
+        self.clock: EventClock | None = None
+        if self.cuda:
+            names = (self.scheduler_stream.name, self.engine_stream.name)
+            self._streams = {name: torch.cuda.Stream() for name in names}
+            torch.cuda.synchronize()  # buffers were filled on the default stream
+            self.clock = EventClock(self._streams["engine"], self.now())
+
+    # -- host side ----------------------------------------------------------------------------
+
+    def now(self) -> float:
+        return time.perf_counter() - self._t0
+
+    def set_step(self, step: int) -> None:
+        self.recorder.step = step
+
+    @contextlib.contextmanager
+    def span(self, phase: str, work: int = 0) -> Iterator[None]:
+        outer = self.recorder.phase
+        self.recorder.phase = phase
+        op = self.recorder.op(HOST, "span", self.now(), label=phase, start=self.now(), work=work)
+        if self.cuda:
+            torch.cuda.nvtx.range_push(phase)
+        try:
+            yield
+        finally:
+            if self.cuda:
+                torch.cuda.nvtx.range_pop()
+            op.end = self.now()
+            self.recorder.phase = outer
+
+    def sleep_until(self, time_s: float) -> None:
+        start = self.now()
+        if time_s > start:
+            time.sleep(time_s - start)
+        self.recorder.op(HOST, "idle", start, label="idle", start=start, end=self.now())
+
+    def host_wait(self, event: TorchEvent) -> None:
+        op = self.recorder.op(HOST, "host_wait", self.now(), label=f"wait e{event.id}",
+                              waits=event.id, start=self.now())
+        if event.cuda is not None:
+            with self.guard():
+                event.cuda.synchronize()
+        op.end = self.now()
+        if self.clock is not None:
+            self.clock.resolve()
+
+    def guard(self) -> contextlib.AbstractContextManager[None]:
+        return self.sanitizer.guard() if self.sanitizer is not None else contextlib.nullcontext()
+
+    # -- stream side --------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _enqueue(self, stream: Stream, op: Op) -> Iterator[None]:
+        """Issue the block's work on `stream`, bracketed by timing events (CPU: run it now)."""
+        with self.guard():
+            if not self.cuda:
+                op.start = self.now()
+                yield
+                op.end = self.now()
+                return
+            s = self._streams[stream.name]
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            with torch.cuda.stream(s):
+                start.record(s)
+                yield
+                end.record(s)
+            assert self.clock is not None
+            self.clock.add(op, start, end)
+
+    def copy_to_device(self, buffer: str, writes: Sequence[RowWrite], stream: Stream) -> None:
+        pools = self.engine.pools
+        target = {TOKEN_POOL: pools.token_pool, PAGE_TABLE: pools.page_table}[buffer]
+        op = self.recorder.op(stream.name, "h2d", self.now(), label=f"h2d {buffer}",
+                              accesses=[self.recorder.rows(buffer, writes)])
+        values = [np.asarray(w.values, dtype=np.int32) for w in writes]
+        host = torch.empty(sum(len(v) for v in values), dtype=torch.int32, pin_memory=self.cuda)
+        if len(host):
+            host.numpy()[:] = np.concatenate(values)  # captured now: a fresh pinned buffer per call
+        with self._enqueue(stream, op):
+            offset = 0
+            for w, v in zip(writes, values, strict=True):
+                target[w.row, w.start : w.start + len(v)].copy_(host[offset : offset + len(v)],
+                                                                non_blocking=True)
+                offset += len(v)
+
+    def stage_metadata(self, batch: BatchInput, stream: Stream) -> Event:
+        flat = batch.metadata()
+        self.staging.numpy()[: len(flat)] = flat  # the host rewrites the one staging buffer now
+        self.recorder.staging_write(batch, self.now())
+        op = self.recorder.op(stream.name, "h2d", self.now(), label=f"metadata {batch.label}",
+                              batch=batch.batch_id, uids=batch.uids,
+                              accesses=self.recorder.metadata_copy_accesses(batch))
+        with self._enqueue(stream, op):
+            parity = batch.batch_id % 2
+            slot = self.engine.pools.metadata[parity, : len(flat)]
+            slot.copy_(self.staging[: len(flat)], non_blocking=True)
+            self.engine.plan(batch, self._params(batch))  # FlashInfer's plan: host work + H2D here
+        return self.record(stream)
+
+    def wait_stream(self, waiter: Stream, waitee: Stream) -> None:
+        self.wait_event(waiter, self.record(waitee))
+
+    def record(self, stream: Stream) -> Event:
+        event = TorchEvent(self, self.trace.new_event_id(),
+                           torch.cuda.Event(enable_timing=True) if self.cuda else None)
+        op = self.recorder.op(stream.name, "record", self.now(), label=f"record e{event.id}",
+                              records=event.id)
+        self._mark(stream, op, event.cuda)
+        return event
+
+    def wait_event(self, stream: Stream, event: Event) -> None:
+        assert isinstance(event, TorchEvent)
+        op = self.recorder.op(stream.name, "wait", self.now(), label=f"wait e{event.id}",
+                              waits=event.id)
+        if event.cuda is not None:
+            with self.guard():
+                self._streams[stream.name].wait_event(event.cuda)
+        self._mark(stream, op, torch.cuda.Event(enable_timing=True) if self.cuda else None)
+
+    def _mark(self, stream: Stream, op: Op, event: torch.cuda.Event | None) -> None:
+        """A zero-length op: its time is when the stream reaches `event` (CPU: now)."""
+        if event is None:
+            op.start = op.end = self.now()
+            return
+        with self.guard():
+            event.record(self._streams[stream.name])
+        assert self.clock is not None
+        self.clock.add(op, event, event)
+
+    def forward(self, batch: BatchInput, stream: Stream) -> ForwardOutput:
+        common: dict[str, Any] = dict(batch=batch.batch_id, uids=batch.uids)
+        kernel = self.recorder.op(stream.name, "forward", self.now(), label=batch.label,
+                                  accesses=self.recorder.forward_accesses(batch), **common)
+        copy = self.recorder.op(stream.name, "d2h", self.now(), label=f"d2h {batch.label}",
+                                accesses=self.recorder.d2h_accesses(batch), **common)
+        # -1 until the copy lands, as on the simulator: a too-early read shows.
+        host = torch.full((len(batch.seqs),), -1, dtype=torch.int32, pin_memory=self.cuda)
+        if self.cuda:
+            torch.cuda.nvtx.range_push(f"forward {batch.label}")
+        try:
+            with self._enqueue(stream, kernel):
+                sampled = self.engine.run(batch, self._params(batch))
+            with self._enqueue(stream, copy):
+                host.copy_(sampled, non_blocking=True)
+        finally:
+            if self.cuda:
+                torch.cuda.nvtx.range_pop()
+        return TorchOutput(self, batch, host)
+
+    def _params(self, batch: BatchInput) -> list[SamplingParams | None]:
+        return [self.sampling.get(s.uid) for s in batch.seqs]
+
+    def finish(self) -> None:
+        """Wait for all stream work and fill in the remaining op times (for tools; a run's last
+        host wait already covers everything it issued)."""
+        if self.cuda:
+            torch.cuda.synchronize()
+            assert self.clock is not None
+            self.clock.resolve()
+
+    def __repr__(self) -> str:
+        where = "cuda" if self.cuda else "cpu"
+        return f"TorchDevice({where}, t={self.now():.6f}s, ops={len(self.trace.ops)})"

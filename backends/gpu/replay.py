@@ -1,0 +1,106 @@
+"""Replay a simulator counterexample on a real device, with the delays that made it fail.
+
+The counterexample's workload runs on the real engine (prompt ids mapped into the model's
+vocabulary, stop tokens taken from the reference's own greedy output), every message delivered at
+the iteration the simulator delivered it. Each operation the simulator delayed gets the same delay
+before it: `torch.cuda._sleep` on its stream, a host sleep in its host phase. Every invariant is
+checked on the real run; `no-race` runs over the real footprints after the run, so that a race
+that corrupted data is also seen as what it did (a wrong token, say): that is "manifested".
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from overlapcheck.backends.gpu.backend import TorchBackend, make_torch_backend
+from overlapcheck.explore.counterexample import Counterexample
+from overlapcheck.explore.delay_plan import Delay, delay_plan
+from overlapcheck.invariants.no_race import NoRace
+from overlapcheck.invariants.races import RaceDetector
+from overlapcheck.invariants.registry import INVARIANTS
+from overlapcheck.runner import RunResult, run_scenario
+
+
+@dataclass
+class Verdict:
+    repeat: int
+    reproduced: bool  # the counterexample's invariant was violated
+    manifested: list[str]  # invariants other than no-race that failed (what the race did)
+    race: str | None  # the race the footprints show, if any
+    applied: int  # planned delays that found their operation
+    missed: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"repeat": self.repeat, "reproduced": self.reproduced, "manifested": self.manifested,
+                "race": self.race, "applied": self.applied, "missed": self.missed}
+
+
+def sleep_cycles_per_second() -> float:
+    """How many `torch.cuda._sleep` cycles make a second on this GPU (measured once)."""
+    torch.cuda._sleep(1_000)  # warm up
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    cycles = 20_000_000
+    start.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    end.synchronize()
+    return cycles / (start.elapsed_time(end) / 1e3)
+
+
+def replay_once(cex: Counterexample, backend: TorchBackend, plan: list[Delay],
+                deliveries: list[tuple[int, int, str]], repeat: int) -> tuple[Verdict, RunResult]:
+    backend.delays = plan
+    checks = [i for i in INVARIANTS if i != NoRace.id]
+    result = run_scenario(cex.scenario, backend, checks, deliveries=deliveries)
+    if backend.device is not None:
+        backend.device.finish()
+    race = RaceDetector().check(result.trace)
+    race_line = None
+    if race is not None:
+        first, second = result.trace.ops[race.first], result.trace.ops[race.second]
+        race_line = (f"{race.kind} on {race.buffer}: {first.agent} `{first.label}` vs "
+                     f"{second.agent} `{second.label}`")
+    failed = [v.invariant for v in result.violations]
+    reproduced = cex.invariant in failed or (cex.invariant == NoRace.id and race is not None)
+    injector = backend.device.injector if backend.device is not None else None
+    applied = len(injector.applied) if injector is not None else 0
+    missed = len(injector.missed) if injector is not None else len(plan)
+    return Verdict(repeat, reproduced, failed, race_line, applied, missed), result
+
+
+def replay_on_device(cex: Counterexample, backend_name: str = "cuda", repeat: int = 1,
+                     as_json: bool = False, preset: str | None = None,
+                     model: str | None = None) -> int:
+    """Exit status: 1 if the counterexample reproduced in any repeat, 0 if never."""
+    sim = cex.replay()
+    plan = delay_plan(sim.trace)
+    deliveries = [(m.step, m.uid, m.kind) for m in sim.trace.received]
+    backend = make_torch_backend(backend_name, model=model, preset=preset)
+    if backend_name == "cuda":
+        backend.sleep_rate = sleep_cycles_per_second()
+    out = sys.stderr if as_json else sys.stdout
+    print(f"delay plan ({len(plan)} delays, from {len(sim.trace.ops)} simulated operations):", file=out)
+    for delay in plan:
+        print(f"  {delay.line()}", file=out)
+    if backend_name != "cuda" and any(d.agent != "host" for d in plan):
+        print("  (on the CPU backend streams run synchronously: stream delays change nothing)", file=out)
+    verdicts = [replay_once(cex, backend, plan, deliveries, i)[0] for i in range(repeat)]
+    hits = sum(v.reproduced for v in verdicts)
+    if as_json:
+        json.dump({"invariant": cex.invariant, "backend": backend_name, "repeats": repeat,
+                   "reproduced": hits, "plan": [d.line() for d in plan],
+                   "verdicts": [v.to_json() for v in verdicts]}, sys.stdout)
+        print()
+    else:
+        for v in verdicts:
+            what = ", ".join(v.manifested) or "clean"
+            print(f"repeat {v.repeat + 1:>2}: {'REPRODUCED' if v.reproduced else 'not reproduced'}"
+                  f"  invariants: {what}  race: {v.race or 'none'}"
+                  f"  delays applied {v.applied}/{v.applied + v.missed}")
+        print(f"{cex.invariant}: reproduced in {hits}/{repeat} repeats on {backend_name}")
+    return 1 if hits else 0

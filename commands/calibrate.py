@@ -1,0 +1,44 @@
+"""`overlapcheck calibrate`: fit the simulator's timing profile to a real device, or check one."""
+
+from __future__ import annotations
+
+import argparse
+
+from overlapcheck.backends.sim.timing import Profile
+from overlapcheck.errors import UserError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("calibrate", help="fit the simulator's latencies to a GPU (or check a fit)")
+    p.add_argument("--backend", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("--preset", help="model preset (default tiny)")
+    p.add_argument("--model", help="a Hugging Face checkpoint directory")
+    p.add_argument("-o", "--out", default="profile.json", help="where the fitted profile goes")
+    p.add_argument("--check", metavar="PROFILE", help="compare sim and GPU per named scenario")
+    p.set_defaults(main=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    profile = None
+    if args.check:
+        try:
+            profile = Profile.load(args.check)
+        except FileNotFoundError:
+            raise UserError(f"{args.check}: no such profile") from None
+        except (ValueError, TypeError) as err:
+            raise UserError(f"{args.check}: bad timing profile: {err}") from None
+    try:
+        from overlapcheck.backends.gpu.backend import make_torch_backend
+        from overlapcheck.backends.gpu.calibrate import calibrate, check
+    except ImportError as err:
+        raise UserError(f"calibrate needs torch and transformers ({err.name} is missing): "
+                        "pip install 'overlapcheck[real]'") from None
+    backend = make_torch_backend(args.backend, model=args.model, preset=args.preset, oracle=False)
+    if profile is not None:
+        check(backend, profile)
+        return 0
+    fitted = calibrate(backend, args.out)
+    print(f"profile written to {args.out}:")
+    for name, value in fitted.as_dict().items():
+        print(f"  {name:<22}{value * 1e6:>10.3f} µs")
+    return 0

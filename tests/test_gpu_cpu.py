@@ -1,0 +1,156 @@
+"""The real engine on CPU (float32): the same scheduler drives a real transformer over the paged KV
+pool, and its tokens equal Hugging Face greedy exactly, with every invariant on."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from overlapcheck.backends.gpu.backend import TorchBackend, make_torch_backend  # noqa: E402
+from overlapcheck.backends.gpu.sampling import sample  # noqa: E402
+from overlapcheck.backends.gpu.weights import (  # noqa: E402
+    ModelSpec,
+    preset_config,
+    random_weights,
+    save_checkpoint,
+)
+from overlapcheck.backends.sim.backend import SimBackend  # noqa: E402
+from overlapcheck.cli import main as cli_main  # noqa: E402
+from overlapcheck.core.messages import SamplingParams  # noqa: E402
+from overlapcheck.errors import UserError  # noqa: E402
+from overlapcheck.runner import RunResult, run_scenario  # noqa: E402
+from overlapcheck.scenarios.named import NAMED, named_scenario  # noqa: E402
+from overlapcheck.scenarios.scenario import RequestSpec, Scenario  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def cpu() -> Iterator[TorchBackend]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: threads only contend (20x slower on a busy box)
+    yield make_torch_backend("cpu", preset="tiny")
+    torch.set_num_threads(threads)
+
+
+def ok(result: RunResult) -> None:
+    assert result.ok, [v.line() for v in result.violations]
+
+
+MATRIX = list(itertools.product(("overlap", "normal"), ("radix", "naive"), (1, 4)))
+
+
+@pytest.mark.parametrize(("loop", "cache", "page_size"), MATRIX)
+def test_matrix_tokens_equal_hf_greedy(cpu: TorchBackend, loop: str, cache: str,
+                                       page_size: int) -> None:
+    base = named_scenario("shared-prefix")  # prompts of 27-30 tokens: chunks of 8 split them
+    scenario = base.with_config(loop=loop, cache=cache, page_size=page_size, max_extend_tokens=8,
+                                num_pages=base.config.num_pages // page_size)
+    result = run_scenario(scenario, cpu)
+    ok(result)  # every invariant: oracle (= HF greedy), no-race over real footprints, pages, slots
+    assert cpu.oracle is not None
+    for outcome, spec in zip(result.outcomes, result.scenario.requests, strict=True):
+        assert outcome.finish_reason in ("length", "eos")
+        reference = cpu.oracle.greedy(spec.prompt, spec.max_tokens)
+        assert outcome.tokens == reference[: len(outcome.tokens)]
+        assert len(set(reference)) > 1  # the random weights really vary
+    assert sum(op.kind == "forward" for op in result.trace.ops) > len(scenario.requests)
+
+
+@pytest.mark.parametrize("name", list(NAMED))
+def test_named_scenarios(cpu: TorchBackend, name: str) -> None:
+    ok(run_scenario(named_scenario(name), cpu))
+
+
+def test_early_eos_stops_where_the_reference_says(cpu: TorchBackend) -> None:
+    result = run_scenario(named_scenario("early-eos"), cpu)
+    ok(result)
+    eos = result.scenario.config.eos_token_id
+    stopped = [o for o in result.outcomes if o.finish_reason == "eos"]
+    assert stopped and all(o.tokens[-1] == eos and len(o.tokens) < 8 for o in stopped)
+
+
+def test_trace_mirrors_the_simulator(cpu: TorchBackend) -> None:
+    """With arrivals at 0 and EOS ignored, scheduling depends on nothing the backends differ in:
+    both must record the same operations with the same footprints."""
+    requests = tuple(RequestSpec(u, tuple(range(10 + u, 30 + 3 * u)), max_tokens=5, ignore_eos=True)
+                     for u in range(3))
+    scenario = replace(named_scenario("basic"), requests=requests).with_config(max_extend_tokens=16)
+
+    def shape(result: RunResult) -> list[tuple[object, ...]]:
+        return [(op.agent, op.kind, op.label, op.step, op.phase, op.batch, op.uids, op.records,
+                 op.waits, [(a.buffer, a.mode, a.cells.tolist()) for a in op.accesses])
+                for op in result.trace.ops]
+
+    real, sim = run_scenario(scenario, cpu), run_scenario(scenario, SimBackend())
+    ok(real)
+    assert shape(real) == shape(sim)
+    assert all(op.start is not None and op.end is not None for op in real.trace.ops)
+
+
+@pytest.mark.parametrize(("model_type", "extra"), [
+    ("llama", dict(tie_word_embeddings=True)),
+    ("qwen2", dict(tie_word_embeddings=False)),
+])
+def test_checkpoint_directory(tmp_path: Path, model_type: str, extra: dict[str, object]) -> None:
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.for_model(model_type, vocab_size=1024, hidden_size=64, intermediate_size=128,
+                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                               eos_token_id=2, **extra)
+    weights = random_weights(ModelSpec.from_config(cfg), 7, torch.device("cpu"), torch.float32)
+    save_checkpoint(cfg, weights, tmp_path)
+    backend = make_torch_backend("cpu", model=str(tmp_path))
+    assert backend.spec.tied == extra["tie_word_embeddings"]
+    assert backend.spec.qkv_bias == (model_type == "qwen2")
+    ok(run_scenario(named_scenario("page-size-4"), backend))
+
+
+def test_bad_options_are_one_line_errors(tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(UserError, match=r"no config\.json"):
+        make_torch_backend("cpu", model=str(tmp_path))
+    with pytest.raises(UserError, match="not a checkpoint directory"):
+        make_torch_backend("cpu", model=str(tmp_path / "missing"))
+    with pytest.raises(UserError, match="unknown preset"):
+        make_torch_backend("cpu", preset="huge")
+    with pytest.raises(UserError, match="needs --backend cuda"):
+        make_torch_backend("cpu", sanitize=True)
+    if not torch.cuda.is_available():
+        assert cli_main(["run", "--backend", "cuda"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "no CUDA device" in err
+
+
+def test_preset_config_round_trips() -> None:
+    spec = ModelSpec.from_config(preset_config("qwen3-0.6b"))
+    shape = (spec.layers, spec.hidden, spec.head_dim, spec.tied, spec.qk_norm)
+    assert shape == (28, 1024, 128, True, True)
+
+
+def test_seeded_sampling() -> None:
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0))
+    hot = [SamplingParams(temperature=1.0, top_k=20, top_p=0.9)] * 4
+    draw = [sample(logits, hot, torch.Generator().manual_seed(s)).tolist() for s in (1, 1, 2)]
+    assert draw[0] == draw[1]
+    greedy = sample(logits, [None, SamplingParams(temperature=0.7, top_k=1)] * 2, None)
+    assert greedy.tolist() == logits.argmax(-1).tolist()
+    top1 = logits.argsort(-1, descending=True)[:, :20]
+    assert all(t in top1[i].tolist() for i, t in enumerate(draw[0]))
+
+
+def test_scenario_is_fitted_to_the_model(cpu: TorchBackend) -> None:
+    base = named_scenario("basic")
+    wide = replace(base, config=replace(base.config, vocab_size=5000),
+                   requests=(RequestSpec(0, (4000, 5, 6000), max_tokens=2),))
+    fitted: Scenario = cpu.prepare(wide)
+    assert fitted.config.vocab_size == 1024
+    assert fitted.requests[0].prompt == (4000 % 1024, 5, 1024 + 1000)  # still out of range
+    result = run_scenario(wide, cpu)
+    ok(result)
+    assert result.outcomes[0].finish_reason == "rejected"

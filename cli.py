@@ -8,10 +8,10 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from overlapcheck import __version__
-from overlapcheck.commands import bench, explore, faults, replay, run, timeline
+from overlapcheck.commands import bench, calibrate, explore, faults, replay, run, timeline
 from overlapcheck.errors import UserError
 
-COMMANDS = [run, explore, replay, timeline, faults, bench]
+COMMANDS = [run, explore, replay, timeline, faults, bench, calibrate]
 
 
 class _Parser(argparse.ArgumentParser):

@@ -90,6 +90,7 @@ class RunResult:
             "loop": c.loop,
             "cache": c.cache,
             "page_size": c.page_size,
+            "policy": c.policy,
             "faults": sorted(c.faults),
             "ok": self.ok,
             "requests": [o.to_json() for o in self.outcomes],

@@ -8,6 +8,8 @@ import argparse
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="measure the simulator's speed (and more, by flag)")
     p.add_argument("--faults", action="store_true", help="time to first failure per named fault")
+    p.add_argument("--policies", action="store_true",
+                   help="queue policies on shared-prefix workloads: cache hits, latency, fairness")
     p.set_defaults(main=main)
 
 
@@ -19,4 +21,8 @@ def main(args: argparse.Namespace) -> int:
         from overlapcheck.bench import fault_search
 
         fault_search.main()
+    if args.policies:
+        from overlapcheck.bench import policies
+
+        policies.main()
     return 0

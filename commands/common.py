@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from overlapcheck.backends.sim.timing import Profile, SeededDelay, Timing
-from overlapcheck.core.config import CACHE_KINDS, LOOP_KINDS, ConfigError
+from overlapcheck.core.config import CACHE_KINDS, LOOP_KINDS, POLICIES, ConfigError
 from overlapcheck.core.faults import UnknownFaultError, parse_faults
 from overlapcheck.errors import UserError
 from overlapcheck.scenarios.loader import ScenarioError, load_scenario_file
@@ -36,9 +36,13 @@ def nonneg_int(text: str) -> int:
 
 
 def add_config_overrides(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--loop", choices=LOOP_KINDS, help="scheduler loop (default: the scenario's)")
-    parser.add_argument("--cache", choices=CACHE_KINDS, help="prefix cache (default: the scenario's)")
+    parser.add_argument("--loop", choices=LOOP_KINDS,
+                        help="scheduler loop (default: the scenario's)")
+    parser.add_argument("--cache", choices=CACHE_KINDS,
+                        help="prefix cache (default: the scenario's)")
     parser.add_argument("--page-size", type=positive_int, help="tokens per KV page")
+    parser.add_argument("--policy", choices=POLICIES,
+                        help="queue policy before each prefill batch (default: the scenario's)")
     parser.add_argument("--chunk", type=positive_int, dest="max_extend_tokens",
                         help="prefill token budget per batch (max_extend_tokens)")
     parser.add_argument("--fault", action="append", default=[], metavar="NAME",
@@ -46,9 +50,12 @@ def add_config_overrides(parser: argparse.ArgumentParser) -> None:
 
 
 def add_timing(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--seed", type=nonneg_int, default=None,
-                        help="draw random operation delays from this seed (default: nominal timing)")
-    parser.add_argument("--timing", metavar="FILE", help="a timing profile (JSON), e.g. from calibrate")
+    parser.add_argument(
+        "--seed", type=nonneg_int, default=None,
+        help="draw random operation delays from this seed (default: nominal timing)",
+    )
+    parser.add_argument("--timing", metavar="FILE",
+                        help="a timing profile (JSON), e.g. from calibrate")
 
 
 def resolve_scenario(text: str) -> Scenario:
@@ -59,12 +66,14 @@ def resolve_scenario(text: str) -> Scenario:
             return load_scenario_file(text)
         except ScenarioError as err:
             raise UserError(str(err)) from None
-    raise UserError(f"unknown scenario {text!r}: name one of {', '.join(NAMED)} or a .json/.toml file")
+    raise UserError(
+        f"unknown scenario {text!r}: name one of {', '.join(NAMED)} or a .json/.toml file"
+    )
 
 
 def apply_overrides(scenario: Scenario, args: argparse.Namespace) -> Scenario:
     changes: dict[str, object] = {}
-    for name in ("loop", "cache", "page_size", "max_extend_tokens"):
+    for name in ("loop", "cache", "page_size", "max_extend_tokens", "policy"):
         value = getattr(args, name, None)
         if value is not None:
             changes[name] = value

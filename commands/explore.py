@@ -14,6 +14,7 @@ from overlapcheck.core.faults import UnknownFaultError, parse_faults
 from overlapcheck.errors import UserError
 from overlapcheck.explore import counterexample
 from overlapcheck.explore.search import SearchStats, search
+from overlapcheck.invariants.registry import INVARIANTS
 from overlapcheck.scenarios.named import NAMED
 
 
@@ -32,6 +33,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--db", help="a Hypothesis example database directory (shared with HypoFuzz)")
     p.add_argument("--timing", metavar="FILE", help="nominal timing profile (JSON)")
     p.add_argument(
+        "--skip", action="append", default=[], metavar="INVARIANT",
+        help="do not check this invariant (e.g. --skip no-race: look for races that corrupt "
+        "tokens, the ones a GPU replay can show)",
+    )
+    p.add_argument(
         "--no-timeline", action="store_true", help="do not draw timelines next to counterexamples"
     )
     p.set_defaults(main=main)
@@ -42,6 +48,9 @@ def main(args: argparse.Namespace) -> int:
         raise UserError(
             f"unknown scenario {args.scenario!r} for explore: all or one of {', '.join(NAMED)}"
         )
+    unknown = sorted(set(args.skip) - set(INVARIANTS))
+    if unknown:
+        raise UserError(f"unknown invariant {', '.join(unknown)} (known: {', '.join(INVARIANTS)})")
     if args.budget <= 0:
         raise UserError("--budget must be > 0 seconds")
     try:
@@ -80,6 +89,7 @@ def main(args: argparse.Namespace) -> int:
             profile,
             args.db,
             on_round,
+            skip=frozenset(args.skip),
         )
     stats = result.stats
     summary = (
@@ -91,7 +101,7 @@ def main(args: argparse.Namespace) -> int:
         return 0
     found = result.found
     run = found.result
-    path = counterexample.save(run, profile, found.draws, args.out)
+    path = counterexample.save(run, profile, found.draws, args.out, skip=frozenset(args.skip))
     check = counterexample.load(path).replay()
     if check.trace_hash != run.trace_hash:
         raise RuntimeError(

@@ -8,6 +8,7 @@ import sys
 
 import networkx as nx
 
+from overlapcheck.commands.common import positive_int
 from overlapcheck.errors import UserError
 from overlapcheck.explore import counterexample
 from overlapcheck.invariants.base import Violation
@@ -18,8 +19,12 @@ from overlapcheck.runner import RunResult
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("replay", help="replay a counterexample (exit 1 when it reproduces)")
     p.add_argument("file")
-    p.add_argument("--backend", choices=("sim", "cuda"), default="sim")
-    p.add_argument("--repeat", type=int, default=1, help="(cuda) repeats")
+    p.add_argument("--backend", choices=("sim", "cpu", "cuda"), default="sim",
+                   help="sim: exact replay; cuda: on a GPU with the delays injected (cpu: same path, "
+                   "synchronous streams, for debugging)")
+    p.add_argument("--repeat", type=positive_int, default=1, help="(cpu/cuda) repeats")
+    p.add_argument("--preset", help="(cpu/cuda) model preset (default tiny)")
+    p.add_argument("--model", help="(cpu/cuda) a Hugging Face checkpoint directory")
     p.add_argument("--json", action="store_true")
     p.add_argument("--hb-graph", metavar="OUT.graphml",
                    help="for a race: write the happens-before graph around it (GraphML)")
@@ -28,15 +33,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def main(args: argparse.Namespace) -> int:
     cex = counterexample.load(args.file)
-    if args.backend == "cuda":
+    if args.backend != "sim":
         try:
-            from overlapcheck.backends.gpu.replay import replay_on_gpu
-        except ImportError:
+            from overlapcheck.backends.gpu.replay import replay_on_device
+        except ImportError as err:
             raise UserError(
-                "--backend cuda needs torch, transformers and flashinfer: "
-                "pip install 'overlapcheck[real,cuda]'"
+                f"--backend {args.backend} needs torch and transformers ({err.name} is missing): "
+                "pip install 'overlapcheck[real]'"
             ) from None
-        return int(replay_on_gpu(cex, repeat=args.repeat, as_json=args.json))
+        return replay_on_device(cex, args.backend, args.repeat, args.json, args.preset, args.model)
     result = cex.replay()
     hit = cex.reproduced(result)
     if args.hb_graph:

@@ -14,6 +14,7 @@ from overlapcheck.commands.common import (
     make_timing,
     resolve_scenario,
 )
+from overlapcheck.invariants.registry import INVARIANTS, make_invariant
 from overlapcheck.runner import RunResult, run_scenario
 
 
@@ -23,6 +24,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--scenario", default="basic", help="a named scenario or a .json/.toml file")
     add_config_overrides(p)
     add_timing(p)
+    p.add_argument(
+        "--check", action="append", default=[], type=check_spec, metavar="ID=ARG",
+        help="also check an opt-in property, e.g. bounded-wait=K (repeatable)",
+    )
     p.add_argument("--model", help="(cpu/cuda) a Hugging Face checkpoint directory")
     p.add_argument("--preset", help="(cpu/cuda) a model preset when no --model is given")
     p.add_argument(
@@ -38,7 +43,7 @@ def main(args: argparse.Namespace) -> int:
     scenario = apply_overrides(resolve_scenario(args.scenario), args)
     options = {k: getattr(args, k) for k in ("model", "preset", "sanitize") if getattr(args, k)}
     backend = make_backend(args.backend, make_timing(args), **options)
-    result = run_scenario(scenario, backend)
+    result = run_scenario(scenario, backend, [*INVARIANTS, *args.check] if args.check else None)
     if args.trace:
         from overlapcheck.trace_io import save_trace
 
@@ -55,12 +60,21 @@ def main(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
+def check_spec(text: str) -> str:
+    """`--check ID=ARG`, validated when the arguments are parsed."""
+    try:
+        make_invariant(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
 def print_human(result: RunResult) -> None:
     c = result.config
     faults = f" faults={','.join(sorted(c.faults))}" if c.faults else ""
     print(
         f"{result.scenario.name} on {result.backend}: loop={c.loop} cache={c.cache} "
-        f"page_size={c.page_size} chunk={c.max_extend_tokens}{faults}"
+        f"page_size={c.page_size} chunk={c.max_extend_tokens} policy={c.policy}{faults}"
     )
     for o in result.outcomes:
         shown = " ".join(map(str, o.tokens[:12])) + (" ..." if len(o.tokens) > 12 else "")
@@ -69,6 +83,7 @@ def print_human(result: RunResult) -> None:
         print(f"VIOLATION {v.line()}")
     status = "ok" if result.ok else f"FAILED ({len(result.violations)} violation)"
     print(
-        f"{status}: {result.iterations} iterations, {result.simulated_seconds * 1e3:.3f} ms simulated, "
+        f"{status}: {result.iterations} iterations, "
+        f"{result.simulated_seconds * 1e3:.3f} ms simulated, "
         f"{result.wall_seconds:.3f} s wall, trace {result.trace_hash[:16]}"
     )

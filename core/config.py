@@ -11,7 +11,9 @@ PolicyKind = Literal["fcfs", "lpm", "dfs-weight", "lof", "random", "hrrn", "lpm-
 CACHE_KINDS: tuple[CacheKind, ...] = ("radix", "naive")
 LOOP_KINDS: tuple[LoopKind, ...] = ("overlap", "normal")
 # How the pending list is ordered before each prefill batch (see core/policy.py).
-POLICIES: tuple[PolicyKind, ...] = ("fcfs", "lpm", "dfs-weight", "lof", "random", "hrrn", "lpm-aging")
+POLICIES: tuple[PolicyKind, ...] = (
+    "fcfs", "lpm", "dfs-weight", "lof", "random", "hrrn", "lpm-aging",
+)
 
 
 class ConfigError(ValueError):
@@ -35,7 +37,7 @@ class SchedulerConfig:
     seed: int = 0
     policy: PolicyKind = "fcfs"
     lpm_fallback_queue_len: int = 128  # lpm, hrrn, lpm-aging act as fcfs above this many waiting
-    in_batch_check_threshold: int = 32  # cached match <= this: look for sharers in the queue (-1: off)
+    in_batch_check_threshold: int = 32  # cached match <= this: look for sharers (-1: never)
     in_batch_deprioritize_threshold: int = 32  # shares >= this with an earlier waiter: go last
     aging_tokens_per_pass: int = 4  # lpm-aging: key tokens a request gains per pass it waits
 
@@ -56,19 +58,15 @@ class SchedulerConfig:
             raise ConfigError(f"loop must be one of {', '.join(LOOP_KINDS)}, got {self.loop!r}")
         if self.policy not in POLICIES:
             raise ConfigError(f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
-        if self.lpm_fallback_queue_len < 0:
-            raise ConfigError(f"lpm_fallback_queue_len must be >= 0, got {self.lpm_fallback_queue_len}")
-        if self.in_batch_check_threshold < -1:
-            raise ConfigError(
-                f"in_batch_check_threshold must be >= -1 (-1 turns the check off), "
-                f"got {self.in_batch_check_threshold}"
-            )
-        if self.in_batch_deprioritize_threshold < 1:
-            raise ConfigError(
-                f"in_batch_deprioritize_threshold must be >= 1, got {self.in_batch_deprioritize_threshold}"
-            )
-        if self.aging_tokens_per_pass < 0:
-            raise ConfigError(f"aging_tokens_per_pass must be >= 0, got {self.aging_tokens_per_pass}")
+        lowest = {
+            "lpm_fallback_queue_len": 0,
+            "in_batch_check_threshold": -1,  # -1 turns the in-batch check off
+            "in_batch_deprioritize_threshold": 1,
+            "aging_tokens_per_pass": 0,
+        }
+        for name, low in lowest.items():
+            if getattr(self, name) < low:
+                raise ConfigError(f"{name} must be >= {low}, got {getattr(self, name)}")
 
     @property
     def num_cells(self) -> int:

@@ -6,6 +6,7 @@ from typing import NamedTuple
 
 from overlapcheck.core.cache.manager import CacheManager
 from overlapcheck.core.config import SchedulerConfig
+from overlapcheck.core.policy import QueuePolicy, make_policy
 from overlapcheck.core.req import Req, ReqState
 from overlapcheck.core.table import TableManager
 
@@ -17,14 +18,19 @@ class Chunk(NamedTuple):
 
 
 class PrefillManager:
-    """Owns `pending` (not admitted) and `prefilling` (admitted, prompt not fully launched)."""
+    """Owns `pending` (not admitted, arrival order), `prefilling` (admitted, prompt not fully
+    launched) and the queue policy that orders `pending` for each batch."""
 
     def __init__(self, config: SchedulerConfig, cache: CacheManager, table: TableManager) -> None:
         self.config = config
         self.cache = cache
         self.table = table
+        self.policy: QueuePolicy = make_policy(config, cache.prefix)
         self.pending: list[Req] = []
         self.prefilling: list[Req] = []
+        # Admitted prompt tokens, and how many of them the prefix cache held (for hit rates).
+        self.prompt_tokens = 0
+        self.cached_tokens = 0
 
     def add(self, req: Req) -> None:
         self.pending.append(req)
@@ -44,11 +50,13 @@ class PrefillManager:
         held = len(req.cells) // self.config.page_size
         return max(0, self.config.pages_for(req.prompt_len + req.max_output) - held)
 
-    def schedule(self, reserved_pages: int) -> tuple[list[Chunk], list[Req]]:
-        """The chunks of the next prefill batch, and the requests admitted for it.
+    def schedule(self, reserved_pages: int, step: int) -> tuple[list[Chunk], list[Req]]:
+        """The chunks of the next prefill batch, and the requests admitted for it at pass `step`.
 
         `reserved_pages`: what admitted requests may still allocate. A request is admitted only
         if its own worst case fits beside that, so a running decode can never run out of pages.
+        Requests are offered in the policy's order; when the one at the head of that order does
+        not fit, nobody behind it is admitted in this pass.
         """
         budget = self.config.max_extend_tokens
         chunks: list[Chunk] = []
@@ -60,20 +68,25 @@ class PrefillManager:
                 chunks.append(Chunk(req, req.kv_len, req.kv_len + size))
                 budget -= size
         admitted: list[Req] = []
-        while budget > 0 and self.pending and self.table.num_free > 0:
-            req = self.pending[0]
+        if budget == 0 or not self.pending or self.table.num_free == 0:
+            return chunks, admitted  # nobody can be admitted: skip the policy's work
+        for req in self.policy.order(self.pending, step):
+            if budget == 0 or self.table.num_free == 0:
+                break
             self.cache.attach_prefix(req)
             need = self.pages_needed(req)
             if need + reserved_pages > self.cache.available_pages:
                 self.cache.detach_prefix(req)
-                break  # first come, first served: nobody overtakes the head of the queue
-            self.pending.pop(0)
+                break  # nobody overtakes the head of the policy's order
+            self.pending.remove(req)
             reserved_pages += need
             req.slot = self.table.allocate()
             req.state = ReqState.PREFILLING
             req.kv_len = req.cached_len
             self.prefilling.append(req)
             admitted.append(req)
+            self.prompt_tokens += req.prompt_len
+            self.cached_tokens += req.cached_len
             size = min(budget, req.prompt_len - req.kv_len)
             chunks.append(Chunk(req, req.kv_len, req.kv_len + size))
             budget -= size

@@ -135,6 +135,8 @@ class Scheduler:
             if arrival > self.device.now():
                 self.device.sleep_until(arrival)
         for msg in self.source.poll(self.device.now()):
+            kind = "user" if isinstance(msg, UserMsg) else "abort"
+            self.device.trace.received.append(Message(self.device.now(), self.step_no, msg.uid, kind))
             for listener in self.listeners:
                 listener.on_receive(self, msg)
             if isinstance(msg, UserMsg):
@@ -192,7 +194,8 @@ class Scheduler:
                    if r.state in (ReqState.PREFILLING, ReqState.RUNNING))
 
     def _schedule(self) -> tuple[BatchInput | None, tuple[Req, ...]]:
-        chunks, admitted = self.prefill.schedule(self._reserved_pages())
+        # The policy measures waiting in passes: this iteration's number is the clock.
+        chunks, admitted = self.prefill.schedule(self._reserved_pages(), step=self.step_no)
         for req in admitted:
             for listener in self.listeners:
                 listener.on_admit(self, req)

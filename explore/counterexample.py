@@ -13,6 +13,7 @@ from overlapcheck.backends.sim.timing import Profile, ReplayDelay, Timing
 from overlapcheck.core.faults import UnknownFaultError, parse_faults
 from overlapcheck.errors import UserError
 from overlapcheck.invariants.base import Violation
+from overlapcheck.invariants.registry import INVARIANTS
 from overlapcheck.runner import RunResult, run_scenario
 from overlapcheck.scenarios.loader import ScenarioError, scenario_from_dict
 from overlapcheck.scenarios.scenario import Scenario
@@ -36,7 +37,8 @@ def git_revision() -> str:
         return "unknown"
 
 
-def to_json(result: RunResult, profile: Profile, draws: dict[int, float]) -> dict[str, Any]:
+def to_json(result: RunResult, profile: Profile, draws: dict[int, float],
+            skip: frozenset[str] = frozenset()) -> dict[str, Any]:
     violation = result.violations[0]
     return {
         "format": FORMAT,
@@ -45,6 +47,7 @@ def to_json(result: RunResult, profile: Profile, draws: dict[int, float]) -> dic
         "git": git_revision(),
         "scenario": result.scenario.to_json(),
         "faults": sorted(result.config.faults),
+        "skip": sorted(skip),  # invariants the search did not check
         "timing": {
             "profile": profile.as_dict(),
             "draws": {str(k): v for k, v in sorted(draws.items())},
@@ -58,8 +61,9 @@ def to_json(result: RunResult, profile: Profile, draws: dict[int, float]) -> dic
     }
 
 
-def save(result: RunResult, profile: Profile, draws: dict[int, float], out_dir: str | Path) -> Path:
-    data = to_json(result, profile, draws)
+def save(result: RunResult, profile: Profile, draws: dict[int, float], out_dir: str | Path,
+         skip: frozenset[str] = frozenset()) -> Path:
+    data = to_json(result, profile, draws, skip)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{data['invariant']}-{result.trace_hash[:8]}.json"
@@ -82,6 +86,10 @@ class Counterexample:
             timing = data.get("timing", {})
             self.profile = Profile(**{k: float(v) for k, v in timing.get("profile", {}).items()})
             self.draws = {int(k): float(v) for k, v in timing.get("draws", {}).items()}
+            self.skip = frozenset(str(i) for i in data.get("skip", []))
+            unknown = sorted(self.skip - set(INVARIANTS))
+            if unknown:
+                raise ValueError(f"unknown invariant {', '.join(unknown)} in 'skip'")
         except (UnknownFaultError, ScenarioError) as err:
             raise UserError(f"{where}: {err}") from None
         except (TypeError, ValueError, AttributeError) as err:
@@ -90,8 +98,12 @@ class Counterexample:
     def timing(self) -> Timing:
         return Timing(self.profile, ReplayDelay(self.draws))
 
+    @property
+    def checks(self) -> list[str] | None:
+        return None if not self.skip else [i for i in INVARIANTS if i not in self.skip]
+
     def replay(self) -> RunResult:
-        return run_scenario(self.scenario, SimBackend(self.timing()))
+        return run_scenario(self.scenario, SimBackend(self.timing()), self.checks)
 
     def reproduced(self, result: RunResult) -> Violation | None:
         return next((v for v in result.violations if v.invariant == self.invariant), None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from overlapcheck.invariants.base import Invariant
+from overlapcheck.invariants.fairness import BoundedWait
 from overlapcheck.invariants.messages import AbortSilent, ExactLength, NoPostEos
 from overlapcheck.invariants.no_race import NoRace
 from overlapcheck.invariants.oracle import Oracle
@@ -23,9 +24,37 @@ INVARIANTS: dict[str, Callable[[], Invariant]] = {
 }
 
 
+def _bounded_wait(arg: str) -> Invariant:
+    try:
+        k = int(arg)
+    except ValueError:
+        raise ValueError(f"bounded-wait=K needs an integer K >= 0, got {arg!r}") from None
+    return BoundedWait(k)
+
+
+# Opt-in checks take an argument (`ID=ARG`) and are never in the default set: they state properties
+# that some valid configurations break on purpose (a cache-aware policy's fairness).
+OPT_IN: dict[str, Callable[[str], Invariant]] = {
+    "bounded-wait": _bounded_wait,
+}
+
+
+def make_invariant(spec: str) -> Invariant:
+    """One invariant from `ID` (a default one) or `ID=ARG` (an opt-in one). Raises ValueError."""
+    name, has_arg, arg = spec.partition("=")
+    if name in INVARIANTS and not has_arg:
+        return INVARIANTS[name]()
+    if name in OPT_IN:
+        if not has_arg:
+            raise ValueError(f"{name} needs an argument: {name}=ARG")
+        return OPT_IN[name](arg)
+    if name in INVARIANTS:
+        raise ValueError(f"{name} takes no argument")
+    known = ", ".join([*INVARIANTS, *(f"{k}=ARG" for k in OPT_IN)])
+    raise ValueError(f"unknown invariant {spec!r} (known: {known})")
+
+
 def make_invariants(ids: Iterable[str] | None = None) -> list[Invariant]:
+    """The default set for None; otherwise exactly `ids` (each `ID` or `ID=ARG`)."""
     chosen = list(INVARIANTS) if ids is None else list(ids)
-    unknown = [i for i in chosen if i not in INVARIANTS]
-    if unknown:
-        raise KeyError(f"unknown invariant {', '.join(unknown)} (known: {', '.join(INVARIANTS)})")
-    return [INVARIANTS[i]() for i in chosen]
+    return [make_invariant(i) for i in chosen]

@@ -25,6 +25,7 @@ from overlapcheck.backends.gpu.weights import (
     random_weights,
 )
 from overlapcheck.core.messages import SamplingParams
+from overlapcheck.explore.delay_plan import Delay, DelayInjector
 from overlapcheck.errors import UserError
 from overlapcheck.scenarios.scenario import RequestSpec, Scenario
 
@@ -52,6 +53,8 @@ class TorchBackend:
         self.sanitizer = Sanitizer() if sanitize else None
         self.graph_sizes = tuple(graph_sizes)
         self.sampling: dict[int, SamplingParams] = {}
+        self.delays: list[Delay] = []  # a replayed counterexample's delay plan (replay.py)
+        self.sleep_rate = 0.0
         self.device: TorchDevice | None = None
         self._refs: dict[int, list[int]] = {}
         self._prompts: dict[int, tuple[int, ...]] = {}
@@ -70,6 +73,9 @@ class TorchBackend:
         if self.graph_sizes and self.sanitizer is None:  # CSAN cannot see inside a graph replay
             engine.capture(self.graph_sizes)
         self.device = TorchDevice(cfg, engine, self.sanitizer, self.sampling)
+        if self.delays:
+            self.device.injector = DelayInjector(self.delays)
+            self.device.sleep_rate = self.sleep_rate
         self._refs, self._forcing = {}, {}
         self._prompts = {s.uid: s.prompt for s in scenario.requests}
         self._eos = cfg.eos_token_id

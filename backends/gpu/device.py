@@ -28,6 +28,7 @@ from overlapcheck.core.device import Device, Event, ForwardOutput, Stream
 from overlapcheck.core.footprints import FootprintRecorder
 from overlapcheck.core.messages import SamplingParams
 from overlapcheck.core.trace import HOST, PAGE_TABLE, TOKEN_POOL, Op, Trace
+from overlapcheck.explore.delay_plan import DelayInjector
 
 
 class TorchEvent(Event):
@@ -76,6 +77,9 @@ class TorchDevice(Device):
                  sampling: dict[int, SamplingParams] | None = None) -> None:
         self.config, self.engine, self.sanitizer = config, engine, sanitizer
         self.sampling = sampling or {}
+        # Delays of a replayed simulator counterexample (see backends/gpu/replay.py).
+        self.injector: DelayInjector | None = None
+        self.sleep_rate = 0.0  # torch.cuda._sleep cycles per second
         self.cuda = engine.model.device.type == "cuda"
         self.trace = Trace()
         self.recorder = FootprintRecorder(config, self.trace)
@@ -109,6 +113,10 @@ class TorchDevice(Device):
         try:
             yield
         finally:
+            if self.injector is not None:
+                delay = self.injector.take(op.step, HOST, "span")
+                if delay:
+                    time.sleep(delay)
             if self.cuda:
                 torch.cuda.nvtx.range_pop()
             op.end = self.now()
@@ -147,11 +155,21 @@ class TorchDevice(Device):
             s = self._streams[stream.name]
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             with torch.cuda.stream(s):
+                self._inject(op)
                 start.record(s)
                 yield
                 end.record(s)
             assert self.clock is not None
             self.clock.add(op, start, end)
+
+    def _inject(self, op: Op) -> None:
+        """A replayed delay: the stream sleeps just before the operation (queued on the stream;
+        the host does not wait)."""
+        if self.injector is None:
+            return
+        delay = self.injector.take(op.step, op.agent, op.kind)
+        if delay and self.sleep_rate:
+            torch.cuda._sleep(int(delay * self.sleep_rate))
 
     def copy_to_device(self, buffer: str, writes: Sequence[RowWrite], stream: Stream) -> None:
         pools = self.engine.pools

@@ -73,23 +73,28 @@ def replay_once(cex: Counterexample, backend: TorchBackend, plan: list[Delay],
     return Verdict(repeat, reproduced, failed, race_line, applied, missed), result
 
 
+def replay_verdicts(cex: Counterexample, backend: TorchBackend, repeat: int) -> tuple[list[Delay], list[Verdict]]:
+    """The counterexample's delay plan, and one verdict per repeat on `backend`."""
+    sim = cex.replay()
+    plan = delay_plan(sim.trace)
+    deliveries = [(m.step, m.uid, m.kind) for m in sim.trace.received]
+    return plan, [replay_once(cex, backend, plan, deliveries, i)[0] for i in range(repeat)]
+
+
 def replay_on_device(cex: Counterexample, backend_name: str = "cuda", repeat: int = 1,
                      as_json: bool = False, preset: str | None = None,
                      model: str | None = None) -> int:
     """Exit status: 1 if the counterexample reproduced in any repeat, 0 if never."""
-    sim = cex.replay()
-    plan = delay_plan(sim.trace)
-    deliveries = [(m.step, m.uid, m.kind) for m in sim.trace.received]
     backend = make_torch_backend(backend_name, model=model, preset=preset)
     if backend_name == "cuda":
         backend.sleep_rate = sleep_cycles_per_second()
+    plan, verdicts = replay_verdicts(cex, backend, repeat)
     out = sys.stderr if as_json else sys.stdout
-    print(f"delay plan ({len(plan)} delays, from {len(sim.trace.ops)} simulated operations):", file=out)
+    print(f"delay plan ({len(plan)} delays):", file=out)
     for delay in plan:
         print(f"  {delay.line()}", file=out)
     if backend_name != "cuda" and any(d.agent != "host" for d in plan):
         print("  (on the CPU backend streams run synchronously: stream delays change nothing)", file=out)
-    verdicts = [replay_once(cex, backend, plan, deliveries, i)[0] for i in range(repeat)]
     hits = sum(v.reproduced for v in verdicts)
     if as_json:
         json.dump({"invariant": cex.invariant, "backend": backend_name, "repeats": repeat,

@@ -25,8 +25,24 @@ class Sample:
 
 
 def _fit(rows: Sequence[Sequence[float]], y: Sequence[float]) -> list[float]:
-    coef, *_ = np.linalg.lstsq(np.asarray(rows, dtype=float), np.asarray(y, dtype=float), rcond=None)
-    return [max(0.0, float(c)) for c in coef]  # a negative cost is noise, not physics
+    """Non-negative least squares (a negative cost is noise, not physics): with at most three
+    terms, solving every subset of them and keeping the best non-negative fit is exact and cheap."""
+    a = np.asarray(rows, dtype=float)
+    b = np.asarray(y, dtype=float)
+    n = a.shape[1]
+    best: tuple[float, list[float]] = (float("inf"), [0.0] * n)
+    for mask in range(1, 1 << n):
+        cols = [i for i in range(n) if mask >> i & 1]
+        coef, *_ = np.linalg.lstsq(a[:, cols], b, rcond=None)
+        if (coef < 0).any():
+            continue
+        full = [0.0] * n
+        for i, c in zip(cols, coef, strict=True):
+            full[i] = float(c)
+        residual = float(np.sum((a @ np.asarray(full) - b) ** 2))
+        if residual < best[0]:
+            best = (residual, full)
+    return best[1]
 
 
 def fit_profile(samples: Iterable[Sample], base: Profile | None = None) -> Profile:

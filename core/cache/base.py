@@ -1,8 +1,8 @@
 """The prefix cache contract, shared by the naive and radix caches.
 
-A match returns a handle; while the handle is locked its pages cannot be evicted. The caller owns the
-pages it allocated itself until it inserts them: `insert` takes ownership of the pages it keeps and
-returns how many leading tokens were already cached, whose pages the caller must free (they are
+A match returns a handle; while the handle is locked its pages cannot be evicted. The caller owns
+the pages it allocated itself until it inserts them: `insert` takes ownership of the pages it keeps
+and returns how many leading tokens were already cached, whose pages the caller must free (they are
 duplicates). Eviction only ever frees unlocked pages.
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 
-class CacheHandle(ABC):
+class CacheHandle:
     """An opaque position in the cache (for the radix cache, the node the match ended at)."""
 
 
@@ -27,6 +27,12 @@ class PrefixCache(ABC):
     @abstractmethod
     def match(self, tokens: Sequence[int]) -> MatchResult:
         """Longest cached prefix of `tokens` (page-aligned). Does not lock."""
+
+    @abstractmethod
+    def peek(self, tokens: Sequence[int]) -> int:
+        """Length of the longest cached prefix of `tokens` (page-aligned), with no side effect: no
+        split, no LRU touch. Scheduling policies rank waiting requests with it; only admission
+        (`match`) may change the tree."""
 
     @abstractmethod
     def lock(self, handle: CacheHandle | None) -> None:

@@ -11,6 +11,9 @@ class NaiveCache(PrefixCache):
     def match(self, tokens: Sequence[int]) -> MatchResult:
         return MatchResult(None, 0, [])
 
+    def peek(self, tokens: Sequence[int]) -> int:
+        return 0
+
     def lock(self, handle: CacheHandle | None) -> None:
         return None
 

@@ -1,4 +1,5 @@
-"""A radix tree over page-sized token chunks, with lock counts and LRU eviction of unlocked leaves."""
+"""A radix tree over page-sized token chunks, with lock counts and LRU eviction of unlocked
+leaves."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from overlapcheck.core.errors import InvariantError
 from overlapcheck.core.cache.base import CacheHandle, MatchResult, PrefixCache
+from overlapcheck.core.errors import InvariantError
 
 
 @dataclass(eq=False, slots=True)
@@ -47,6 +48,31 @@ class RadixCache(PrefixCache):
         cells = [p * ps + i for p in pages for i in range(ps)]
         return MatchResult(node if node is not self.root else None, length, cells)
 
+    def peek(self, tokens: Sequence[int]) -> int:
+        node, covered = self.peek_position(tokens)
+        length = covered
+        while node.parent is not None:
+            node = node.parent
+            length += len(node.key)
+        return length
+
+    def peek_position(self, tokens: Sequence[int]) -> tuple[RadixNode, int]:
+        """Where the match of `tokens` ends, with no side effect: the deepest node it enters and
+        how many tokens of that node's edge it covers (all of them when it ends at the node; a
+        match that ends inside an edge is where `match` would split it)."""
+        ps = self.page_size
+        usable = len(tokens) // ps * ps
+        node, pos = self.root, 0
+        while pos < usable:
+            child = node.children.get(tuple(tokens[pos : pos + ps]))
+            if child is None:
+                break
+            matched = self._common_pages(child.key, tokens, pos, usable)
+            if matched < len(child.key):
+                return child, matched
+            node, pos = child, pos + matched
+        return node, len(node.key)
+
     def _walk(self, tokens: Sequence[int]) -> tuple[RadixNode, int]:
         """Follow `tokens` down the tree, splitting the last edge at the divergence point."""
         ps = self.page_size
@@ -67,10 +93,16 @@ class RadixCache(PrefixCache):
                 break
         return node, pos
 
-    def _common_pages(self, key: tuple[int, ...], tokens: Sequence[int], pos: int, usable: int) -> int:
+    def _common_pages(
+        self, key: tuple[int, ...], tokens: Sequence[int], pos: int, usable: int
+    ) -> int:
         ps = self.page_size
         n = 0
-        while n < len(key) and pos + n < usable and key[n : n + ps] == tuple(tokens[pos + n : pos + n + ps]):
+        while (
+            n < len(key)
+            and pos + n < usable
+            and key[n : n + ps] == tuple(tokens[pos + n : pos + n + ps])
+        ):
             n += ps
         return n
 
@@ -93,7 +125,7 @@ class RadixCache(PrefixCache):
         self._next_id += 1
         return self._next_id
 
-    # -- locking ------------------------------------------------------------------------------------
+    # -- locking ----------------------------------------------------------------------------------
 
     def lock(self, handle: CacheHandle | None) -> None:
         node = self._node(handle)
@@ -199,7 +231,7 @@ class RadixCache(PrefixCache):
             cached += len(node.pages)
             evictable += len(node.pages) if node.lock_ref == 0 else 0
         if cached != self._cached or evictable != self._evictable:
-            raise InvariantError("pages-conserved", 
+            raise InvariantError("pages-conserved",
                 f"counted {cached} cached/{evictable} evictable pages, "
                 f"books say {self._cached}/{self._evictable}"
             )

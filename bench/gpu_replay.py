@@ -1,0 +1,103 @@
+"""Issue-7 measurements on a GPU, in three phases (each fits one device command):
+
+    python -m overlapcheck.bench.gpu_replay calibrate --out DIR      # profile.json + fidelity table
+    python -m overlapcheck.bench.gpu_replay search --out DIR         # one counterexample per fault
+    python -m overlapcheck.bench.gpu_replay replay --out DIR --repeat 20   # fault on / fault off
+
+`search` uses DIR/profile.json when it exists, so the delays it draws are on the GPU's own scale.
+Races are searched with `no-race` skipped, so that each counterexample is one where the race
+corrupted tokens (an `oracle` failure): that is what a GPU replay can show happening.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from overlapcheck.backends.sim.timing import Profile
+from overlapcheck.core.faults import FAULTS
+from overlapcheck.explore import counterexample
+from overlapcheck.explore.search import search
+
+RACE_FAULTS = {"chunk-sample-overwrite", "staging-buffer-reuse", "copy-done-wrong-stream"}
+
+
+def phase_calibrate(out: Path, backend_name: str, preset: str | None) -> None:
+    from overlapcheck.backends.gpu.backend import make_torch_backend
+    from overlapcheck.backends.gpu.calibrate import calibrate, check
+
+    backend = make_torch_backend(backend_name, preset=preset, oracle=False)
+    profile = calibrate(backend, out / "profile.json")
+    print(json.dumps(profile.as_dict(), indent=1))
+    check(backend, profile)
+
+
+def phase_search(out: Path, budget: float) -> None:
+    profile_path = out / "profile.json"
+    profile = Profile.load(profile_path) if profile_path.exists() else Profile()
+    for name in FAULTS:
+        skip = frozenset({"no-race"}) if name in RACE_FAULTS else frozenset()
+        result = search(faults=frozenset([name]), budget=budget, seed=0, profile=profile, skip=skip)
+        if result.found is None:
+            print(f"{name}: not found in {result.stats.examples} examples")
+            continue
+        path = counterexample.save(result.found.result, profile, result.found.draws, out / "cex", skip)
+        path.rename(out / "cex" / f"{name}.json")
+        v = result.found.result.violations[0]
+        print(f"{name}: {v.line()}")
+
+
+def phase_replay(out: Path, repeat: int, backend_name: str, preset: str | None) -> None:
+    from overlapcheck.backends.gpu.backend import make_torch_backend
+    from overlapcheck.backends.gpu.replay import replay_verdicts, sleep_cycles_per_second
+
+    backend = make_torch_backend(backend_name, preset=preset)
+    if backend_name == "cuda":
+        backend.sleep_rate = sleep_cycles_per_second()
+        print(f"torch.cuda._sleep: {backend.sleep_rate / 1e9:.3f} G cycles/s")
+    rows = []
+    for name in FAULTS:
+        path = out / "cex" / f"{name}.json"
+        if not path.exists():
+            continue
+        cex = counterexample.load(path)
+        plan, on = replay_verdicts(cex, backend, repeat)
+        fixed = counterexample.Counterexample({**cex.data, "faults": []}, f"{path} (fault off)")
+        _, off = replay_verdicts(fixed, backend, repeat)
+        clean = sum(not v.manifested and v.race is None for v in off)
+        hits = sum(v.reproduced for v in on)
+        applied = sum(v.applied for v in on) / max(1, len(on))
+        rows.append((name, cex.invariant, len(plan), applied, hits, clean))
+        print(f"{name}: {cex.invariant} reproduced {hits}/{repeat}, fault off clean {clean}/{repeat}",
+              flush=True)
+        for v in on[:1] + off[:1]:
+            print(f"   e.g. {v.to_json()}")
+    print()
+    print("| fault | invariant | delays | fault on: reproduced | fault off: clean |")
+    print("| --- | --- | --- | --- | --- |")
+    for name, inv, delays, applied, hits, clean in rows:
+        print(f"| `{name}` | `{inv}` | {delays} ({applied:.0f} applied) | {hits}/{repeat} | {clean}/{repeat} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("phase", choices=("calibrate", "search", "replay"))
+    parser.add_argument("--out", default="gpu-replay")
+    parser.add_argument("--backend", default="cuda", choices=("cuda", "cpu"))
+    parser.add_argument("--preset", default=None)
+    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--budget", type=float, default=60.0)
+    args = parser.parse_args()
+    out = Path(args.out)
+    (out / "cex").mkdir(parents=True, exist_ok=True)
+    if args.phase == "calibrate":
+        phase_calibrate(out, args.backend, args.preset)
+    elif args.phase == "search":
+        phase_search(out, args.budget)
+    else:
+        phase_replay(out, args.repeat, args.backend, args.preset)
+
+
+if __name__ == "__main__":
+    main()

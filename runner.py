@@ -16,7 +16,12 @@ from overlapcheck.core.validate import max_output, rejection
 from overlapcheck.invariants.base import Invariant, InvariantViolated, Violation
 from overlapcheck.invariants.registry import make_invariants
 from overlapcheck.scenarios.scenario import RequestSpec, Scenario
-from overlapcheck.scenarios.source import IterationSource, WorkloadSource, delivery_schedule, user_msg
+from overlapcheck.scenarios.source import (
+    IterationSource,
+    WorkloadSource,
+    delivery_schedule,
+    user_msg,
+)
 
 
 class Backend(Protocol):

@@ -12,8 +12,10 @@ SEEDS = range(5)
 
 def main() -> None:
     print("fault search: explore from an empty database, all invariants on, median of 5 seeds")
-    print(f"{'fault':<24}{'found':>6}{'first fail s':>13}{'examples':>9}{'total s':>9}"
-          f"{'requests':>9}{'iterations':>11}  invariants")
+    print(
+        f"{'fault':<24}{'found':>6}{'first fail s':>13}{'examples':>9}{'total s':>9}"
+        f"{'requests':>9}{'iterations':>11}  invariants"
+    )
     for name in FAULTS:
         firsts, examples, totals, reqs, iters, invs = [], [], [], [], [], set()
         for seed in SEEDS:
@@ -30,9 +32,12 @@ def main() -> None:
         if not firsts:
             print(f"{name:<24}{'0/5':>6}")
             continue
-        print(f"{name:<24}{len(firsts):>4}/5{statistics.median(firsts):>13.2f}"
-              f"{statistics.median(examples):>9.0f}{statistics.median(totals):>9.2f}"
-              f"{statistics.median(reqs):>9.0f}{statistics.median(iters):>11.0f}  {', '.join(sorted(invs))}")
+        print(
+            f"{name:<24}{len(firsts):>4}/5{statistics.median(firsts):>13.2f}"
+            f"{statistics.median(examples):>9.0f}{statistics.median(totals):>9.2f}"
+            f"{statistics.median(reqs):>9.0f}{statistics.median(iters):>11.0f}"
+            f"  {', '.join(sorted(invs))}"
+        )
 
 
 if __name__ == "__main__":

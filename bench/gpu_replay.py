@@ -42,7 +42,9 @@ def phase_search(out: Path, budget: float) -> None:
         if result.found is None:
             print(f"{name}: not found in {result.stats.examples} examples")
             continue
-        path = counterexample.save(result.found.result, profile, result.found.draws, out / "cex", skip)
+        path = counterexample.save(
+            result.found.result, profile, result.found.draws, out / "cex", skip
+        )
         path.rename(out / "cex" / f"{name}.json")
         v = result.found.result.violations[0]
         print(f"{name}: {v.line()}")
@@ -69,19 +71,26 @@ def phase_replay(out: Path, repeat: int, backend_name: str, preset: str | None) 
         hits = sum(v.reproduced for v in on)
         applied = sum(v.applied for v in on) / max(1, len(on))
         rows.append((name, cex.invariant, len(plan), applied, hits, clean))
-        print(f"{name}: {cex.invariant} reproduced {hits}/{repeat}, fault off clean {clean}/{repeat}",
-              flush=True)
+        print(
+            f"{name}: {cex.invariant} reproduced {hits}/{repeat}, fault off clean {clean}/{repeat}",
+            flush=True,
+        )
         for v in on[:1] + off[:1]:
             print(f"   e.g. {v.to_json()}")
     print()
     print("| fault | invariant | delays | fault on: reproduced | fault off: clean |")
     print("| --- | --- | --- | --- | --- |")
     for name, inv, delays, applied, hits, clean in rows:
-        print(f"| `{name}` | `{inv}` | {delays} ({applied:.0f} applied) | {hits}/{repeat} | {clean}/{repeat} |")
+        print(
+            f"| `{name}` | `{inv}` | {delays} ({applied:.0f} applied) | {hits}/{repeat} "
+            f"| {clean}/{repeat} |"
+        )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("phase", choices=("calibrate", "search", "replay"))
     parser.add_argument("--out", default="gpu-replay")
     parser.add_argument("--backend", default="cuda", choices=("cuda", "cpu"))

@@ -38,24 +38,48 @@ PROMPT, OUTPUT, PAGE = 32, 128, 16
 
 
 def workload(batch: int, loop: LoopKind) -> Scenario:
-    cfg = SchedulerConfig(num_slots=batch, num_pages=batch * (PROMPT + OUTPUT) // PAGE + batch,
-                          page_size=PAGE, max_extend_tokens=batch * PROMPT, max_seq_len=256,
-                          loop=loop)
-    reqs = tuple(RequestSpec(u, tuple(3 + (u * 131 + 7 * i) % 997 for i in range(PROMPT)),
-                             max_tokens=OUTPUT, ignore_eos=True) for u in range(batch))
+    cfg = SchedulerConfig(
+        num_slots=batch,
+        num_pages=batch * (PROMPT + OUTPUT) // PAGE + batch,
+        page_size=PAGE,
+        max_extend_tokens=batch * PROMPT,
+        max_seq_len=256,
+        loop=loop,
+    )
+    reqs = tuple(
+        RequestSpec(
+            u,
+            tuple(3 + (u * 131 + 7 * i) % 997 for i in range(PROMPT)),
+            max_tokens=OUTPUT,
+            ignore_eos=True,
+        )
+        for u in range(batch)
+    )
     return Scenario(f"decode-b{batch}", cfg, reqs)
 
 
 def measure(trace: Trace) -> dict[str, float]:
-    fwd = sorted((op for op in trace.ops if op.agent == "engine" and op.kind == "forward"
-                  and op.label.startswith("D") and op.start is not None and op.end is not None),
-                 key=lambda op: op.start or 0.0)
+    fwd = sorted(
+        (
+            op
+            for op in trace.ops
+            if op.agent == "engine"
+            and op.kind == "forward"
+            and op.label.startswith("D")
+            and op.start is not None
+            and op.end is not None
+        ),
+        key=lambda op: op.start or 0.0,
+    )
     span = (fwd[-1].end or 0.0) - (fwd[0].start or 0.0)
     gaps = [max(0.0, (b.start or 0.0) - (a.end or 0.0)) for a, b in itertools.pairwise(fwd)]
     steps = {op.step for op in fwd}
     host = [op for op in trace.ops if op.agent == HOST and op.step in steps]
-    busy = sum((op.end or 0.0) - (op.start or 0.0) for op in host
-               if op.kind == "span" and op.label in ("schedule", "launch", "process"))
+    busy = sum(
+        (op.end or 0.0) - (op.start or 0.0)
+        for op in host
+        if op.kind == "span" and op.label in ("schedule", "launch", "process")
+    )
     waits = sum((op.end or 0.0) - (op.start or 0.0) for op in host if op.kind == "host_wait")
     return {
         "tokens_per_s": sum(len(op.uids) for op in fwd) / span,
@@ -96,8 +120,11 @@ def main(argv: list[str] | None = None) -> int:
     graphs = args.batch if cuda and not args.eager else []
     t = time.perf_counter()
     backend = make_torch_backend(args.backend, preset=args.preset, oracle=False, graph_sizes=graphs)
-    results: dict[str, Any] = {"preset": args.preset, "graphs": bool(graphs),
-                               "load_s": time.perf_counter() - t}
+    results: dict[str, Any] = {
+        "preset": args.preset,
+        "graphs": bool(graphs),
+        "load_s": time.perf_counter() - t,
+    }
     if cuda:
         results["flashinfer"] = compile_times(backend)
         shown = ", ".join(f"{k} {v:.2f}" for k, v in results["flashinfer"].items())
@@ -111,14 +138,18 @@ def main(argv: list[str] | None = None) -> int:
             result = run_scenario(workload(b, loop), backend, invariants=[])
             m = row[loop] = measure(result.trace)
             row[loop]["distinct_tokens_uid0"] = len(set(result.outcomes[0].tokens))
-            print(f"{b:>5} {loop:>8} {m['tokens_per_s']:>9.0f} {m['idle_share']:>6.1%} "
-                  f"{m['t_gpu_ms']:>9.3f} {m['t_cpu_ms']:>9.3f}")
+            print(
+                f"{b:>5} {loop:>8} {m['tokens_per_s']:>9.0f} {m['idle_share']:>6.1%} "
+                f"{m['t_gpu_ms']:>9.3f} {m['t_cpu_ms']:>9.3f}"
+            )
         n = row["normal"]
         bound = (n["t_gpu_ms"] + n["t_cpu_ms"]) / max(n["t_gpu_ms"], n["t_cpu_ms"])
         row["speedup"] = row["overlap"]["tokens_per_s"] / n["tokens_per_s"]
         row["speedup_bound"] = bound
-        print(f"{b:>5} overlap speed-up {row['speedup']:.2f}x (bound T_serial/max(T_gpu, T_cpu) "
-              f"= {bound:.2f}x)")
+        print(
+            f"{b:>5} overlap speed-up {row['speedup']:.2f}x (bound T_serial/max(T_gpu, T_cpu) "
+            f"= {bound:.2f}x)"
+        )
         results[f"batch{b}"] = row
     if args.out:
         with open(args.out, "w") as f:

@@ -73,26 +73,43 @@ def row(result: RunResult, policy: str) -> PolicyRow:
             first[m.uid] = m.time
     ttft = [(first[u] - arrival[u]) * 1e3 for u in sorted(first)]
     return PolicyRow(
-        workload=result.scenario.name, policy=policy,
+        workload=result.scenario.name,
+        policy=policy,
         hit_rate=prefill.cached_tokens / max(1, prefill.prompt_tokens),
         prefill_tokens=prefill.prompt_tokens - prefill.cached_tokens,
         completion_ms=result.simulated_seconds * 1e3,
-        ttft_p50_ms=percentile(ttft, 50), ttft_p99_ms=percentile(ttft, 99),
+        ttft_p50_ms=percentile(ttft, 50),
+        ttft_p99_ms=percentile(ttft, 99),
         max_overtaken=fairness(result).max_overtaken,
     )
 
 
-HEADER = ("workload", "policy", "hit rate", "prefill tok", "done ms", "TTFT p50 ms",
-          "TTFT p99 ms", "max overtaken")
+HEADER = (
+    "workload",
+    "policy",
+    "hit rate",
+    "prefill tok",
+    "done ms",
+    "TTFT p50 ms",
+    "TTFT p99 ms",
+    "max overtaken",
+)
 
 
 def table(rows: Sequence[PolicyRow]) -> str:
     """A Markdown table (reads as plain text in a terminal too)."""
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     for r in rows:
-        cells = (r.workload, r.policy, f"{r.hit_rate:.1%}", f"{r.prefill_tokens}",
-                 f"{r.completion_ms:.2f}", f"{r.ttft_p50_ms:.2f}", f"{r.ttft_p99_ms:.2f}",
-                 f"{r.max_overtaken}")
+        cells = (
+            r.workload,
+            r.policy,
+            f"{r.hit_rate:.1%}",
+            f"{r.prefill_tokens}",
+            f"{r.completion_ms:.2f}",
+            f"{r.ttft_p50_ms:.2f}",
+            f"{r.ttft_p99_ms:.2f}",
+            f"{r.max_overtaken}",
+        )
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -106,16 +123,20 @@ def aging_sweep(rates: Sequence[int] = (1, 4, 16, 64)) -> list[PolicyRow]:
 FAIR_POLICIES = ("fcfs", "lpm", "dfs-weight", "hrrn", "lpm-aging")
 
 
-def starvation(gaps_us: Sequence[float] = (100.0, 300.0, 400.0),
-               streams: Sequence[int] = (20, 40)) -> str:
+def starvation(
+    gaps_us: Sequence[float] = (100.0, 300.0, 400.0), streams: Sequence[int] = (20, 40)
+) -> str:
     """How many hits overtake the cache miss of `hit_stream`, per policy."""
-    lines = ["| hit every | hits | " + " | ".join(FAIR_POLICIES) + " |",
-             "|" + "---|" * (2 + len(FAIR_POLICIES))]
+    lines = [
+        "| hit every | hits | " + " | ".join(FAIR_POLICIES) + " |",
+        "|" + "---|" * (2 + len(FAIR_POLICIES)),
+    ]
     for gap in gaps_us:
         for hits in streams:
             scenario = hit_stream(hits=hits, gap_us=gap)
-            counts = [len(fairness(checked_run(scenario, p)).overtakers[VICTIM])
-                      for p in FAIR_POLICIES]
+            counts = [
+                len(fairness(checked_run(scenario, p)).overtakers[VICTIM]) for p in FAIR_POLICIES
+            ]
             lines.append(f"| {gap:g} µs | {hits} | " + " | ".join(map(str, counts)) + " |")
     return "\n".join(lines)
 

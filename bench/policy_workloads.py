@@ -21,8 +21,9 @@ MAX_SEQ = 512
 
 
 def _config() -> SchedulerConfig:
-    return SchedulerConfig(num_slots=SLOTS, num_pages=2048, max_extend_tokens=256,
-                           max_seq_len=MAX_SEQ)
+    return SchedulerConfig(
+        num_slots=SLOTS, num_pages=2048, max_extend_tokens=256, max_seq_len=MAX_SEQ
+    )
 
 
 def _tokens(rng: random.Random, n: int) -> tuple[int, ...]:
@@ -43,12 +44,21 @@ def system_prompts(users: int = 128, prompts: int = 8, seed: int = 1) -> Scenari
     systems = [_tokens(rng, 256) for _ in range(prompts)]
     times = _arrivals(rng, users, 500.0)
     reqs = tuple(
-        RequestSpec(uid, systems[rng.randrange(prompts)] + _tokens(rng, rng.randrange(8, 48)),
-                    max_tokens=rng.randrange(4, 24), arrival=times[uid], ignore_eos=True)
+        RequestSpec(
+            uid,
+            systems[rng.randrange(prompts)] + _tokens(rng, rng.randrange(8, 48)),
+            max_tokens=rng.randrange(4, 24),
+            arrival=times[uid],
+            ignore_eos=True,
+        )
         for uid in range(users)
     )
-    return Scenario("system-prompts", _config(), reqs,
-                    f"{users} users over {prompts} system prompts of 256 tokens")
+    return Scenario(
+        "system-prompts",
+        _config(),
+        reqs,
+        f"{users} users over {prompts} system prompts of 256 tokens",
+    )
 
 
 def chat_tree(
@@ -70,15 +80,19 @@ def chat_tree(
             nxt = []
             for prompt in frontier:
                 t = start + turn * 4000.0 + rng.uniform(0, 1000)
-                reqs.append(RequestSpec(len(reqs), prompt, max_tokens=max_tokens, arrival=t * US,
-                                        ignore_eos=True))
+                reqs.append(
+                    RequestSpec(
+                        len(reqs), prompt, max_tokens=max_tokens, arrival=t * US, ignore_eos=True
+                    )
+                )
                 answer = tuple(model.generate(prompt, max_tokens, ignore_eos=True))
                 forks = branches if turn == 1 else 1
                 nxt += [prompt + answer + _tokens(rng, rng.randrange(8, 32)) for _ in range(forks)]
             frontier = [p for p in nxt if len(p) + 24 <= MAX_SEQ]
     reqs.sort(key=lambda r: r.arrival)
-    return Scenario("chat-tree", cfg, tuple(reqs),
-                    f"{conversations} chats x {turns} turns, forking at turn 2")
+    return Scenario(
+        "chat-tree", cfg, tuple(reqs), f"{conversations} chats x {turns} turns, forking at turn 2"
+    )
 
 
 def no_sharing(users: int = 128, seed: int = 3) -> Scenario:
@@ -86,8 +100,13 @@ def no_sharing(users: int = 128, seed: int = 3) -> Scenario:
     rng = random.Random(seed)
     times = _arrivals(rng, users, 500.0)
     reqs = tuple(
-        RequestSpec(uid, _tokens(rng, 256 + rng.randrange(8, 48)), max_tokens=rng.randrange(4, 24),
-                    arrival=times[uid], ignore_eos=True)
+        RequestSpec(
+            uid,
+            _tokens(rng, 256 + rng.randrange(8, 48)),
+            max_tokens=rng.randrange(4, 24),
+            arrival=times[uid],
+            ignore_eos=True,
+        )
         for uid in range(users)
     )
     return Scenario("no-sharing", _config(), reqs, f"{users} unique prompts (control)")

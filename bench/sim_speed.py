@@ -1,4 +1,5 @@
-"""Simulated scheduler iterations per wall second: decode batch of 8, overlap loop, footprints on."""
+"""Simulated scheduler iterations per wall second: decode batch of 8, overlap loop, footprints
+on."""
 
 from __future__ import annotations
 

@@ -8,8 +8,11 @@ import argparse
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="measure the simulator's speed (and more, by flag)")
     p.add_argument("--faults", action="store_true", help="time to first failure per named fault")
-    p.add_argument("--policies", action="store_true",
-                   help="queue policies on shared-prefix workloads: cache hits, latency, fairness")
+    p.add_argument(
+        "--policies",
+        action="store_true",
+        help="queue policies on shared-prefix workloads: cache hits, latency, fairness",
+    )
     p.set_defaults(main=main)
 
 

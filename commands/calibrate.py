@@ -31,8 +31,10 @@ def main(args: argparse.Namespace) -> int:
         from overlapcheck.backends.gpu.backend import make_torch_backend
         from overlapcheck.backends.gpu.calibrate import calibrate, check
     except ImportError as err:
-        raise UserError(f"calibrate needs torch and transformers ({err.name} is missing): "
-                        "pip install 'overlapcheck[real]'") from None
+        raise UserError(
+            f"calibrate needs torch and transformers ({err.name} is missing): "
+            "pip install 'overlapcheck[real]'"
+        ) from None
     backend = make_torch_backend(args.backend, model=args.model, preset=args.preset, oracle=False)
     if profile is not None:
         check(backend, profile)

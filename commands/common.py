@@ -36,26 +36,43 @@ def nonneg_int(text: str) -> int:
 
 
 def add_config_overrides(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--loop", choices=LOOP_KINDS,
-                        help="scheduler loop (default: the scenario's)")
-    parser.add_argument("--cache", choices=CACHE_KINDS,
-                        help="prefix cache (default: the scenario's)")
+    parser.add_argument(
+        "--loop", choices=LOOP_KINDS, help="scheduler loop (default: the scenario's)"
+    )
+    parser.add_argument(
+        "--cache", choices=CACHE_KINDS, help="prefix cache (default: the scenario's)"
+    )
     parser.add_argument("--page-size", type=positive_int, help="tokens per KV page")
-    parser.add_argument("--policy", choices=POLICIES,
-                        help="queue policy before each prefill batch (default: the scenario's)")
-    parser.add_argument("--chunk", type=positive_int, dest="max_extend_tokens",
-                        help="prefill token budget per batch (max_extend_tokens)")
-    parser.add_argument("--fault", action="append", default=[], metavar="NAME",
-                        help="re-enable a named known bug (repeatable; see `overlapcheck faults`)")
+    parser.add_argument(
+        "--policy",
+        choices=POLICIES,
+        help="queue policy before each prefill batch (default: the scenario's)",
+    )
+    parser.add_argument(
+        "--chunk",
+        type=positive_int,
+        dest="max_extend_tokens",
+        help="prefill token budget per batch (max_extend_tokens)",
+    )
+    parser.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="re-enable a named known bug (repeatable; see `overlapcheck faults`)",
+    )
 
 
 def add_timing(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--seed", type=nonneg_int, default=None,
+        "--seed",
+        type=nonneg_int,
+        default=None,
         help="draw random operation delays from this seed (default: nominal timing)",
     )
-    parser.add_argument("--timing", metavar="FILE",
-                        help="a timing profile (JSON), e.g. from calibrate")
+    parser.add_argument(
+        "--timing", metavar="FILE", help="a timing profile (JSON), e.g. from calibrate"
+    )
 
 
 def resolve_scenario(text: str) -> Scenario:

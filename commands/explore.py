@@ -10,6 +10,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from overlapcheck.backends.sim.timing import Profile
 from overlapcheck.commands.common import nonneg_int, positive_int
+from overlapcheck.commands.run import check_spec
+from overlapcheck.core.config import POLICIES
 from overlapcheck.core.faults import UnknownFaultError, parse_faults
 from overlapcheck.errors import UserError
 from overlapcheck.explore import counterexample
@@ -33,9 +35,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--db", help="a Hypothesis example database directory (shared with HypoFuzz)")
     p.add_argument("--timing", metavar="FILE", help="nominal timing profile (JSON)")
     p.add_argument(
-        "--skip", action="append", default=[], metavar="INVARIANT",
+        "--skip",
+        action="append",
+        default=[],
+        metavar="INVARIANT",
         help="do not check this invariant (e.g. --skip no-race: look for races that corrupt "
         "tokens, the ones a GPU replay can show)",
+    )
+    p.add_argument("--policy", choices=POLICIES, help="pin the queue policy (default: drawn)")
+    p.add_argument(
+        "--check",
+        action="append",
+        default=[],
+        type=check_spec,
+        metavar="ID=ARG",
+        help="also check an opt-in property, e.g. bounded-wait=K (repeatable)",
     )
     p.add_argument(
         "--no-timeline", action="store_true", help="do not draw timelines next to counterexamples"
@@ -90,6 +104,8 @@ def main(args: argparse.Namespace) -> int:
             args.db,
             on_round,
             skip=frozenset(args.skip),
+            policy=args.policy,
+            extra_checks=tuple(args.check),
         )
     stats = result.stats
     summary = (
@@ -101,7 +117,9 @@ def main(args: argparse.Namespace) -> int:
         return 0
     found = result.found
     run = found.result
-    path = counterexample.save(run, profile, found.draws, args.out, skip=frozenset(args.skip))
+    path = counterexample.save(
+        run, profile, found.draws, args.out, frozenset(args.skip), tuple(args.check)
+    )
     check = counterexample.load(path).replay()
     if check.trace_hash != run.trace_hash:
         raise RuntimeError(

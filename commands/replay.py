@@ -19,15 +19,22 @@ from overlapcheck.runner import RunResult
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("replay", help="replay a counterexample (exit 1 when it reproduces)")
     p.add_argument("file")
-    p.add_argument("--backend", choices=("sim", "cpu", "cuda"), default="sim",
-                   help="sim: exact replay; cuda: on a GPU with the delays injected (cpu: same path, "
-                   "synchronous streams, for debugging)")
+    p.add_argument(
+        "--backend",
+        choices=("sim", "cpu", "cuda"),
+        default="sim",
+        help="sim: exact replay; cuda: on a GPU with the delays injected (cpu: same path, "
+        "synchronous streams, for debugging)",
+    )
     p.add_argument("--repeat", type=positive_int, default=1, help="(cpu/cuda) repeats")
     p.add_argument("--preset", help="(cpu/cuda) model preset (default tiny)")
     p.add_argument("--model", help="(cpu/cuda) a Hugging Face checkpoint directory")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--hb-graph", metavar="OUT.graphml",
-                   help="for a race: write the happens-before graph around it (GraphML)")
+    p.add_argument(
+        "--hb-graph",
+        metavar="OUT.graphml",
+        help="for a race: write the happens-before graph around it (GraphML)",
+    )
     p.set_defaults(main=main)
 
 

@@ -25,7 +25,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_config_overrides(p)
     add_timing(p)
     p.add_argument(
-        "--check", action="append", default=[], type=check_spec, metavar="ID=ARG",
+        "--check",
+        action="append",
+        default=[],
+        type=check_spec,
+        metavar="ID=ARG",
         help="also check an opt-in property, e.g. bounded-wait=K (repeatable)",
     )
     p.add_argument("--model", help="(cpu/cuda) a Hugging Face checkpoint directory")

@@ -44,7 +44,7 @@ class SeqWork:
 
 @dataclass(frozen=True, slots=True)
 class BatchInput:
-    """A batch as the device sees it: an id (also its label, `P3` or `D4`), a phase, its sequences."""
+    """A batch as the device sees it: an id (its label is `P3` or `D4`), a phase, its sequences."""
 
     batch_id: int
     phase: Phase

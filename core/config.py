@@ -12,7 +12,13 @@ CACHE_KINDS: tuple[CacheKind, ...] = ("radix", "naive")
 LOOP_KINDS: tuple[LoopKind, ...] = ("overlap", "normal")
 # How the pending list is ordered before each prefill batch (see core/policy.py).
 POLICIES: tuple[PolicyKind, ...] = (
-    "fcfs", "lpm", "dfs-weight", "lof", "random", "hrrn", "lpm-aging",
+    "fcfs",
+    "lpm",
+    "dfs-weight",
+    "lof",
+    "random",
+    "hrrn",
+    "lpm-aging",
 )
 
 

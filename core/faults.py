@@ -33,7 +33,8 @@ FAULTS: dict[str, Fault] = {
         Fault(
             FINISH_BY_CAN_DECODE,
             "A request is judged finished when it cannot decode any more. `can_decode` counts the "
-            "rounds launched, and in the overlap loop the next round is launched before this one is "
+            "rounds launched, and in the overlap loop the next round is launched before this one "
+            "is "
             "processed, so a length-limited request stops one token short.",
             "mini-sglang scheduler: finish check through `req.can_decode` under overlap scheduling",
             ("exact-length",),
@@ -47,8 +48,9 @@ FAULTS: dict[str, Fault] = {
         ),
         Fault(
             FREE_SLOT_EARLY,
-            "The slot and pages of a finished request are freed while the in-flight round N+1 still "
-            "reads and writes its `token_pool`/`page_table` row and KV pages; a new request can take "
+            "The slot and pages of a finished request are freed while the in-flight round N+1 "
+            "still reads and writes its `token_pool`/`page_table` row and KV pages; a new request "
+            "can take "
             "them at once.",
             "overlap scheduling: resources freed at finish rather than after the in-flight batch",
             ("slot-not-in-flight", "no-race", "oracle"),
@@ -77,7 +79,8 @@ FAULTS: dict[str, Fault] = {
         Fault(
             COPY_DONE_WRONG_STREAM,
             "The copy-done event is recorded on the scheduler stream instead of the engine stream, "
-            "so waiting on it does not wait for the forward and its D2H copy of the sampled tokens.",
+            "so waiting on it does not wait for the forward and its D2H copy of the sampled "
+            "tokens.",
             "mini-sglang 46255ef",
             ("no-race", "oracle"),
         ),

@@ -136,7 +136,9 @@ class Scheduler:
                 self.device.sleep_until(arrival)
         for msg in self.source.poll(self.device.now()):
             kind = "user" if isinstance(msg, UserMsg) else "abort"
-            self.device.trace.received.append(Message(self.device.now(), self.step_no, msg.uid, kind))
+            self.device.trace.received.append(
+                Message(self.device.now(), self.step_no, msg.uid, kind)
+            )
             for listener in self.listeners:
                 listener.on_receive(self, msg)
             if isinstance(msg, UserMsg):
@@ -150,8 +152,13 @@ class Scheduler:
         if reason is not None:
             self._send(RejectMsg(msg.uid, reason))
             return
-        req = Req(msg.uid, tuple(msg.input_ids), msg.sampling_params, max_output(self.config, msg),
-                  arrival_step=self.step_no)
+        req = Req(
+            msg.uid,
+            tuple(msg.input_ids),
+            msg.sampling_params,
+            max_output(self.config, msg),
+            arrival_step=self.step_no,
+        )
         self.reqs[req.uid] = req
         self.prefill.add(req)
 
@@ -183,15 +190,20 @@ class Scheduler:
             dev.wait_stream(dev.engine_stream, dev.scheduler_stream)
             output = dev.forward(batch, dev.engine_stream)
             # NOTE: copy-done must follow the forward and its D2H on the engine stream.
-            done_on = dev.scheduler_stream if self._fault(F.COPY_DONE_WRONG_STREAM) else dev.engine_stream
+            done_on = (
+                dev.scheduler_stream if self._fault(F.COPY_DONE_WRONG_STREAM) else dev.engine_stream
+            )
             launched = Launched(batch, reqs, output, dev.record(done_on))
         for listener in self.listeners:
             listener.on_launch(self, launched)
         return launched
 
     def _reserved_pages(self) -> int:
-        return sum(self.prefill.pages_needed(r) for r in self.reqs.values()
-                   if r.state in (ReqState.PREFILLING, ReqState.RUNNING))
+        return sum(
+            self.prefill.pages_needed(r)
+            for r in self.reqs.values()
+            if r.state in (ReqState.PREFILLING, ReqState.RUNNING)
+        )
 
     def _schedule(self) -> tuple[BatchInput | None, tuple[Req, ...]]:
         # The policy measures waiting in passes: this iteration's number is the clock.
@@ -211,7 +223,9 @@ class Scheduler:
         for req, start, end in chunks:
             self.cache.grow(req, end)
             if req.table_len < end:
-                table_writes.append(RowWrite(req.slot, req.table_len, tuple(req.cells[req.table_len:end])))
+                table_writes.append(
+                    RowWrite(req.slot, req.table_len, tuple(req.cells[req.table_len : end]))
+                )
                 req.table_len = end
             if phase == "prefill":
                 token_writes.append(RowWrite(req.slot, start, req.prompt[start:end]))
@@ -303,9 +317,13 @@ class Scheduler:
     def _send(self, msg: OutMsg) -> None:
         dev = self.device
         if isinstance(msg, TokenMsg):
-            dev.trace.messages.append(Message(dev.now(), self.step_no, msg.uid, "token", msg.token, msg.finished))
+            dev.trace.messages.append(
+                Message(dev.now(), self.step_no, msg.uid, "token", msg.token, msg.finished)
+            )
         else:
-            dev.trace.messages.append(Message(dev.now(), self.step_no, msg.uid, "reject", reason=msg.reason))
+            dev.trace.messages.append(
+                Message(dev.now(), self.step_no, msg.uid, "reject", reason=msg.reason)
+            )
         for listener in self.listeners:
             listener.on_message(self, msg)
         if self.sink is not None:

@@ -1,10 +1,10 @@
 """The run's trace: every operation the host issued, with its footprint and its synchronisation.
 
-Both backends record the same trace through the :class:`~overlapcheck.core.device.Device` seam, so the
-race checker, the invariants and the timeline work on either. Operations are appended in the order
-the host issues them; that order is a linearisation of happens-before (every edge -- stream order,
-host issue, event record -> wait -- points from an earlier issue to a later one), which is what lets
-the race checker run online.
+Both backends record the same trace through the :class:`~overlapcheck.core.device.Device` seam, so
+the race checker, the invariants and the timeline work on either. Operations are appended in the
+order the host issues them; that order is a linearisation of happens-before (every edge: stream
+order, host issue, event record -> wait, points from an earlier issue to a later one), which is
+what lets the race checker run online.
 """
 
 from __future__ import annotations

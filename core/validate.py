@@ -24,7 +24,10 @@ def rejection(config: SchedulerConfig, msg: UserMsg, live: bool) -> str | None:
     if msg.sampling_params.max_tokens < 1:
         return f"max_tokens must be >= 1, got {msg.sampling_params.max_tokens}"
     if len(prompt) + 1 > config.max_seq_len:
-        return f"prompt of {len(prompt)} tokens leaves no room for output in max_seq_len {config.max_seq_len}"
+        return (
+            f"prompt of {len(prompt)} tokens leaves no room for output in max_seq_len "
+            f"{config.max_seq_len}"
+        )
     pages = config.pages_for(len(prompt) + max_output(config, msg))
     if pages > config.num_pages:
         return f"needs {pages} KV pages, the device has {config.num_pages}"

@@ -13,7 +13,7 @@ from overlapcheck.backends.sim.timing import Profile, ReplayDelay, Timing
 from overlapcheck.core.faults import UnknownFaultError, parse_faults
 from overlapcheck.errors import UserError
 from overlapcheck.invariants.base import Violation
-from overlapcheck.invariants.registry import INVARIANTS
+from overlapcheck.invariants.registry import INVARIANTS, make_invariant
 from overlapcheck.runner import RunResult, run_scenario
 from overlapcheck.scenarios.loader import ScenarioError, scenario_from_dict
 from overlapcheck.scenarios.scenario import Scenario
@@ -37,8 +37,13 @@ def git_revision() -> str:
         return "unknown"
 
 
-def to_json(result: RunResult, profile: Profile, draws: dict[int, float],
-            skip: frozenset[str] = frozenset()) -> dict[str, Any]:
+def to_json(
+    result: RunResult,
+    profile: Profile,
+    draws: dict[int, float],
+    skip: frozenset[str] = frozenset(),
+    extra_checks: tuple[str, ...] = (),
+) -> dict[str, Any]:
     violation = result.violations[0]
     return {
         "format": FORMAT,
@@ -48,6 +53,7 @@ def to_json(result: RunResult, profile: Profile, draws: dict[int, float],
         "scenario": result.scenario.to_json(),
         "faults": sorted(result.config.faults),
         "skip": sorted(skip),  # invariants the search did not check
+        "checks": list(extra_checks),  # opt-in ones it did (bounded-wait=K)
         "timing": {
             "profile": profile.as_dict(),
             "draws": {str(k): v for k, v in sorted(draws.items())},
@@ -61,9 +67,15 @@ def to_json(result: RunResult, profile: Profile, draws: dict[int, float],
     }
 
 
-def save(result: RunResult, profile: Profile, draws: dict[int, float], out_dir: str | Path,
-         skip: frozenset[str] = frozenset()) -> Path:
-    data = to_json(result, profile, draws, skip)
+def save(
+    result: RunResult,
+    profile: Profile,
+    draws: dict[int, float],
+    out_dir: str | Path,
+    skip: frozenset[str] = frozenset(),
+    extra_checks: tuple[str, ...] = (),
+) -> Path:
+    data = to_json(result, profile, draws, skip, extra_checks)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{data['invariant']}-{result.trace_hash[:8]}.json"
@@ -90,6 +102,9 @@ class Counterexample:
             unknown = sorted(self.skip - set(INVARIANTS))
             if unknown:
                 raise ValueError(f"unknown invariant {', '.join(unknown)} in 'skip'")
+            self.extra_checks = tuple(str(c) for c in data.get("checks", []))
+            for spec in self.extra_checks:
+                make_invariant(spec)  # validates: ValueError names the problem
         except (UnknownFaultError, ScenarioError) as err:
             raise UserError(f"{where}: {err}") from None
         except (TypeError, ValueError, AttributeError) as err:
@@ -100,7 +115,9 @@ class Counterexample:
 
     @property
     def checks(self) -> list[str] | None:
-        return None if not self.skip else [i for i in INVARIANTS if i not in self.skip]
+        if not self.skip and not self.extra_checks:
+            return None
+        return [i for i in INVARIANTS if i not in self.skip] + list(self.extra_checks)
 
     def replay(self) -> RunResult:
         return run_scenario(self.scenario, SimBackend(self.timing()), self.checks)
@@ -121,7 +138,8 @@ def load(path: str | Path) -> Counterexample:
         raise UserError(f'{p}: not an overlapcheck counterexample (no "format": "{FORMAT}")')
     if data.get("version") != VERSION:
         raise UserError(
-            f"{p}: counterexample format version {data.get('version')!r}, this overlapcheck reads {VERSION}"
+            f"{p}: counterexample format version {data.get('version')!r}, "
+            f"this overlapcheck reads {VERSION}"
         )
     missing = [k for k in ("scenario", "invariant", "trace_hash") if k not in data]
     if missing:

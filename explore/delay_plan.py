@@ -16,6 +16,13 @@ from overlapcheck.core.trace import Trace
 
 Key = tuple[int, str, str, int]
 
+# Host phases whose cost is spent before the calls made inside them: building a batch; and for
+# processing, the host's own overhead between a launch and the read of the previous results (so
+# the simulator never predicts a read sooner than a real host can make it). A launch spends its cost
+# after, since it enqueues as it goes. The simulator charges host time, and a GPU replay sleeps,
+# at that point.
+HOST_WORK_BEFORE_ISSUE = ("schedule", "process")
+
 
 @dataclass(frozen=True, slots=True)
 class Delay:
@@ -57,7 +64,7 @@ class DelayInjector:
         self.applied: list[Delay] = []
 
     def take(self, step: int, agent: str, kind: str) -> float:
-        """Seconds to delay the next (`step`, `agent`, `kind`) operation; call once per operation."""
+        """Seconds to delay the next (`step`, `agent`, `kind`) operation; call once per op."""
         group = (step, agent, kind)
         ordinal = self.seen.get(group, 0)
         self.seen[group] = ordinal + 1

@@ -76,6 +76,13 @@ def near_race_gap(trace: Trace) -> float | None:
     return gap
 
 
+def check_list(skip: frozenset[str], extra: tuple[str, ...]) -> list[str] | None:
+    """The invariant specs a run checks: the defaults less `skip`, plus opt-in ones (None: all)."""
+    if not skip and not extra:
+        return None
+    return [i for i in INVARIANTS if i not in skip] + list(extra)
+
+
 def search(
     scenario: str = "all",
     faults: frozenset[str] = frozenset(),
@@ -87,23 +94,26 @@ def search(
     on_round: Callable[[SearchStats], None] | None = None,
     round_size: int = 25,
     skip: frozenset[str] = frozenset(),
+    policy: str | None = None,
+    extra_checks: tuple[str, ...] = (),
 ) -> SearchResult:
     """Search until a violation, `max_examples` examples, or `budget` seconds (checked per round).
 
-    `skip`: invariants not to check (see below).
+    `skip`: invariants not to check (see below); `extra_checks`: opt-in ones (`bounded-wait=K`);
+    `policy` pins the queue policy (else it is drawn with the rest of the configuration).
     """
     prof = profile or Profile()
     stats = SearchStats()
     started = time.perf_counter()
     db = DirectoryBasedExampleDatabase(database) if isinstance(database, str | Path) else database
-    strategy = scenarios(scenario, faults)
+    strategy = scenarios(scenario, faults, policy)
     # Skipping `no-race` makes the search look for races that corrupt data (an oracle failure),
     # which needs the right timing: the counterexamples worth replaying on a GPU.
-    checks = None if not skip else [i for i in INVARIANTS if i not in skip]
+    checks = check_list(skip, extra_checks)
 
     def example(data: st.DataObject) -> None:
         sc = data.draw(strategy, label="scenario")
-        timing = Timing(prof, HypothesisDelay(data))
+        timing = Timing(prof, HypothesisDelay(data, prof.forward))
         result = run_scenario(sc, SimBackend(timing), checks)
         stats.examples += 1
         stats.iterations += result.iterations

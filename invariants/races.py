@@ -1,4 +1,4 @@
-"""Happens-before race detection over footprints (vector clocks, ThreadSanitizer-style shadow cells).
+"""Happens-before race detection over footprints (vector clocks, TSan-style shadow cells).
 
 Agents are the host and the streams. Edges: program order per agent, host issue -> stream operation,
 event record -> stream wait / host wait. Operations are checked in issue order, a linearisation of

@@ -27,7 +27,8 @@ class SlotNotInFlight(Invariant):
         for other in sched.reqs.values():
             if other is not req and other.state is not ReqState.PENDING and other.slot == req.slot:
                 self.fail(
-                    f"slot {req.slot} handed to request {req.uid} while request {other.uid} holds it",
+                    f"slot {req.slot} handed to request {req.uid} "
+                    f"while request {other.uid} holds it",
                     (req.uid, other.uid),
                 )
 
@@ -63,7 +64,8 @@ class Liveness(Invariant):
             self.fail(f"idle scheduler still holds requests {held}", tuple(held))
         if sched.table.num_free != sched.config.num_slots:
             self.fail(
-                f"idle scheduler holds slots {sorted(set(range(sched.config.num_slots)) - set(sched.table.free_slots()))}"
+                f"idle scheduler holds slots "
+                f"{sorted(set(range(sched.config.num_slots)) - set(sched.table.free_slots()))}"
             )
         cache = sched.cache
         if cache.allocator.num_free + cache.prefix.num_cached_pages != sched.config.num_pages:

@@ -40,19 +40,31 @@ def hit_stream(
     system = fresh(system_len)
     reqs = [
         RequestSpec(WARM, system + fresh(suffix_len), max_tokens=1, ignore_eos=True),
-        RequestSpec(VICTIM, fresh(victim_len), max_tokens=max_tokens, arrival=10 * US,
-                    ignore_eos=True),
+        RequestSpec(
+            VICTIM, fresh(victim_len), max_tokens=max_tokens, arrival=10 * US, ignore_eos=True
+        ),
     ]
     reqs += [
-        RequestSpec(VICTIM + 1 + i, system + fresh(suffix_len), max_tokens=max_tokens,
-                    arrival=(20 + i * gap_us) * US, ignore_eos=True)
+        RequestSpec(
+            VICTIM + 1 + i,
+            system + fresh(suffix_len),
+            max_tokens=max_tokens,
+            arrival=(20 + i * gap_us) * US,
+            ignore_eos=True,
+        )
         for i in range(hits)
     ]
     longest = max(len(r.prompt) for r in reqs) + max_tokens
-    config = SchedulerConfig(num_slots=num_slots, num_pages=4 * longest * num_slots + 256,
-                             max_seq_len=longest, max_extend_tokens=64)
+    config = SchedulerConfig(
+        num_slots=num_slots,
+        num_pages=4 * longest * num_slots + 256,
+        max_seq_len=longest,
+        max_extend_tokens=64,
+    )
     return Scenario(
-        f"hit-stream-{hits}", config, tuple(reqs),
+        f"hit-stream-{hits}",
+        config,
+        tuple(reqs),
         f"a cache miss (uid {VICTIM}) followed by {hits} cache hits every {gap_us:g} µs",
     )
 
@@ -64,27 +76,36 @@ def queued_scenarios(draw: st.DrawFn, policy: PolicyKind) -> Scenario:
     cache holds something, so the policy has choices to make (generic workloads seldom give it
     one). Shrinks toward one hit and no extra requests."""
     base = hit_stream(
-        hits=draw(st.integers(1, 6)), gap_us=draw(st.sampled_from((20.0, 100.0, 400.0))),
-        system_len=draw(st.sampled_from((8, 40))), suffix_len=draw(st.integers(1, 8)),
-        victim_len=draw(st.integers(1, 40)), max_tokens=draw(st.integers(1, 4)),
+        hits=draw(st.integers(1, 6)),
+        gap_us=draw(st.sampled_from((20.0, 100.0, 400.0))),
+        system_len=draw(st.sampled_from((8, 40))),
+        suffix_len=draw(st.integers(1, 8)),
+        victim_len=draw(st.integers(1, 40)),
+        max_tokens=draw(st.integers(1, 4)),
     )
     hit = base.requests[-1].prompt
     extra = tuple(
         RequestSpec(
-            100 + k, hit[: draw(st.integers(0, len(hit)))] + tuple(
-                draw(st.lists(st.integers(3, 999), min_size=1, max_size=8))),
-            max_tokens=draw(st.integers(1, 6)), arrival=draw(st.integers(0, 20)) * 50 * US,
+            100 + k,
+            hit[: draw(st.integers(0, len(hit)))]
+            + tuple(draw(st.lists(st.integers(3, 999), min_size=1, max_size=8))),
+            max_tokens=draw(st.integers(1, 6)),
+            arrival=draw(st.integers(0, 20)) * 50 * US,
             abort_at=draw(st.none() | st.integers(0, 1500).map(lambda t: t * US)),
         )
         for k in range(draw(st.integers(0, 4)))
     )
     page_size = draw(st.sampled_from((1, 2, 4)))
     return replace(base, requests=base.requests + extra).with_config(
-        policy=policy, num_slots=draw(st.integers(1, 3)), page_size=page_size,
-        num_pages=base.config.num_pages // page_size + 64, max_seq_len=128,
+        policy=policy,
+        num_slots=draw(st.integers(1, 3)),
+        page_size=page_size,
+        num_pages=base.config.num_pages // page_size + 64,
+        max_seq_len=128,
         max_extend_tokens=draw(st.sampled_from((64, 16, 4))),
         cache=draw(st.sampled_from(("radix", "naive"))),
-        loop=draw(st.sampled_from(("overlap", "normal"))), seed=draw(st.integers(0, 3)),
+        loop=draw(st.sampled_from(("overlap", "normal"))),
+        seed=draw(st.integers(0, 3)),
         lpm_fallback_queue_len=draw(st.sampled_from((128, 3))),
         in_batch_check_threshold=draw(st.sampled_from((32, 4))),
         in_batch_deprioritize_threshold=draw(st.sampled_from((32, 4))),

@@ -1,7 +1,8 @@
 """The named scenarios: fixed workloads that each exercise one part of the scheduler.
 
 They run as fixed seeds in the tests and seed the Hypothesis search. Prompt ids are small numbers
-well inside any vocabulary; EOS is id 2 (the config default) and only scripted continuations emit it.
+well inside any vocabulary; EOS is id 2 (the config default) and only scripted continuations
+emit it.
 """
 
 from __future__ import annotations

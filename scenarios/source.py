@@ -67,7 +67,12 @@ class IterationSource:
         return 0.0 if self._next < len(self._schedule) else None
 
 
-def delivery_schedule(requests: tuple[RequestSpec, ...], received: list[tuple[int, int, str]]) -> list[tuple[int, InMsg]]:
+def delivery_schedule(
+    requests: tuple[RequestSpec, ...], received: list[tuple[int, int, str]]
+) -> list[tuple[int, InMsg]]:
     """Each (step, uid, kind) a run received, turned back into messages of the workload."""
     specs = {s.uid: s for s in requests}
-    return [(step, user_msg(specs[uid]) if kind == "user" else AbortMsg(uid)) for step, uid, kind in received]
+    return [
+        (step, user_msg(specs[uid]) if kind == "user" else AbortMsg(uid))
+        for step, uid, kind in received
+    ]

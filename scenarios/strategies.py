@@ -13,7 +13,7 @@ from dataclasses import replace
 from hypothesis import strategies as st
 
 from overlapcheck.backends.sim.timing import US
-from overlapcheck.core.config import SchedulerConfig
+from overlapcheck.core.config import POLICIES, SchedulerConfig
 from overlapcheck.scenarios.named import NAMED
 from overlapcheck.scenarios.scenario import RequestSpec, Scenario
 
@@ -23,8 +23,11 @@ tokens = st.integers(3, 999)
 
 
 @st.composite
-def configs(draw: st.DrawFn, faults: frozenset[str] = frozenset()) -> SchedulerConfig:
-    """Small pools, so that slots are reused, pages run out and chunks are cut."""
+def configs(
+    draw: st.DrawFn, faults: frozenset[str] = frozenset(), policy: str | None = None
+) -> SchedulerConfig:
+    """Small pools, so that slots are reused, pages run out and chunks are cut. The queue policy
+    is drawn too (shrinking toward `fcfs`) unless `policy` pins it."""
     page_size = draw(st.sampled_from((1, 2, 4)))
     kv_tokens = draw(st.sampled_from((256, 96, 48, 32)))
     return SchedulerConfig(
@@ -35,6 +38,7 @@ def configs(draw: st.DrawFn, faults: frozenset[str] = frozenset()) -> SchedulerC
         max_seq_len=48,
         cache=draw(st.sampled_from(("radix", "naive"))),
         loop=draw(st.sampled_from(("overlap", "normal"))),
+        policy=policy if policy is not None else draw(st.sampled_from(POLICIES)),
         faults=faults,
     )
 
@@ -74,8 +78,10 @@ def workloads(draw: st.DrawFn, max_requests: int = 5) -> tuple[RequestSpec, ...]
 
 
 @st.composite
-def generated_scenarios(draw: st.DrawFn, faults: frozenset[str] = frozenset()) -> Scenario:
-    return Scenario("generated", draw(configs(faults)), draw(workloads()))
+def generated_scenarios(
+    draw: st.DrawFn, faults: frozenset[str] = frozenset(), policy: str | None = None
+) -> Scenario:
+    return Scenario("generated", draw(configs(faults, policy)), draw(workloads()))
 
 
 @st.composite
@@ -102,24 +108,30 @@ def variations(draw: st.DrawFn, base: Scenario, faults: frozenset[str] = frozens
 
 
 def scenarios(
-    name: str = "all", faults: frozenset[str] = frozenset()
+    name: str = "all", faults: frozenset[str] = frozenset(), policy: str | None = None
 ) -> st.SearchStrategy[Scenario]:
     """`all`: generated workloads (they shrink to the smallest counterexamples); a name: variations
     of that named scenario (its requests stay, so its counterexamples stay that size)."""
     if name == "all":
-        return generated_scenarios(faults)
-    return variations(NAMED[name](), faults)
+        return generated_scenarios(faults, policy)
+    base = NAMED[name]()
+    if policy is not None:
+        base = base.with_config(policy=policy)
+    return variations(base, faults)
 
 
 class HypothesisDelay:
     """Operation delays drawn lazily from Hypothesis while the simulation runs.
 
-    Swarm testing: each example turns delays on for a subset of operation kinds only. PCT-style: a
-    few sites get one large delay. Draws shrink toward 0, i.e. toward the nominal profile.
+    Swarm testing: each example turns delays on for a subset of operation kinds only; a site of an
+    enabled kind gets up to 3x its nominal duration extra. PCT-style: a few sites get one large
+    delay, in units of the profile's forward time (so a calibrated, slower profile gets
+    proportionally larger spikes). Draws shrink toward 0, i.e. toward the nominal profile.
     """
 
-    def __init__(self, data: st.DataObject) -> None:
+    def __init__(self, data: st.DataObject, forward: float = 60 * US) -> None:
         self.data = data
+        self.unit = forward / 60  # one "µs" of a spike at the default profile's scale
         self.enabled = tuple(k for k in TIMED_KINDS if data.draw(st.booleans(), label=f"delay {k}"))
         self.spikes = data.draw(
             st.dictionaries(st.integers(0, 400), st.integers(50, 2000), max_size=3), label="spikes"
@@ -128,5 +140,5 @@ class HypothesisDelay:
     def delay(self, site: int, kind: str, nominal: float) -> float:
         extra = 0.0
         if kind in self.enabled:
-            extra = self.data.draw(st.integers(0, 300)) * US / 4
-        return extra + self.spikes.get(site, 0) * US
+            extra = self.data.draw(st.integers(0, 300)) * nominal / 100
+        return extra + self.spikes.get(site, 0) * self.unit

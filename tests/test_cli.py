@@ -13,8 +13,13 @@ from overlapcheck.cli import main
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "overlapcheck.cli", *args], capture_output=True, text=True,
-                          check=False, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "overlapcheck.cli", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
 
 
 def one_error_line(proc: subprocess.CompletedProcess[str], needle: str) -> None:
@@ -27,7 +32,15 @@ def one_error_line(proc: subprocess.CompletedProcess[str], needle: str) -> None:
 def test_run_json_has_the_contract_fields(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", "--scenario", "early-eos", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert {"backend", "scenario", "loop", "requests", "violations", "trace_hash", "stats"} <= data.keys()
+    assert {
+        "backend",
+        "scenario",
+        "loop",
+        "requests",
+        "violations",
+        "trace_hash",
+        "stats",
+    } <= data.keys()
     assert {"iterations", "simulated_seconds", "wall_seconds"} <= data["stats"].keys()
     assert [r["finish_reason"] for r in data["requests"]] == ["eos"] * 4
     assert data["violations"] == [] and data["backend"] == "sim"
@@ -39,7 +52,22 @@ def test_run_exits_1_on_a_violation_and_prints_it(capsys: pytest.CaptureFixture[
 
 
 def test_run_human_output_has_a_line_per_request(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["run", "--scenario", "abort", "--loop", "normal", "--cache", "naive", "--page-size", "2"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "--scenario",
+                "abort",
+                "--loop",
+                "normal",
+                "--cache",
+                "naive",
+                "--page-size",
+                "2",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert out.count("uid ") == 6 and "ok:" in out and "loop=normal cache=naive page_size=2" in out
 
@@ -77,7 +105,8 @@ def test_bad_arguments_give_one_line_and_exit_2(args: list[str], needle: str) ->
         ('{"format": "overlapcheck-counterexample", "version": 99}', "format version 99"),
         ('{"format": "overlapcheck-counterexample", "version": 1}', "lacks scenario"),
         (
-            '{"format": "overlapcheck-counterexample", "version": 1, "invariant": "oracle", "trace_hash": "x",'
+            '{"format": "overlapcheck-counterexample", "version": 1, "invariant": "oracle",'
+            ' "trace_hash": "x",'
             ' "faults": ["bogus"], "scenario": {"requests": [{"uid": 0, "prompt": [5]}]}}',
             "unknown fault bogus",
         ),
@@ -96,8 +125,16 @@ def test_bad_counterexample_files(tmp_path: Path, content: str, needle: str) -> 
         ("requests = 1", ".toml", "'requests' must be a non-empty list"),
         ('{"requests": [{"uid": 0}]}', ".json", "needs 'uid' and 'prompt'"),
         ('{"requests": [{"uid": 0, "prompt": ["a"]}]}', ".json", "expected an integer"),
-        ('{"config": {"num_slots": 0}, "requests": [{"uid": 0, "prompt": [5]}]}', ".json", "num_slots must be >= 1"),
-        ('{"config": {"colour": 1}, "requests": [{"uid": 0, "prompt": [5]}]}', ".json", "unknown config field colour"),
+        (
+            '{"config": {"num_slots": 0}, "requests": [{"uid": 0, "prompt": [5]}]}',
+            ".json",
+            "num_slots must be >= 1",
+        ),
+        (
+            '{"config": {"colour": 1}, "requests": [{"uid": 0, "prompt": [5]}]}',
+            ".json",
+            "unknown config field colour",
+        ),
     ],
 )
 def test_bad_scenario_files(tmp_path: Path, content: str, suffix: str, needle: str) -> None:
@@ -119,7 +156,16 @@ def test_a_toml_scenario_file_runs(tmp_path: Path, capsys: pytest.CaptureFixture
 
 
 def test_explore_and_replay_round_trip(tmp_path: Path) -> None:
-    found = cli("explore", "--fault", "reply-after-finish", "--budget", "60", "--out", str(tmp_path), "--no-timeline")
+    found = cli(
+        "explore",
+        "--fault",
+        "reply-after-finish",
+        "--budget",
+        "60",
+        "--out",
+        str(tmp_path),
+        "--no-timeline",
+    )
     assert found.returncode == 1, found.stdout + found.stderr
     files = sorted(tmp_path.glob("no-post-eos-*.json"))
     assert len(files) == 1 and f"overlapcheck replay {files[0]}" in found.stdout
@@ -134,8 +180,12 @@ def test_explore_without_faults_finds_nothing() -> None:
     assert proc.returncode == 0 and "no violation found" in proc.stdout
 
 
-def test_explore_writes_timelines_beside_the_counterexample_without_clobbering_it(tmp_path: Path) -> None:
-    proc = cli("explore", "--fault", "copy-done-wrong-stream", "--budget", "30", "--out", str(tmp_path))
+def test_explore_writes_timelines_beside_the_counterexample_without_clobbering_it(
+    tmp_path: Path,
+) -> None:
+    proc = cli(
+        "explore", "--fault", "copy-done-wrong-stream", "--budget", "30", "--out", str(tmp_path)
+    )
     assert proc.returncode == 1, proc.stderr
     (cex,) = [p for p in tmp_path.glob("no-race-*.json") if not p.name.endswith(".perfetto.json")]
     data = json.loads(cex.read_text())

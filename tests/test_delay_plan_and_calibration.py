@@ -11,7 +11,7 @@ from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.backends.sim.calibrate import Sample, fit_profile
 from overlapcheck.backends.sim.timing import Profile, ReplayDelay, Timing
 from overlapcheck.explore.delay_plan import DelayInjector, delay_plan
-from overlapcheck.runner import run_scenario
+from overlapcheck.runner import RunResult, run_scenario
 from overlapcheck.scenarios.named import named_scenario
 
 
@@ -37,26 +37,49 @@ def test_injector_applies_each_delay_to_the_same_operation_of_a_replayed_run() -
     # Walk the same run's operations as a real device would issue them.
     got = [injector.take(op.step, op.agent, op.kind) for op in delayed.trace.ops]
     assert sum(1 for g in got if g) == len(plan) and not injector.missed
-    assert sorted(round(g * 1e6, 3) for g in got if g) == sorted(round(d.seconds * 1e6, 3) for d in plan)
+    assert sorted(round(g * 1e6, 3) for g in got if g) == sorted(
+        round(d.seconds * 1e6, 3) for d in plan
+    )
 
 
 def test_fit_recovers_the_profile_that_generated_the_measurements() -> None:
-    truth = Profile(schedule=31e-6, schedule_per_req=3e-6, launch=9e-6, launch_per_req=0.5e-6,
-                    process=22e-6, process_per_req=5e-6, h2d=4e-6, h2d_per_cell=0.003e-6, d2h=7e-6,
-                    forward=80e-6, forward_per_token=2e-6, forward_per_context=0.02e-6)
+    truth = Profile(
+        schedule=31e-6,
+        schedule_per_req=3e-6,
+        launch=9e-6,
+        launch_per_req=0.5e-6,
+        process=22e-6,
+        process_per_req=5e-6,
+        h2d=4e-6,
+        h2d_per_cell=0.003e-6,
+        d2h=7e-6,
+        forward=80e-6,
+        forward_per_token=2e-6,
+        forward_per_context=0.02e-6,
+    )
     rng = random.Random(0)
     noise = lambda: 1 + rng.uniform(-0.01, 0.01)  # noqa: E731 -- 1 % measurement noise
     samples = []
     for _ in range(200):
-        w, cells, tokens, ctx = rng.randint(1, 32), rng.randint(1, 4000), rng.randint(1, 512), rng.randint(1, 20000)
+        w, cells, tokens, ctx = (
+            rng.randint(1, 32),
+            rng.randint(1, 4000),
+            rng.randint(1, 512),
+            rng.randint(1, 20000),
+        )
         samples += [
             Sample("schedule", (truth.schedule + truth.schedule_per_req * w) * noise(), work=w),
             Sample("launch", (truth.launch + truth.launch_per_req * w) * noise(), work=w),
             Sample("process", (truth.process + truth.process_per_req * w) * noise(), work=w),
             Sample("h2d", (truth.h2d + truth.h2d_per_cell * cells) * noise(), cells=cells),
             Sample("d2h", truth.d2h * noise()),
-            Sample("forward", (truth.forward + truth.forward_per_token * tokens
-                               + truth.forward_per_context * ctx) * noise(), tokens=tokens, context=ctx),
+            Sample(
+                "forward",
+                (truth.forward + truth.forward_per_token * tokens + truth.forward_per_context * ctx)
+                * noise(),
+                tokens=tokens,
+                context=ctx,
+            ),
         ]
     fitted = fit_profile(samples)
     for name, want in truth.as_dict().items():
@@ -80,6 +103,9 @@ def test_replaying_deliveries_by_iteration_reproduces_the_run() -> None:
         (o.uid, o.tokens, o.finish_reason) for o in original.outcomes
     ]
     assert [(m.step, m.uid, m.kind) for m in again.trace.received] == deliveries
+
     # The same operations in the same iterations (idling until an arrival is the clock's business).
-    ops = lambda r: [(op.step, op.agent, op.kind, op.label) for op in r.trace.ops if op.kind != "idle"]  # noqa: E731
+    def ops(r: RunResult) -> list[tuple[int, str, str, str]]:
+        return [(op.step, op.agent, op.kind, op.label) for op in r.trace.ops if op.kind != "idle"]
+
     assert ops(again) == ops(original)

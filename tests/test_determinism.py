@@ -16,8 +16,21 @@ from overlapcheck.scenarios.named import named_scenario
 def hash_in_process(hashseed: str, scenario: str) -> str:
     env = dict(os.environ, PYTHONHASHSEED=hashseed)
     out = subprocess.run(
-        [sys.executable, "-m", "overlapcheck.cli", "run", "--scenario", scenario, "--seed", "7", "--json"],
-        capture_output=True, text=True, env=env, check=False,
+        [
+            sys.executable,
+            "-m",
+            "overlapcheck.cli",
+            "run",
+            "--scenario",
+            scenario,
+            "--seed",
+            "7",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
     )
     assert out.returncode == 0, out.stderr
     return str(json.loads(out.stdout)["trace_hash"])
@@ -35,4 +48,6 @@ def test_seeded_timing_changes_the_trace_and_repeats_it() -> None:
     c = run_scenario(scenario, SimBackend(Timing(source=SeededDelay(2))))
     assert a.trace_hash == b.trace_hash
     assert a.trace_hash != c.trace_hash
-    assert [o.tokens for o in a.outcomes] == [o.tokens for o in c.outcomes]  # timing is not semantics
+    assert [o.tokens for o in a.outcomes] == [
+        o.tokens for o in c.outcomes
+    ]  # timing is not semantics

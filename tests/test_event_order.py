@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from overlapcheck.backends.sim.backend import SimBackend
+from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.listener import SchedulerListener
 from overlapcheck.core.scheduler import Launched, Scheduler
-from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.runner import run_scenario
 from overlapcheck.scenarios.scenario import RequestSpec, Scenario
 
@@ -24,7 +24,9 @@ class EventLog(SchedulerListener):
 
 
 def one_request_log(loop: str) -> list[tuple[str, int]]:
-    scenario = Scenario("three", SchedulerConfig(loop=loop), (RequestSpec(0, (5, 6, 7), max_tokens=3),))
+    scenario = Scenario(
+        "three", SchedulerConfig(loop=loop), (RequestSpec(0, (5, 6, 7), max_tokens=3),)
+    )
     log = EventLog()
     backend = SimBackend()
     device = backend.make_device(scenario)
@@ -39,8 +41,28 @@ def one_request_log(loop: str) -> list[tuple[str, int]]:
 @pytest.mark.parametrize(
     ("loop", "expected"),
     [
-        ("normal", [("launch", 1), ("process", 1), ("launch", 2), ("process", 2), ("launch", 3), ("process", 3)]),
-        ("overlap", [("launch", 1), ("launch", 2), ("process", 1), ("launch", 3), ("process", 2), ("process", 3)]),
+        (
+            "normal",
+            [
+                ("launch", 1),
+                ("process", 1),
+                ("launch", 2),
+                ("process", 2),
+                ("launch", 3),
+                ("process", 3),
+            ],
+        ),
+        (
+            "overlap",
+            [
+                ("launch", 1),
+                ("launch", 2),
+                ("process", 1),
+                ("launch", 3),
+                ("process", 2),
+                ("process", 3),
+            ],
+        ),
     ],
 )
 def test_one_request_three_tokens(loop: str, expected: list[tuple[str, int]]) -> None:

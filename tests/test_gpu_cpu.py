@@ -46,11 +46,17 @@ MATRIX = list(itertools.product(("overlap", "normal"), ("radix", "naive"), (1, 4
 
 
 @pytest.mark.parametrize(("loop", "cache", "page_size"), MATRIX)
-def test_matrix_tokens_equal_hf_greedy(cpu: TorchBackend, loop: str, cache: str,
-                                       page_size: int) -> None:
+def test_matrix_tokens_equal_hf_greedy(
+    cpu: TorchBackend, loop: str, cache: str, page_size: int
+) -> None:
     base = named_scenario("shared-prefix")  # prompts of 27-30 tokens: chunks of 8 split them
-    scenario = base.with_config(loop=loop, cache=cache, page_size=page_size, max_extend_tokens=8,
-                                num_pages=base.config.num_pages // page_size)
+    scenario = base.with_config(
+        loop=loop,
+        cache=cache,
+        page_size=page_size,
+        max_extend_tokens=8,
+        num_pages=base.config.num_pages // page_size,
+    )
     result = run_scenario(scenario, cpu)
     ok(result)  # every invariant: oracle (= HF greedy), no-race over real footprints, pages, slots
     assert cpu.oracle is not None
@@ -78,14 +84,28 @@ def test_early_eos_stops_where_the_reference_says(cpu: TorchBackend) -> None:
 def test_trace_mirrors_the_simulator(cpu: TorchBackend) -> None:
     """With arrivals at 0 and EOS ignored, scheduling depends on nothing the backends differ in:
     both must record the same operations with the same footprints."""
-    requests = tuple(RequestSpec(u, tuple(range(10 + u, 30 + 3 * u)), max_tokens=5, ignore_eos=True)
-                     for u in range(3))
+    requests = tuple(
+        RequestSpec(u, tuple(range(10 + u, 30 + 3 * u)), max_tokens=5, ignore_eos=True)
+        for u in range(3)
+    )
     scenario = replace(named_scenario("basic"), requests=requests).with_config(max_extend_tokens=16)
 
     def shape(result: RunResult) -> list[tuple[object, ...]]:
-        return [(op.agent, op.kind, op.label, op.step, op.phase, op.batch, op.uids, op.records,
-                 op.waits, [(a.buffer, a.mode, a.cells.tolist()) for a in op.accesses])
-                for op in result.trace.ops]
+        return [
+            (
+                op.agent,
+                op.kind,
+                op.label,
+                op.step,
+                op.phase,
+                op.batch,
+                op.uids,
+                op.records,
+                op.waits,
+                [(a.buffer, a.mode, a.cells.tolist()) for a in op.accesses],
+            )
+            for op in result.trace.ops
+        ]
 
     real, sim = run_scenario(scenario, cpu), run_scenario(scenario, SimBackend())
     ok(real)
@@ -93,16 +113,27 @@ def test_trace_mirrors_the_simulator(cpu: TorchBackend) -> None:
     assert all(op.start is not None and op.end is not None for op in real.trace.ops)
 
 
-@pytest.mark.parametrize(("model_type", "extra"), [
-    ("llama", dict(tie_word_embeddings=True)),
-    ("qwen2", dict(tie_word_embeddings=False)),
-])
+@pytest.mark.parametrize(
+    ("model_type", "extra"),
+    [
+        ("llama", dict(tie_word_embeddings=True)),
+        ("qwen2", dict(tie_word_embeddings=False)),
+    ],
+)
 def test_checkpoint_directory(tmp_path: Path, model_type: str, extra: dict[str, object]) -> None:
     from transformers import AutoConfig
 
-    cfg = AutoConfig.for_model(model_type, vocab_size=1024, hidden_size=64, intermediate_size=128,
-                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                               eos_token_id=2, **extra)
+    cfg = AutoConfig.for_model(
+        model_type,
+        vocab_size=1024,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        eos_token_id=2,
+        **extra,
+    )
     weights = random_weights(ModelSpec.from_config(cfg), 7, torch.device("cpu"), torch.float32)
     save_checkpoint(cfg, weights, tmp_path)
     backend = make_torch_backend("cpu", model=str(tmp_path))
@@ -111,8 +142,9 @@ def test_checkpoint_directory(tmp_path: Path, model_type: str, extra: dict[str, 
     ok(run_scenario(named_scenario("page-size-4"), backend))
 
 
-def test_bad_options_are_one_line_errors(tmp_path: Path,
-                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_options_are_one_line_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(UserError, match=r"no config\.json"):
         make_torch_backend("cpu", model=str(tmp_path))
     with pytest.raises(UserError, match="not a checkpoint directory"):
@@ -146,8 +178,11 @@ def test_seeded_sampling() -> None:
 
 def test_scenario_is_fitted_to_the_model(cpu: TorchBackend) -> None:
     base = named_scenario("basic")
-    wide = replace(base, config=replace(base.config, vocab_size=5000),
-                   requests=(RequestSpec(0, (4000, 5, 6000), max_tokens=2),))
+    wide = replace(
+        base,
+        config=replace(base.config, vocab_size=5000),
+        requests=(RequestSpec(0, (4000, 5, 6000), max_tokens=2),),
+    )
     fitted: Scenario = cpu.prepare(wide)
     assert fitted.config.vocab_size == 1024
     assert fitted.requests[0].prompt == (4000 % 1024, 5, 1024 + 1000)  # still out of range

@@ -39,11 +39,17 @@ MATRIX = list(itertools.product(("overlap", "normal"), ("radix", "naive"), (1, 4
 
 
 @pytest.mark.parametrize(("loop", "cache", "page_size"), MATRIX)
-def test_matrix_within_logit_margin(cuda: TorchBackend, loop: str, cache: str,
-                                    page_size: int) -> None:
+def test_matrix_within_logit_margin(
+    cuda: TorchBackend, loop: str, cache: str, page_size: int
+) -> None:
     base = named_scenario("shared-prefix")
-    scenario = base.with_config(loop=loop, cache=cache, page_size=page_size, max_extend_tokens=8,
-                                num_pages=base.config.num_pages // page_size)
+    scenario = base.with_config(
+        loop=loop,
+        cache=cache,
+        page_size=page_size,
+        max_extend_tokens=8,
+        num_pages=base.config.num_pages // page_size,
+    )
     result = run_scenario(scenario, cuda)
     ok(result)
     print(f"largest logit deficit {cuda.max_deficit():.4f} (margin {BF16_LOGIT_MARGIN})")
@@ -71,8 +77,9 @@ def sanitized() -> Iterator[TorchBackend]:
 
 
 @pytest.mark.parametrize("loop", ["overlap", "normal"])
-def test_sanitizer_finds_nothing_on_the_default_scheduler(sanitized: TorchBackend,
-                                                           loop: str) -> None:
+def test_sanitizer_finds_nothing_on_the_default_scheduler(
+    sanitized: TorchBackend, loop: str
+) -> None:
     for name in ("shared-prefix", "abort", "single-slot"):
         scenario = named_scenario(name).with_config(loop=loop, max_extend_tokens=8)
         ok(run_scenario(scenario, sanitized))
@@ -95,13 +102,15 @@ def test_streams_overlap() -> None:
 
     Needs forwards that outlast the host's step: the ~0.6B preset with decode in a CUDA graph.
     """
-    backend = make_torch_backend("cuda", preset="qwen3-0.6b", oracle=False,
-                                 graph_sizes=range(1, 9))
-    reqs = tuple(RequestSpec(u, tuple(range(10 + u, 42 + u)), max_tokens=48, ignore_eos=True)
-                 for u in range(8))
+    backend = make_torch_backend("cuda", preset="qwen3-0.6b", oracle=False, graph_sizes=range(1, 9))
+    reqs = tuple(
+        RequestSpec(u, tuple(range(10 + u, 42 + u)), max_tokens=48, ignore_eos=True)
+        for u in range(8)
+    )
     base = named_scenario("basic")
     scenario = Scenario("overlap", base.config, reqs).with_config(
-        num_slots=8, num_pages=1024, max_extend_tokens=512, loop="overlap")  # all 8 admitted
+        num_slots=8, num_pages=1024, max_extend_tokens=512, loop="overlap"
+    )  # all 8 admitted
     # No online invariants: their host time would make the host, not the GPU, set the pace.
     result = run_scenario(scenario, backend, invariants=[])
     ok(result)
@@ -109,11 +118,13 @@ def test_streams_overlap() -> None:
     assert all(o.finish_reason == "length" and len(o.tokens) == 48 for o in result.outcomes)
     ops = result.trace.ops
     forwards = {op.batch: op for op in ops if op.agent == "engine" and op.kind == "forward"}
-    staged = {op.batch: op for op in ops
-              if op.agent == "scheduler" and op.label.startswith("metadata")}
+    staged = {
+        op.batch: op for op in ops if op.agent == "scheduler" and op.label.startswith("metadata")
+    }
     pairs = [(forwards[b], staged[b + 1]) for b in forwards if b + 1 in staged]
-    early = [(f, s) for f, s in pairs
-             if s.start is not None and f.end is not None and s.start < f.end]
+    early = [
+        (f, s) for f, s in pairs if s.start is not None and f.end is not None and s.start < f.end
+    ]
     print(f"{len(early)}/{len(pairs)} batches: metadata of N+1 copied while forward N ran")
     assert len(early) >= len(pairs) // 2
     assert sum(len(f.uids) == 8 for f in forwards.values()) == len(forwards)

@@ -23,7 +23,9 @@ def test_a_host_wait_on_an_event_never_recorded_is_a_deadlock() -> None:
     assert err.value.invariant == "liveness"
 
 
-def test_a_scheduler_that_never_admits_is_stopped_by_the_step_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_scheduler_that_never_admits_is_stopped_by_the_step_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(PrefillManager, "schedule", lambda self, *args, **kwargs: ([], []))
     scenario = Scenario("stuck", SchedulerConfig(), (RequestSpec(0, (5, 6), max_tokens=2),))
     result = run_scenario(scenario, SimBackend())
@@ -34,7 +36,9 @@ def test_a_scheduler_that_never_admits_is_stopped_by_the_step_bound(monkeypatch:
 def test_race_subgraph_marks_both_operations_and_has_no_path_between_them() -> None:
     import networkx as nx
 
-    scenario = named_scenario("single-slot").with_config(faults=frozenset(["copy-done-wrong-stream"]))
+    scenario = named_scenario("single-slot").with_config(
+        faults=frozenset(["copy-done-wrong-stream"])
+    )
     result = run_scenario(scenario, SimBackend())
     v = result.violations[0]
     first, second = v.details["first"]["seq"], v.details["second"]["seq"]

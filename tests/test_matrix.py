@@ -18,10 +18,15 @@ MATRIX = list(itertools.product(NAMED, ("overlap", "normal"), ("radix", "naive")
 
 
 @pytest.mark.parametrize(("name", "loop", "cache", "page_size", "chunk"), MATRIX)
-def test_tokens_equal_sequential_reference(name: str, loop: str, cache: str, page_size: int, chunk: int) -> None:
+def test_tokens_equal_sequential_reference(
+    name: str, loop: str, cache: str, page_size: int, chunk: int
+) -> None:
     base = named_scenario(name)
     scenario = base.with_config(
-        loop=loop, cache=cache, page_size=page_size, max_extend_tokens=chunk,
+        loop=loop,
+        cache=cache,
+        page_size=page_size,
+        max_extend_tokens=chunk,
         num_pages=base.config.num_pages * base.config.page_size // page_size,
     )
     backend = SimBackend()

@@ -15,11 +15,27 @@ class Builder:
     def __init__(self) -> None:
         self.trace = Trace()
 
-    def op(self, agent: str, *accesses: tuple[str, str, list[int]], records: int | None = None,
-           waits: int | None = None, kind: str = "op") -> Op:
+    def op(
+        self,
+        agent: str,
+        *accesses: tuple[str, str, list[int]],
+        records: int | None = None,
+        waits: int | None = None,
+        kind: str = "op",
+    ) -> Op:
         acc = [Access(buf, np.array(cells, dtype=np.int64), mode) for buf, mode, cells in accesses]  # type: ignore[arg-type]
-        op = Op(self.trace.next_seq(), agent, kind, 0, "test", 0.0, label=f"{agent}{self.trace.next_seq()}",
-                accesses=acc, records=records, waits=waits)
+        op = Op(
+            self.trace.next_seq(),
+            agent,
+            kind,
+            0,
+            "test",
+            0.0,
+            label=f"{agent}{self.trace.next_seq()}",
+            accesses=acc,
+            records=records,
+            waits=waits,
+        )
         return self.trace.add(op)
 
     def race(self) -> object:
@@ -77,9 +93,9 @@ def test_host_rewrite_without_waiting_for_the_copy_is_a_war_race() -> None:
     b.op(HOST, ("host:staging", "w", [0]))
     race = b.race()
     assert race is not None and race.kind == "WAR" and (race.first, race.second) == (1, 2)
-    assert "host did not wait" in explain(b.trace, b.trace.ops[1], b.trace.ops[2]) or "ran" in explain(
+    assert "host did not wait" in explain(
         b.trace, b.trace.ops[1], b.trace.ops[2]
-    )
+    ) or "ran" in explain(b.trace, b.trace.ops[1], b.trace.ops[2])
 
 
 def test_host_wait_orders_stream_writes_before_host_reads() -> None:
@@ -97,7 +113,9 @@ def test_host_read_without_waiting_is_a_raw_race_and_explained() -> None:
     b.op(HOST, ("host:out1", "r", [0]))
     race = b.race()
     assert race is not None and race.kind == "RAW"
-    assert "the host did not wait on an event recorded on engine" in explain(b.trace, b.trace.ops[0], b.trace.ops[1])
+    assert "the host did not wait on an event recorded on engine" in explain(
+        b.trace, b.trace.ops[0], b.trace.ops[1]
+    )
 
 
 def test_reads_never_race_with_reads_and_disjoint_cells_never_race() -> None:

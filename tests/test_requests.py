@@ -6,7 +6,15 @@ import pytest
 
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.core.config import SchedulerConfig
-from overlapcheck.core.messages import AbortMsg, InMsg, OutMsg, RejectMsg, SamplingParams, TokenMsg, UserMsg
+from overlapcheck.core.messages import (
+    AbortMsg,
+    InMsg,
+    OutMsg,
+    RejectMsg,
+    SamplingParams,
+    TokenMsg,
+    UserMsg,
+)
 from overlapcheck.core.req import ReqState
 from overlapcheck.core.scheduler import Scheduler
 from overlapcheck.runner import run_scenario
@@ -16,7 +24,7 @@ US = 1e-6
 
 
 class ScriptedSource:
-    """Messages handed over at given scheduler iterations (not times): exact control of the state."""
+    """Messages handed over at given scheduler iterations (not times): exact control of state."""
 
     def __init__(self, by_step: dict[int, list[InMsg]]) -> None:
         self.by_step = by_step
@@ -30,7 +38,9 @@ class ScriptedSource:
         return 0.0 if self.by_step else None
 
 
-def make(config: SchedulerConfig, by_step: dict[int, list[InMsg]]) -> tuple[Scheduler, list[OutMsg]]:
+def make(
+    config: SchedulerConfig, by_step: dict[int, list[InMsg]]
+) -> tuple[Scheduler, list[OutMsg]]:
     scenario = Scenario("t", config, (RequestSpec(0, (5,)),))
     device = SimBackend().make_device(scenario)
     source = ScriptedSource(by_step)
@@ -40,8 +50,12 @@ def make(config: SchedulerConfig, by_step: dict[int, list[InMsg]]) -> tuple[Sche
     return sched, out
 
 
-def user(uid: int, n: int = 4, max_tokens: int = 4, tokens: tuple[int, ...] | None = None) -> UserMsg:
-    return UserMsg(uid, tokens if tokens is not None else tuple(range(10, 10 + n)), SamplingParams(max_tokens))
+def user(
+    uid: int, n: int = 4, max_tokens: int = 4, tokens: tuple[int, ...] | None = None
+) -> UserMsg:
+    return UserMsg(
+        uid, tokens if tokens is not None else tuple(range(10, 10 + n)), SamplingParams(max_tokens)
+    )
 
 
 CFG = SchedulerConfig(num_slots=2, num_pages=16, max_seq_len=16, vocab_size=64)
@@ -59,7 +73,11 @@ CFG = SchedulerConfig(num_slots=2, num_pages=16, max_seq_len=16, vocab_size=64)
     ],
 )
 def test_rejections_leave_the_state_unchanged(msg: UserMsg, reason: str) -> None:
-    cfg = SchedulerConfig(num_slots=2, num_pages=15, max_seq_len=17, vocab_size=64) if "KV" in reason else CFG
+    cfg = (
+        SchedulerConfig(num_slots=2, num_pages=15, max_seq_len=17, vocab_size=64)
+        if "KV" in reason
+        else CFG
+    )
     sched, out = make(cfg, {0: [msg]})
     sched.step()
     assert len(out) == 1 and isinstance(out[0], RejectMsg) and reason in out[0].reason
@@ -82,8 +100,10 @@ def test_abort_of_an_unknown_uid_is_ignored() -> None:
     assert len(out) == 4
 
 
-def run_with_abort(abort_step: int, config: SchedulerConfig = CFG, n: int = 4) -> tuple[Scheduler, list[OutMsg], ReqState]:
-    """Submit one request at step 0, abort it at `abort_step`; returns the state it was aborted in."""
+def run_with_abort(
+    abort_step: int, config: SchedulerConfig = CFG, n: int = 4
+) -> tuple[Scheduler, list[OutMsg], ReqState]:
+    """Submit one request at step 0, abort it at `abort_step`; returns the state it had."""
     sched, out = make(config, {0: [user(1, n=n, max_tokens=6)]})
     seen: list[ReqState] = []
     while sched.step():
@@ -103,14 +123,16 @@ def test_abort_while_pending() -> None:
 
 
 def test_abort_mid_chunk_with_the_chunk_in_flight() -> None:
-    cfg = SchedulerConfig(num_slots=2, num_pages=32, max_seq_len=32, vocab_size=64, max_extend_tokens=4)
-    sched, out, state = run_with_abort(1, cfg, n=12)
+    cfg = SchedulerConfig(
+        num_slots=2, num_pages=32, max_seq_len=32, vocab_size=64, max_extend_tokens=4
+    )
+    _, out, state = run_with_abort(1, cfg, n=12)
     assert state is ReqState.PREFILLING
     assert out == []
 
 
 def test_abort_while_running_with_a_batch_in_flight() -> None:
-    sched, out, state = run_with_abort(3)
+    _, out, state = run_with_abort(3)
     assert state is ReqState.RUNNING
     assert 0 < len(out) < 6 and not any(isinstance(m, TokenMsg) and m.finished for m in out)
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from overlapcheck.backends.sim.timing import Profile
 from overlapcheck.core.faults import FAULTS
 from overlapcheck.explore import counterexample
 from overlapcheck.explore.search import search
 from overlapcheck.scenarios.named import NAMED
-from overlapcheck.backends.sim.timing import Profile
 
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))
@@ -31,7 +31,9 @@ def test_search_finds_shrinks_and_replays_each_fault(fault: str, tmp_path: Path)
 
 def test_the_fault_is_what_breaks_it(tmp_path: Path) -> None:
     """The same counterexample with the fault switched off is clean."""
-    result = search(faults=frozenset(["staging-buffer-reuse"]), budget=60, max_examples=2000, seed=2)
+    result = search(
+        faults=frozenset(["staging-buffer-reuse"]), budget=60, max_examples=2000, seed=2
+    )
     assert result.found is not None
     path = counterexample.save(result.found.result, Profile(), result.found.draws, tmp_path)
     cex = counterexample.load(path)

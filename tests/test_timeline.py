@@ -196,15 +196,19 @@ def test_overlap_launches_next_batch_before_processing(pair: Pair) -> None:
     batches = sorted({op.batch for op in overlap.trace.ops if op.kind == "forward"})
     assert len(batches) >= 3
     for n in batches[:-1]:
-        assert (
-            first_op(overlap.trace, "forward", n + 1).issue
-            < first_op(overlap.trace, "read_output", n).issue
+        launch, read = (
+            first_op(overlap.trace, "forward", n + 1),
+            first_op(overlap.trace, "read_output", n),
         )
+        assert launch.seq < read.seq and launch.issue <= read.issue
+        # ... and batch N+1's forward runs on the engine while the host processes batch N.
+        assert launch.end is not None and launch.end > read.issue
     for n in sorted({op.batch for op in normal.trace.ops if op.kind == "forward"})[:-1]:
-        assert (
-            first_op(normal.trace, "read_output", n).issue
-            < first_op(normal.trace, "forward", n + 1).issue
+        read, launch = (
+            first_op(normal.trace, "read_output", n),
+            first_op(normal.trace, "forward", n + 1),
         )
+        assert read.seq < launch.seq and read.issue < launch.issue
 
 
 # -- trace files -------------------------------------------------------------------------------

@@ -71,8 +71,9 @@ class _TorchBatch:
     def __init__(self, spec: ModelSpec, plan: HostPlan, cells: list[torch.Tensor]) -> None:
         self.spec, self.plan, self.cells = spec, plan, cells
 
-    def run(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor,
-            v_cache: torch.Tensor) -> torch.Tensor:
+    def run(
+        self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
+    ) -> torch.Tensor:
         s, plan = self.spec, self.plan
         k_flat = k_cache.view(-1, s.kv_heads, s.head_dim)
         v_flat = v_cache.view(-1, s.kv_heads, s.head_dim)
@@ -96,11 +97,18 @@ class FlashInferAttention:
     """FlashInfer wrappers, one prefill and one decode per parity, plus fixed-size decode wrappers
     for CUDA graphs (one per parity and batch size, created on demand)."""
 
-    def __init__(self, spec: ModelSpec, page_size: int, dtype: torch.dtype, device: torch.device,
-                 kv_pages: list[torch.Tensor]) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        page_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        kv_pages: list[torch.Tensor],
+    ) -> None:
         import flashinfer
 
         self.fi = flashinfer
+        _pin_flashinfer_range_buffers()
         self.spec, self.page_size, self.dtype, self.device = spec, page_size, dtype, device
         self.kv_pages = kv_pages
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
@@ -109,8 +117,9 @@ class FlashInferAttention:
             flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa2")
             for _ in range(2)
         ]
-        self.decode = [flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD")
-                       for _ in range(2)]
+        self.decode = [
+            flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD") for _ in range(2)
+        ]
         # FlashInfer's wrappers are untyped: Any.
         self.graph_decode: dict[tuple[int, int], Any] = {}
         self.active: list[Any] = [None, None]
@@ -119,23 +128,46 @@ class FlashInferAttention:
         """Plan on the current stream (the scheduler stream)."""
         s, hp = self.spec, HostPlan.of(batch, self.page_size)
         i32 = torch.int32
-        kv_indptr = torch.tensor(hp.kv_indptr, dtype=i32)
-        last = torch.tensor(hp.last_page_len, dtype=i32)
+        # NOTE: plan copies these to the device. From pageable memory that copy synchronises the
+        # host with the stream (CUDA stages pageable H2D copies), a hidden host <- scheduler-stream
+        # edge that serialises the overlap loop; pinned sources keep the copies asynchronous.
+        kv_indptr = torch.tensor(hp.kv_indptr, dtype=i32).pin_memory()
+        last = torch.tensor(hp.last_page_len, dtype=i32).pin_memory()
         indices = self.kv_pages[parity][: hp.kv_indptr[-1]]
         dtypes = dict(q_data_type=self.dtype, kv_data_type=self.dtype)
         if hp.decode and graph:
             wrapper = self.graph_wrapper(parity, len(batch.seqs))
             # The wrapper owns the indices buffer (ours); an empty tensor makes plan copy nothing.
-            wrapper.plan(kv_indptr, indices[:0], last, s.heads, s.kv_heads, s.head_dim,
-                         self.page_size, **dtypes)
+            wrapper.plan(
+                kv_indptr,
+                indices[:0],
+                last,
+                s.heads,
+                s.kv_heads,
+                s.head_dim,
+                self.page_size,
+                **dtypes,
+            )
         elif hp.decode:
             wrapper = self.decode[parity]
-            wrapper.plan(kv_indptr, indices, last, s.heads, s.kv_heads, s.head_dim, self.page_size,
-                         **dtypes)
+            wrapper.plan(
+                kv_indptr, indices, last, s.heads, s.kv_heads, s.head_dim, self.page_size, **dtypes
+            )
         else:
             wrapper = self.prefill[parity]
-            wrapper.plan(torch.tensor(hp.qo_indptr, dtype=i32), kv_indptr, indices, last, s.heads,
-                         s.kv_heads, s.head_dim, self.page_size, causal=True, **dtypes)
+            qo_indptr = torch.tensor(hp.qo_indptr, dtype=i32).pin_memory()
+            wrapper.plan(
+                qo_indptr,
+                kv_indptr,
+                indices,
+                last,
+                s.heads,
+                s.kv_heads,
+                s.head_dim,
+                self.page_size,
+                causal=True,
+                **dtypes,
+            )
         self.active[parity] = wrapper
 
     def graph_wrapper(self, parity: int, batch_size: int) -> Any:
@@ -143,11 +175,14 @@ class FlashInferAttention:
         if key not in self.graph_decode:
             dev = self.device
             self.graph_decode[key] = self.fi.BatchDecodeWithPagedKVCacheWrapper(
-                self.workspace, "NHD", use_cuda_graph=True,
+                self.workspace,
+                "NHD",
+                use_cuda_graph=True,
                 paged_kv_indptr_buffer=torch.zeros(batch_size + 1, dtype=torch.int32, device=dev),
                 paged_kv_indices_buffer=self.kv_pages[parity],
-                paged_kv_last_page_len_buffer=torch.zeros(batch_size, dtype=torch.int32,
-                                                          device=dev),
+                paged_kv_last_page_len_buffer=torch.zeros(
+                    batch_size, dtype=torch.int32, device=dev
+                ),
             )
         return self.graph_decode[key]
 
@@ -161,7 +196,24 @@ class _FlashInferBatch:
     def __init__(self, wrapper: Any) -> None:
         self.wrapper = wrapper
 
-    def run(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor,
-            v_cache: torch.Tensor) -> torch.Tensor:
+    def run(
+        self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
+    ) -> torch.Tensor:
         out: torch.Tensor = self.wrapper.run(q, (k_cache, v_cache))
         return out
+
+
+def _pin_flashinfer_range_buffers(largest: int = 1 << 14) -> None:
+    """FlashInfer's decode plan builds its query indptr from a cached CPU `arange` and copies it to
+    the device; that cache holds pageable tensors, whose copy would synchronise the host with the
+    stream (see `plan`). Seed the cache with pinned ones. (FlashInfer 0.5: `utils._cache_buf`,
+    keyed by ("range_<power of two>", device); absent in other versions, then nothing happens.)"""
+    import flashinfer.utils as fi_utils
+
+    cache = getattr(fi_utils, "_cache_buf", None)
+    if not isinstance(cache, dict):
+        return
+    size = 1
+    while size <= largest:
+        cache[(f"range_{size}", "cpu")] = torch.arange(size, dtype=torch.int32).pin_memory()
+        size *= 2

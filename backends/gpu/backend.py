@@ -25,8 +25,8 @@ from overlapcheck.backends.gpu.weights import (
     random_weights,
 )
 from overlapcheck.core.messages import SamplingParams
-from overlapcheck.explore.delay_plan import Delay, DelayInjector
 from overlapcheck.errors import UserError
+from overlapcheck.explore.delay_plan import Delay, DelayInjector
 from overlapcheck.scenarios.scenario import RequestSpec, Scenario
 
 DEFAULT_PRESET = "tiny"
@@ -40,10 +40,19 @@ class TorchBackend:
     decode batches of those sizes on every new device.
     """
 
-    def __init__(self, name: str, hf_config: PretrainedConfig, tensors: dict[str, torch.Tensor],
-                 device: torch.device, dtype: torch.dtype, *, sanitize: bool = False,
-                 oracle: bool = True, graph_sizes: Iterable[int] = (),
-                 margin: float = BF16_LOGIT_MARGIN) -> None:
+    def __init__(
+        self,
+        name: str,
+        hf_config: PretrainedConfig,
+        tensors: dict[str, torch.Tensor],
+        device: torch.device,
+        dtype: torch.dtype,
+        *,
+        sanitize: bool = False,
+        oracle: bool = True,
+        graph_sizes: Iterable[int] = (),
+        margin: float = BF16_LOGIT_MARGIN,
+    ) -> None:
         self.name = name
         self.spec = ModelSpec.from_config(hf_config)
         self.model = DecoderModel(self.spec, tensors, device, dtype)
@@ -116,8 +125,13 @@ class TorchBackend:
             self.sanitizer.disable()
 
 
-def make_torch_backend(name: str, model: str | None = None, preset: str | None = None,
-                       sanitize: bool = False, **options: Any) -> TorchBackend:
+def make_torch_backend(
+    name: str,
+    model: str | None = None,
+    preset: str | None = None,
+    sanitize: bool = False,
+    **options: Any,
+) -> TorchBackend:
     """The `cpu` or `cuda` backend; bad options and missing pieces are one-line UserErrors."""
     if name not in ("cpu", "cuda"):
         raise UserError(f"unknown torch backend {name!r}")
@@ -127,8 +141,10 @@ def make_torch_backend(name: str, model: str | None = None, preset: str | None =
         raise UserError("--sanitize needs --backend cuda (it checks CUDA streams)")
     if name == "cuda":
         if not torch.cuda.is_available():
-            raise UserError(f"backend cuda: no CUDA device is available to torch "
-                            f"{torch.__version__} (use --backend cpu)")
+            raise UserError(
+                f"backend cuda: no CUDA device is available to torch "
+                f"{torch.__version__} (use --backend cpu)"
+            )
         if importlib.util.find_spec("flashinfer") is None:
             raise UserError("backend cuda needs FlashInfer: pip install 'overlapcheck[cuda]'")
         try:
@@ -141,7 +157,8 @@ def make_torch_backend(name: str, model: str | None = None, preset: str | None =
         hf_config, tensors = load_checkpoint(model)
     else:
         hf_config = preset_config(preset or DEFAULT_PRESET)
-        tensors = random_weights(ModelSpec.from_config(hf_config), seed=0, device=device,
-                                 dtype=torch.float32)
+        tensors = random_weights(
+            ModelSpec.from_config(hf_config), seed=0, device=device, dtype=torch.float32
+        )
     tensors = {k: v.to(device=device, dtype=dtype) for k, v in tensors.items()}
     return TorchBackend(name, hf_config, tensors, device, dtype, sanitize=sanitize, **options)

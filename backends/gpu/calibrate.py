@@ -35,8 +35,12 @@ def samples(trace: Trace) -> list[Sample]:
         elif op.kind == "d2h":
             out.append(Sample("d2h", seconds))
         elif op.kind == "forward":
-            tokens = next((len(a.cells) for a in op.accesses if a.buffer == TOKEN_POOL and a.mode == "r"), 0)
-            context = next((len(a.cells) for a in op.accesses if a.buffer == KV and a.mode == "r"), 0)
+            tokens = next(
+                (len(a.cells) for a in op.accesses if a.buffer == TOKEN_POOL and a.mode == "r"), 0
+            )
+            context = next(
+                (len(a.cells) for a in op.accesses if a.buffer == KV and a.mode == "r"), 0
+            )
             out.append(Sample("forward", seconds, tokens=tokens, context=context))
     return out + _unaccounted_host_time(trace, step_spans)
 
@@ -76,7 +80,9 @@ def measure(backend: TorchBackend, scenarios: list[Scenario], rounds: int = 2) -
 
 
 def calibrate(backend: TorchBackend, out: str | Path) -> Profile:
-    scenarios = [named_scenario(n).with_config(loop=loop) for n in NAMED for loop in ("overlap", "normal")]
+    scenarios = [
+        named_scenario(n).with_config(loop=loop) for n in NAMED for loop in ("overlap", "normal")
+    ]
     profile = fit_profile(measure(backend, scenarios))
     Path(out).write_text(json.dumps({"profile": profile.as_dict()}, indent=1) + "\n")
     return profile
@@ -113,7 +119,12 @@ def check(backend: TorchBackend, profile: Profile) -> list[tuple[str, str, float
             (name, "total ms", o["sim"].total * 1e3, o["real"].total * 1e3),
             (name, "iteration µs", o["sim"].mean_iteration * 1e6, o["real"].mean_iteration * 1e6),
             (name, "engine idle %", o["sim"].engine_idle * 100, o["real"].engine_idle * 100),
-            (name, "overlap speed-up", n["sim"].total / o["sim"].total, n["real"].total / o["real"].total),
+            (
+                name,
+                "overlap speed-up",
+                n["sim"].total / o["sim"].total,
+                n["real"].total / o["real"].total,
+            ),
         ]
     print(f"{'scenario':<16}{'figure':<18}{'sim':>10}{'gpu':>10}{'error':>8}")
     for name, fig, sim_value, real_value in rows:

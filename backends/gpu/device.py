@@ -28,7 +28,7 @@ from overlapcheck.core.device import Device, Event, ForwardOutput, Stream
 from overlapcheck.core.footprints import FootprintRecorder
 from overlapcheck.core.messages import SamplingParams
 from overlapcheck.core.trace import HOST, PAGE_TABLE, TOKEN_POOL, Op, Trace
-from overlapcheck.explore.delay_plan import DelayInjector
+from overlapcheck.explore.delay_plan import HOST_WORK_BEFORE_ISSUE, DelayInjector
 
 
 class TorchEvent(Event):
@@ -73,8 +73,13 @@ class EventClock:
 
 
 class TorchDevice(Device):
-    def __init__(self, config: SchedulerConfig, engine: Engine, sanitizer: Sanitizer | None = None,
-                 sampling: dict[int, SamplingParams] | None = None) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        engine: Engine,
+        sanitizer: Sanitizer | None = None,
+        sampling: dict[int, SamplingParams] | None = None,
+    ) -> None:
         self.config, self.engine, self.sanitizer = config, engine, sanitizer
         self.sampling = sampling or {}
         # Delays of a replayed simulator counterexample (see backends/gpu/replay.py).
@@ -85,8 +90,9 @@ class TorchDevice(Device):
         self.recorder = FootprintRecorder(config, self.trace)
         self.scheduler_stream, self.engine_stream = Stream("scheduler"), Stream("engine")
         self._t0 = time.perf_counter()
-        self.staging = torch.full((self.recorder.metadata_width,), -1, dtype=torch.int32,
-                                  pin_memory=self.cuda)
+        self.staging = torch.full(
+            (self.recorder.metadata_width,), -1, dtype=torch.int32, pin_memory=self.cuda
+        )
         self._streams: dict[str, torch.cuda.Stream] = {}
         self.clock: EventClock | None = None
         if self.cuda:
@@ -110,13 +116,14 @@ class TorchDevice(Device):
         op = self.recorder.op(HOST, "span", self.now(), label=phase, start=self.now(), work=work)
         if self.cuda:
             torch.cuda.nvtx.range_push(phase)
+        delay = self.injector.take(op.step, HOST, "span") if self.injector is not None else 0.0
+        if delay and phase in HOST_WORK_BEFORE_ISSUE:
+            time.sleep(delay)  # where the simulator charged it (see delay_plan.py)
         try:
             yield
         finally:
-            if self.injector is not None:
-                delay = self.injector.take(op.step, HOST, "span")
-                if delay:
-                    time.sleep(delay)
+            if delay and phase not in HOST_WORK_BEFORE_ISSUE:
+                time.sleep(delay)
             if self.cuda:
                 torch.cuda.nvtx.range_pop()
             op.end = self.now()
@@ -129,8 +136,14 @@ class TorchDevice(Device):
         self.recorder.op(HOST, "idle", start, label="idle", start=start, end=self.now())
 
     def host_wait(self, event: TorchEvent) -> None:
-        op = self.recorder.op(HOST, "host_wait", self.now(), label=f"wait e{event.id}",
-                              waits=event.id, start=self.now())
+        op = self.recorder.op(
+            HOST,
+            "host_wait",
+            self.now(),
+            label=f"wait e{event.id}",
+            waits=event.id,
+            start=self.now(),
+        )
         if event.cuda is not None:
             with self.guard():
                 event.cuda.synchronize()
@@ -174,8 +187,13 @@ class TorchDevice(Device):
     def copy_to_device(self, buffer: str, writes: Sequence[RowWrite], stream: Stream) -> None:
         pools = self.engine.pools
         target = {TOKEN_POOL: pools.token_pool, PAGE_TABLE: pools.page_table}[buffer]
-        op = self.recorder.op(stream.name, "h2d", self.now(), label=f"h2d {buffer}",
-                              accesses=[self.recorder.rows(buffer, writes)])
+        op = self.recorder.op(
+            stream.name,
+            "h2d",
+            self.now(),
+            label=f"h2d {buffer}",
+            accesses=[self.recorder.rows(buffer, writes)],
+        )
         values = [np.asarray(w.values, dtype=np.int32) for w in writes]
         host = torch.empty(sum(len(v) for v in values), dtype=torch.int32, pin_memory=self.cuda)
         if len(host):
@@ -183,17 +201,24 @@ class TorchDevice(Device):
         with self._enqueue(stream, op):
             offset = 0
             for w, v in zip(writes, values, strict=True):
-                target[w.row, w.start : w.start + len(v)].copy_(host[offset : offset + len(v)],
-                                                                non_blocking=True)
+                target[w.row, w.start : w.start + len(v)].copy_(
+                    host[offset : offset + len(v)], non_blocking=True
+                )
                 offset += len(v)
 
     def stage_metadata(self, batch: BatchInput, stream: Stream) -> Event:
         flat = batch.metadata()
         self.staging.numpy()[: len(flat)] = flat  # the host rewrites the one staging buffer now
         self.recorder.staging_write(batch, self.now())
-        op = self.recorder.op(stream.name, "h2d", self.now(), label=f"metadata {batch.label}",
-                              batch=batch.batch_id, uids=batch.uids,
-                              accesses=self.recorder.metadata_copy_accesses(batch))
+        op = self.recorder.op(
+            stream.name,
+            "h2d",
+            self.now(),
+            label=f"metadata {batch.label}",
+            batch=batch.batch_id,
+            uids=batch.uids,
+            accesses=self.recorder.metadata_copy_accesses(batch),
+        )
         with self._enqueue(stream, op):
             parity = batch.batch_id % 2
             slot = self.engine.pools.metadata[parity, : len(flat)]
@@ -205,17 +230,22 @@ class TorchDevice(Device):
         self.wait_event(waiter, self.record(waitee))
 
     def record(self, stream: Stream) -> Event:
-        event = TorchEvent(self, self.trace.new_event_id(),
-                           torch.cuda.Event(enable_timing=True) if self.cuda else None)
-        op = self.recorder.op(stream.name, "record", self.now(), label=f"record e{event.id}",
-                              records=event.id)
+        event = TorchEvent(
+            self,
+            self.trace.new_event_id(),
+            torch.cuda.Event(enable_timing=True) if self.cuda else None,
+        )
+        op = self.recorder.op(
+            stream.name, "record", self.now(), label=f"record e{event.id}", records=event.id
+        )
         self._mark(stream, op, event.cuda)
         return event
 
     def wait_event(self, stream: Stream, event: Event) -> None:
         assert isinstance(event, TorchEvent)
-        op = self.recorder.op(stream.name, "wait", self.now(), label=f"wait e{event.id}",
-                              waits=event.id)
+        op = self.recorder.op(
+            stream.name, "wait", self.now(), label=f"wait e{event.id}", waits=event.id
+        )
         if event.cuda is not None:
             with self.guard():
                 self._streams[stream.name].wait_event(event.cuda)
@@ -233,10 +263,22 @@ class TorchDevice(Device):
 
     def forward(self, batch: BatchInput, stream: Stream) -> ForwardOutput:
         common: dict[str, Any] = dict(batch=batch.batch_id, uids=batch.uids)
-        kernel = self.recorder.op(stream.name, "forward", self.now(), label=batch.label,
-                                  accesses=self.recorder.forward_accesses(batch), **common)
-        copy = self.recorder.op(stream.name, "d2h", self.now(), label=f"d2h {batch.label}",
-                                accesses=self.recorder.d2h_accesses(batch), **common)
+        kernel = self.recorder.op(
+            stream.name,
+            "forward",
+            self.now(),
+            label=batch.label,
+            accesses=self.recorder.forward_accesses(batch),
+            **common,
+        )
+        copy = self.recorder.op(
+            stream.name,
+            "d2h",
+            self.now(),
+            label=f"d2h {batch.label}",
+            accesses=self.recorder.d2h_accesses(batch),
+            **common,
+        )
         # -1 until the copy lands, as on the simulator: a too-early read shows.
         host = torch.full((len(batch.seqs),), -1, dtype=torch.int32, pin_memory=self.cuda)
         if self.cuda:

@@ -22,14 +22,16 @@ from overlapcheck.core.messages import SamplingParams
 
 
 class Engine:
-    def __init__(self, model: DecoderModel, config: SchedulerConfig, flashinfer: bool,
-                 seed: int = 0) -> None:
+    def __init__(
+        self, model: DecoderModel, config: SchedulerConfig, flashinfer: bool, seed: int = 0
+    ) -> None:
         self.model, self.config = model, config
         self.pools = Pools(config, model, model.device)
         self.attention: FlashInferAttention | TorchAttention
         if flashinfer:
-            self.attention = FlashInferAttention(model.spec, config.page_size, model.dtype,
-                                                 model.device, self.pools.kv_pages)
+            self.attention = FlashInferAttention(
+                model.spec, config.page_size, model.dtype, model.device, self.pools.kv_pages
+            )
         else:
             self.attention = TorchAttention(model.spec, config.page_size)
         self.generator = torch.Generator(device=model.device).manual_seed(seed)
@@ -39,8 +41,11 @@ class Engine:
     def plan(self, batch: BatchInput, params: Sequence[SamplingParams | None]) -> None:
         """The attention plan of `batch` (host work plus H2D on the current stream)."""
         parity = batch.batch_id % 2
-        use_graph = (batch.phase == "decode" and (parity, len(batch.seqs)) in self.graphs
-                     and is_greedy(params))
+        use_graph = (
+            batch.phase == "decode"
+            and (parity, len(batch.seqs)) in self.graphs
+            and is_greedy(params)
+        )
         if isinstance(self.attention, FlashInferAttention):
             self.attention.plan(parity, batch, graph=use_graph)
         else:
@@ -56,8 +61,14 @@ class Engine:
             return out
         return self._forward(parity, n, batch.num_tokens, batch.phase == "decode", params)
 
-    def _forward(self, parity: int, n: int, num_tokens: int, decode: bool,
-                 params: Sequence[SamplingParams | None]) -> torch.Tensor:
+    def _forward(
+        self,
+        parity: int,
+        n: int,
+        num_tokens: int,
+        decode: bool,
+        params: Sequence[SamplingParams | None],
+    ) -> torch.Tensor:
         pools = self.pools
         idx = pools.index(parity, n, num_tokens, decode)
         attn = self.attention.bind(parity, pools.kv_pages[parity])
@@ -99,6 +110,16 @@ class Engine:
 
 
 def _dummy_decode(parity: int, n: int, config: SchedulerConfig) -> BatchInput:
-    seqs = tuple(SeqWork(uid=i, slot=i % config.num_slots, start=0, end=1, out_row=config.dummy_row,
-                         out_col=0, kv_cells=(0,)) for i in range(n))
+    seqs = tuple(
+        SeqWork(
+            uid=i,
+            slot=i % config.num_slots,
+            start=0,
+            end=1,
+            out_row=config.dummy_row,
+            out_col=0,
+            kv_cells=(0,),
+        )
+        for i in range(n)
+    )
     return BatchInput(batch_id=2 + parity, phase="decode", seqs=seqs)

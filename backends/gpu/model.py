@@ -20,8 +20,9 @@ from overlapcheck.backends.gpu.weights import ModelSpec
 class Attention(Protocol):
     """Paged attention for one batch: queries of the new tokens against the KV pool."""
 
-    def run(self, layer: int, q: torch.Tensor, k_cache: torch.Tensor,
-            v_cache: torch.Tensor) -> torch.Tensor:
+    def run(
+        self, layer: int, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
+    ) -> torch.Tensor:
         """q: [tokens, heads, head_dim]; caches: [pages, page_size, kv_heads, head_dim]."""
         ...
 
@@ -40,8 +41,13 @@ class Layer:
 
 
 class DecoderModel:
-    def __init__(self, spec: ModelSpec, tensors: dict[str, torch.Tensor], device: torch.device,
-                 dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        tensors: dict[str, torch.Tensor],
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
         self.spec, self.device, self.dtype = spec, device, dtype
 
         def w(name: str) -> torch.Tensor:
@@ -55,31 +61,40 @@ class DecoderModel:
             bias = None
             if spec.qkv_bias:
                 bias = torch.cat([w(a + f"{n}_proj.bias") for n in "qkv"])
-            self.layers.append(Layer(
-                norm_in=w(p + "input_layernorm.weight"),
-                qkv=torch.cat([w(a + f"{n}_proj.weight") for n in "qkv"]),
-                qkv_bias=bias,
-                q_norm=w(a + "q_norm.weight") if spec.qk_norm else None,
-                k_norm=w(a + "k_norm.weight") if spec.qk_norm else None,
-                o=w(a + "o_proj.weight"),
-                norm_post=w(p + "post_attention_layernorm.weight"),
-                gate_up=torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")]),
-                down=w(p + "mlp.down_proj.weight"),
-            ))
+            self.layers.append(
+                Layer(
+                    norm_in=w(p + "input_layernorm.weight"),
+                    qkv=torch.cat([w(a + f"{n}_proj.weight") for n in "qkv"]),
+                    qkv_bias=bias,
+                    q_norm=w(a + "q_norm.weight") if spec.qk_norm else None,
+                    k_norm=w(a + "k_norm.weight") if spec.qk_norm else None,
+                    o=w(a + "o_proj.weight"),
+                    norm_post=w(p + "post_attention_layernorm.weight"),
+                    gate_up=torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")]),
+                    down=w(p + "mlp.down_proj.weight"),
+                )
+            )
         self.norm = w("model.norm.weight")
         self.lm_head = self.embed if spec.tied else w("lm_head.weight")
         d = spec.head_dim
         exponents = torch.arange(0, d, 2, dtype=torch.int64, device=device).float() / d
-        self.inv_freq = 1.0 / (spec.rope_theta ** exponents)
+        self.inv_freq = 1.0 / (spec.rope_theta**exponents)
 
     def kv_shape(self, num_pages: int, page_size: int) -> tuple[int, int, int, int]:
         """One layer's K (or V) pool, FlashInfer's NHD layout: cell = page * page_size + offset."""
         return (num_pages, page_size, self.spec.kv_heads, self.spec.head_dim)
 
     @torch.no_grad()
-    def forward(self, ids: torch.Tensor, pos: torch.Tensor, cells: torch.Tensor, last: torch.Tensor,
-                attn: Attention, k_pool: list[torch.Tensor],
-                v_pool: list[torch.Tensor]) -> torch.Tensor:
+    def forward(
+        self,
+        ids: torch.Tensor,
+        pos: torch.Tensor,
+        cells: torch.Tensor,
+        last: torch.Tensor,
+        attn: Attention,
+        k_pool: list[torch.Tensor],
+        v_pool: list[torch.Tensor],
+    ) -> torch.Tensor:
         """Run the new tokens `ids` at positions `pos`, write their K/V into `cells` of the pool,
         and return float32 logits of the rows `last` (one per sequence)."""
         s = self.spec

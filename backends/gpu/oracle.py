@@ -26,8 +26,9 @@ BF16_LOGIT_MARGIN = 0.5
 
 
 class HFOracle:
-    def __init__(self, config: PretrainedConfig, tensors: dict[str, torch.Tensor],
-                 device: torch.device) -> None:
+    def __init__(
+        self, config: PretrainedConfig, tensors: dict[str, torch.Tensor], device: torch.device
+    ) -> None:
         self.device = device
         model = AutoModelForCausalLM.from_config(config)
         model.load_state_dict({k: v.float().cpu() for k, v in tensors.items()}, strict=True)

@@ -48,14 +48,16 @@ class Pools:
         self.vocab_size = model.spec.vocab_size
         self.token_storage = torch.full((GUARD + rows * w,), -1, dtype=i32, device=device)
         self.token_pool = self.token_storage[GUARD:].view(rows, w)
-        self.table_storage = torch.full((GUARD + config.num_slots * w,), -1, dtype=i32,
-                                        device=device)
+        self.table_storage = torch.full(
+            (GUARD + config.num_slots * w,), -1, dtype=i32, device=device
+        )
         self.page_table = self.table_storage[GUARD:].view(config.num_slots, w)
         shape = model.kv_shape(config.num_pages, config.page_size)
         self.k = [torch.zeros(shape, dtype=model.dtype, device=device) for _ in model.layers]
         self.v = [torch.zeros(shape, dtype=model.dtype, device=device) for _ in model.layers]
-        self.metadata = torch.full((2, METADATA_FIELDS * (config.num_slots + 1)), -1, dtype=i32,
-                                   device=device)
+        self.metadata = torch.full(
+            (2, METADATA_FIELDS * (config.num_slots + 1)), -1, dtype=i32, device=device
+        )
         self.max_pages = -(-w // config.page_size)  # pages a full row can hold
         lanes = config.num_slots * self.max_pages + 1  # + the trash lane
         self.kv_pages = [torch.zeros(lanes, dtype=i32, device=device) for _ in range(2)]

@@ -50,11 +50,15 @@ def fit_scenario(scenario: Scenario, model_vocab: int, model_eos: int, greedy: G
     return replace(scenario, config=fitted, requests=specs)
 
 
-def choose_eos(specs: tuple[RequestSpec, ...], targets: dict[int, int],
-               generate: Callable[[RequestSpec], list[int] | None]) -> int | None:
+def choose_eos(
+    specs: tuple[RequestSpec, ...],
+    targets: dict[int, int],
+    generate: Callable[[RequestSpec], list[int] | None],
+) -> int | None:
     outputs = {s.uid: out for s in specs if not s.ignore_eos and (out := generate(s)) is not None}
-    candidates = sorted({outputs[u][k] for u, k in targets.items()
-                         if u in outputs and k < len(outputs[u])})
+    candidates = sorted(
+        {outputs[u][k] for u, k in targets.items() if u in outputs and k < len(outputs[u])}
+    )
 
     def score(token: int) -> tuple[int, int, int]:
         exact = early = stray = 0

@@ -36,8 +36,14 @@ class Verdict:
     missed: int
 
     def to_json(self) -> dict[str, Any]:
-        return {"repeat": self.repeat, "reproduced": self.reproduced, "manifested": self.manifested,
-                "race": self.race, "applied": self.applied, "missed": self.missed}
+        return {
+            "repeat": self.repeat,
+            "reproduced": self.reproduced,
+            "manifested": self.manifested,
+            "race": self.race,
+            "applied": self.applied,
+            "missed": self.missed,
+        }
 
 
 def sleep_cycles_per_second() -> float:
@@ -52,8 +58,13 @@ def sleep_cycles_per_second() -> float:
     return cycles / (start.elapsed_time(end) / 1e3)
 
 
-def replay_once(cex: Counterexample, backend: TorchBackend, plan: list[Delay],
-                deliveries: list[tuple[int, int, str]], repeat: int) -> tuple[Verdict, RunResult]:
+def replay_once(
+    cex: Counterexample,
+    backend: TorchBackend,
+    plan: list[Delay],
+    deliveries: list[tuple[int, int, str]],
+    repeat: int,
+) -> tuple[Verdict, RunResult]:
     backend.delays = plan
     checks = [i for i in INVARIANTS if i != NoRace.id]
     result = run_scenario(cex.scenario, backend, checks, deliveries=deliveries)
@@ -63,8 +74,10 @@ def replay_once(cex: Counterexample, backend: TorchBackend, plan: list[Delay],
     race_line = None
     if race is not None:
         first, second = result.trace.ops[race.first], result.trace.ops[race.second]
-        race_line = (f"{race.kind} on {race.buffer}: {first.agent} `{first.label}` vs "
-                     f"{second.agent} `{second.label}`")
+        race_line = (
+            f"{race.kind} on {race.buffer}: {first.agent} `{first.label}` vs "
+            f"{second.agent} `{second.label}`"
+        )
     failed = [v.invariant for v in result.violations]
     reproduced = cex.invariant in failed or (cex.invariant == NoRace.id and race is not None)
     injector = backend.device.injector if backend.device is not None else None
@@ -73,17 +86,41 @@ def replay_once(cex: Counterexample, backend: TorchBackend, plan: list[Delay],
     return Verdict(repeat, reproduced, failed, race_line, applied, missed), result
 
 
-def replay_verdicts(cex: Counterexample, backend: TorchBackend, repeat: int) -> tuple[list[Delay], list[Verdict]]:
-    """The counterexample's delay plan, and one verdict per repeat on `backend`."""
+MARGINS = (3.0, 2.0, 1.5, 1.0)
+
+
+def with_margin(cex: Counterexample) -> tuple[Counterexample, float]:
+    """The counterexample with its delays scaled up as far as the simulator still shows the same
+    violation. Shrinking leaves each delay at the least that fails in the simulator, a knife edge
+    that real timing noise falls off; a larger delay that still fails there is a sturdier replay."""
+    for margin in MARGINS:
+        timing = cex.data.get("timing", {})
+        draws = {k: v * margin for k, v in timing.get("draws", {}).items()}
+        scaled = Counterexample({**cex.data, "timing": {**timing, "draws": draws}}, cex.where)
+        if margin == 1.0 or scaled.reproduced(scaled.replay()) is not None:
+            return scaled, margin
+    return cex, 1.0
+
+
+def replay_verdicts(
+    cex: Counterexample, backend: TorchBackend, repeat: int
+) -> tuple[list[Delay], list[Verdict]]:
+    """The counterexample's delay plan (with margin), and one verdict per repeat on `backend`."""
+    cex, _ = with_margin(cex)
     sim = cex.replay()
     plan = delay_plan(sim.trace)
     deliveries = [(m.step, m.uid, m.kind) for m in sim.trace.received]
     return plan, [replay_once(cex, backend, plan, deliveries, i)[0] for i in range(repeat)]
 
 
-def replay_on_device(cex: Counterexample, backend_name: str = "cuda", repeat: int = 1,
-                     as_json: bool = False, preset: str | None = None,
-                     model: str | None = None) -> int:
+def replay_on_device(
+    cex: Counterexample,
+    backend_name: str = "cuda",
+    repeat: int = 1,
+    as_json: bool = False,
+    preset: str | None = None,
+    model: str | None = None,
+) -> int:
     """Exit status: 1 if the counterexample reproduced in any repeat, 0 if never."""
     backend = make_torch_backend(backend_name, model=model, preset=preset)
     if backend_name == "cuda":
@@ -94,18 +131,31 @@ def replay_on_device(cex: Counterexample, backend_name: str = "cuda", repeat: in
     for delay in plan:
         print(f"  {delay.line()}", file=out)
     if backend_name != "cuda" and any(d.agent != "host" for d in plan):
-        print("  (on the CPU backend streams run synchronously: stream delays change nothing)", file=out)
+        print(
+            "  (on the CPU backend streams run synchronously: stream delays change nothing)",
+            file=out,
+        )
     hits = sum(v.reproduced for v in verdicts)
     if as_json:
-        json.dump({"invariant": cex.invariant, "backend": backend_name, "repeats": repeat,
-                   "reproduced": hits, "plan": [d.line() for d in plan],
-                   "verdicts": [v.to_json() for v in verdicts]}, sys.stdout)
+        json.dump(
+            {
+                "invariant": cex.invariant,
+                "backend": backend_name,
+                "repeats": repeat,
+                "reproduced": hits,
+                "plan": [d.line() for d in plan],
+                "verdicts": [v.to_json() for v in verdicts],
+            },
+            sys.stdout,
+        )
         print()
     else:
         for v in verdicts:
             what = ", ".join(v.manifested) or "clean"
-            print(f"repeat {v.repeat + 1:>2}: {'REPRODUCED' if v.reproduced else 'not reproduced'}"
-                  f"  invariants: {what}  race: {v.race or 'none'}"
-                  f"  delays applied {v.applied}/{v.applied + v.missed}")
+            print(
+                f"repeat {v.repeat + 1:>2}: {'REPRODUCED' if v.reproduced else 'not reproduced'}"
+                f"  invariants: {what}  race: {v.race or 'none'}"
+                f"  delays applied {v.applied}/{v.applied + v.missed}"
+            )
         print(f"{cex.invariant}: reproduced in {hits}/{repeat} repeats on {backend_name}")
     return 1 if hits else 0

@@ -13,8 +13,9 @@ def is_greedy(params: Sequence[SamplingParams | None]) -> bool:
     return all(p is None or p.temperature <= 0 or p.top_k == 1 for p in params)
 
 
-def sample(logits: torch.Tensor, params: Sequence[SamplingParams | None],
-           generator: torch.Generator | None) -> torch.Tensor:
+def sample(
+    logits: torch.Tensor, params: Sequence[SamplingParams | None], generator: torch.Generator | None
+) -> torch.Tensor:
     """One token per row of float32 `logits`, as int32. Rows without params are greedy."""
     greedy = logits.argmax(dim=-1)
     if is_greedy(params):

@@ -55,5 +55,7 @@ def describe(error: object) -> str:
         kind = str(getattr(a, "type", "?")).lower()
         return f"{kind} by {op} on stream {getattr(a, 'stream', '?')}"
 
-    return (f"unsynchronized access to tensor {getattr(error, 'data_ptr', '?')}: "
-            f"{access(cur)} after {access(prev)}")
+    return (
+        f"unsynchronized access to tensor {getattr(error, 'data_ptr', '?')}: "
+        f"{access(cur)} after {access(prev)}"
+    )

@@ -23,17 +23,34 @@ SUPPORTED = ("llama", "qwen2", "qwen3")
 PRESETS: dict[str, dict[str, Any]] = {
     # CI: two layers, untied head; head_dim 128 so that CUDA compiles the same kernels as below.
     "tiny": dict(
-        model_type="qwen3", vocab_size=1024, hidden_size=256, intermediate_size=512,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=128,
-        tie_word_embeddings=False, rms_norm_eps=1e-6, max_position_embeddings=4096,
+        model_type="qwen3",
+        vocab_size=1024,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=128,
+        tie_word_embeddings=False,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=4096,
         eos_token_id=2,
     ),
     # Qwen3-0.6B's shapes (~0.6B parameters, 0.44B without the tied embedding).
     "qwen3-0.6b": dict(
-        model_type="qwen3", vocab_size=151936, hidden_size=1024, intermediate_size=3072,
-        num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
-        tie_word_embeddings=True, rms_norm_eps=1e-6, max_position_embeddings=40960,
-        rope_theta=1_000_000.0, eos_token_id=2,
+        model_type="qwen3",
+        vocab_size=151936,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        tie_word_embeddings=True,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=40960,
+        rope_theta=1_000_000.0,
+        eos_token_id=2,
     ),
 }
 
@@ -65,8 +82,9 @@ class ModelSpec:
     @classmethod
     def from_config(cls, cfg: PretrainedConfig) -> ModelSpec:
         if cfg.model_type not in SUPPORTED:
-            raise UserError(f"model type {cfg.model_type!r} is not supported "
-                            f"(use {', '.join(SUPPORTED)})")
+            raise UserError(
+                f"model type {cfg.model_type!r} is not supported (use {', '.join(SUPPORTED)})"
+            )
         rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
         if rope.get("rope_type", rope.get("type", "default")) != "default":
             raise UserError(f"rope scaling {rope.get('rope_type')!r} is not supported")
@@ -75,13 +93,20 @@ class ModelSpec:
         eos = cfg.eos_token_id
         eos = eos[0] if isinstance(eos, list) else eos
         return cls(
-            model_type=cfg.model_type, vocab_size=cfg.vocab_size, hidden=cfg.hidden_size,
-            intermediate=cfg.intermediate_size, layers=cfg.num_hidden_layers, heads=heads,
+            model_type=cfg.model_type,
+            vocab_size=cfg.vocab_size,
+            hidden=cfg.hidden_size,
+            intermediate=cfg.intermediate_size,
+            layers=cfg.num_hidden_layers,
+            heads=heads,
             kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
             head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
-            eps=cfg.rms_norm_eps, rope_theta=float(theta), qk_norm=cfg.model_type == "qwen3",
+            eps=cfg.rms_norm_eps,
+            rope_theta=float(theta),
+            qk_norm=cfg.model_type == "qwen3",
             qkv_bias=cfg.model_type == "qwen2" or bool(getattr(cfg, "attention_bias", False)),
-            tied=bool(cfg.tie_word_embeddings), eos_token_id=int(eos if eos is not None else 2),
+            tied=bool(cfg.tie_word_embeddings),
+            eos_token_id=int(eos if eos is not None else 2),
         )
 
 
@@ -99,9 +124,12 @@ def param_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     for i in range(spec.layers):
         p = f"model.layers.{i}."
         shapes |= {
-            p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
-            p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
-            p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
+            p + "input_layernorm.weight": (h,),
+            p + "post_attention_layernorm.weight": (h,),
+            p + "self_attn.q_proj.weight": (q, h),
+            p + "self_attn.k_proj.weight": (kv, h),
+            p + "self_attn.v_proj.weight": (kv, h),
+            p + "self_attn.o_proj.weight": (h, q),
             p + "mlp.gate_proj.weight": (spec.intermediate, h),
             p + "mlp.up_proj.weight": (spec.intermediate, h),
             p + "mlp.down_proj.weight": (h, spec.intermediate),
@@ -119,8 +147,9 @@ def param_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
 
 
 @torch.no_grad()
-def random_weights(spec: ModelSpec, seed: int, device: torch.device,
-                   dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def random_weights(
+    spec: ModelSpec, seed: int, device: torch.device, dtype: torch.dtype
+) -> dict[str, torch.Tensor]:
     """Deterministic random weights (same seed, device and dtype: same tensors)."""
     gen = torch.Generator(device=device).manual_seed(seed)
     out: dict[str, torch.Tensor] = {}
@@ -169,19 +198,25 @@ def load_checkpoint(path: str | Path) -> tuple[PretrainedConfig, dict[str, torch
         raise UserError(f"{path}: {len(missing)} weights missing, e.g. {missing[0]}")
     bad = [n for n, s in param_shapes(spec).items() if tuple(tensors[n].shape) != s]
     if bad:
-        raise UserError(f"{path}: weight {bad[0]} has shape {tuple(tensors[bad[0]].shape)}, "
-                        f"config says {param_shapes(spec)[bad[0]]}")
+        raise UserError(
+            f"{path}: weight {bad[0]} has shape {tuple(tensors[bad[0]].shape)}, "
+            f"config says {param_shapes(spec)[bad[0]]}"
+        )
     return cfg, tensors
 
 
-def save_checkpoint(cfg: PretrainedConfig, tensors: dict[str, torch.Tensor],
-                    path: str | Path) -> None:
+def save_checkpoint(
+    cfg: PretrainedConfig, tensors: dict[str, torch.Tensor], path: str | Path
+) -> None:
     """Write a checkpoint directory that `load_checkpoint` (and `transformers`) can read."""
     from safetensors.torch import save_file
 
     root = Path(path)
     root.mkdir(parents=True, exist_ok=True)
     cfg.save_pretrained(str(root))
-    unique = {n: t.contiguous() for n, t in tensors.items()
-              if not (n == "lm_head.weight" and cfg.tie_word_embeddings)}
+    unique = {
+        n: t.contiguous()
+        for n, t in tensors.items()
+        if not (n == "lm_head.weight" and cfg.tie_word_embeddings)
+    }
     save_file(unique, str(root / "model.safetensors"))

@@ -54,10 +54,14 @@ def fit_profile(samples: Iterable[Sample], base: Profile | None = None) -> Profi
     for phase in HOST_PHASES:
         got = by_kind.get(phase, [])
         if got:
-            changes[phase], changes[f"{phase}_per_req"] = _fit([[1, s.work] for s in got], [s.seconds for s in got])
+            changes[phase], changes[f"{phase}_per_req"] = _fit(
+                [[1, s.work] for s in got], [s.seconds for s in got]
+            )
     if by_kind.get("h2d"):
         got = by_kind["h2d"]
-        changes["h2d"], changes["h2d_per_cell"] = _fit([[1, s.cells] for s in got], [s.seconds for s in got])
+        changes["h2d"], changes["h2d_per_cell"] = _fit(
+            [[1, s.cells] for s in got], [s.seconds for s in got]
+        )
     if by_kind.get("d2h"):
         changes["d2h"] = float(np.median([s.seconds for s in by_kind["d2h"]]))
     if by_kind.get("forward"):

@@ -24,6 +24,7 @@ from overlapcheck.core.device import Device, Event, ForwardOutput, Stream
 from overlapcheck.core.errors import InvariantError
 from overlapcheck.core.footprints import FootprintRecorder
 from overlapcheck.core.trace import HOST, PAGE_TABLE, TOKEN_POOL, Trace
+from overlapcheck.explore.delay_plan import HOST_WORK_BEFORE_ISSUE
 
 OpBody = Callable[[], Generator[simpy.Event, Any, None]]
 
@@ -92,6 +93,7 @@ class SimDevice(Device):
         self.d2h_engine = Unit("d2h")
         self.compute = Unit("compute")
         self._queues: dict[str, _StreamQueue] = {}
+        self._launch_done: simpy.Event | None = None
         for stream in (self.scheduler_stream, self.engine_stream):
             queue = self._queues[stream.name] = _StreamQueue(self.env)
             self.env.process(self._stream_loop(queue))
@@ -115,11 +117,25 @@ class SimDevice(Device):
         outer = self.recorder.phase
         self.recorder.phase = phase
         op = self.recorder.op(HOST, "span", self.now(), label=phase, start=self.now(), work=work)
+        cost = self.timing.host(phase, work)
+        op.delay = self.timing.last_delay
+        # Scheduling and processing cost comes before what they issue or read
+        # (HOST_WORK_BEFORE_ISSUE).
+        # Launching enqueues a forward kernel by kernel: the GPU starts at once, but cannot finish
+        # before the last kernel is enqueued, at the end of the phase (`_launch_done`).
+        before = phase in HOST_WORK_BEFORE_ISSUE
+        if before:
+            self._advance(cost)
+        if phase == "launch":
+            self._launch_done = simpy.Event(self.env)
         try:
             yield
         finally:
-            self._advance(self.timing.host(phase, work))
-            op.delay = self.timing.last_delay
+            if not before:
+                self._advance(cost)
+            if phase == "launch" and self._launch_done is not None:
+                self._launch_done.succeed()
+                self._launch_done = None
             op.end = self.now()
             self.recorder.phase = outer
 
@@ -272,10 +288,15 @@ class SimDevice(Device):
         copy.delay = self.timing.last_delay
         n = len(batch.seqs)
 
+        enqueued = self._launch_done
+
         def run_kernel() -> Generator[simpy.Event, Any, None]:
             kernel.start = yield from self._acquire(self.compute, duration)
             plan = self._read_inputs(batch.batch_id % 2, n)
             yield self.env.timeout(duration)
+            if enqueued is not None and not enqueued.processed:
+                yield enqueued  # the host is still enqueuing this forward's kernels
+                self.compute.free_at = max(self.compute.free_at, self.now())
             for cells, ids, out_row, out_col, token in plan:
                 self.kv[cells] = ids
                 self.token_pool[out_row, out_col] = token

@@ -1,4 +1,4 @@
-"""The cache manager: the page allocator plus a prefix cache, and the page bookkeeping of requests."""
+"""The cache manager: the page allocator, a prefix cache, and the page bookkeeping of requests."""
 
 from __future__ import annotations
 

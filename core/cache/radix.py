@@ -111,8 +111,12 @@ class RadixCache(PrefixCache):
         parent = node.parent
         assert parent is not None
         upper = RadixNode(
-            node_id=self._new_id(), key=node.key[:at], pages=node.pages[: at // self.page_size],
-            parent=parent, lock_ref=node.lock_ref, last_access=node.last_access,
+            node_id=self._new_id(),
+            key=node.key[:at],
+            pages=node.pages[: at // self.page_size],
+            parent=parent,
+            lock_ref=node.lock_ref,
+            last_access=node.last_access,
         )
         parent.children[upper.key[: self.page_size]] = upper
         node.key = node.key[at:]
@@ -159,8 +163,10 @@ class RadixCache(PrefixCache):
         node, pos = self._walk(tokens[:usable])
         if pos < usable:
             leaf = RadixNode(
-                node_id=self._new_id(), key=tuple(tokens[pos:usable]),
-                pages=[cells[i] // ps for i in range(pos, usable, ps)], parent=node,
+                node_id=self._new_id(),
+                key=tuple(tokens[pos:usable]),
+                pages=[cells[i] // ps for i in range(pos, usable, ps)],
+                parent=node,
                 last_access=self._clock,
             )
             node.children[leaf.key[:ps]] = leaf
@@ -231,7 +237,8 @@ class RadixCache(PrefixCache):
             cached += len(node.pages)
             evictable += len(node.pages) if node.lock_ref == 0 else 0
         if cached != self._cached or evictable != self._evictable:
-            raise InvariantError("pages-conserved",
+            raise InvariantError(
+                "pages-conserved",
                 f"counted {cached} cached/{evictable} evictable pages, "
-                f"books say {self._cached}/{self._evictable}"
+                f"books say {self._cached}/{self._evictable}",
             )

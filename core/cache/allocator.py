@@ -36,9 +36,6 @@ class PageAllocator:
             self._num_flagged_free += 1
             heapq.heappush(self._free, page)
 
-    def is_free(self, page: int) -> bool:
-        return self._is_free[page]
-
     def consistent(self) -> bool:
         """The free list and the free flags agree (cheap: a count, not a scan of the list)."""
         return len(self._free) == self._num_flagged_free

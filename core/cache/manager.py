@@ -76,20 +76,24 @@ class CacheManager:
         """free + cached + held by live requests == all pages, and no page is counted twice."""
         self.prefix.check_integrity()
         cached = self.prefix.cached_pages()
-        held = [(req.uid, page) for req in live for page in req.own_pages]
-        # Fast path, O(cached + held) rather than O(all pages): the free list holds no duplicate
-        # (the allocator refuses a double free), so if no cached or held page is also free, none is
-        # cached/held twice, and the three counts add up, every page is accounted for exactly once.
-        busy = cached + [page for _, page in held]
+        live = list(live)
+        busy = list(cached)
+        for req in live:
+            busy.extend(req.own_pages)
+        # Fast path, in C-speed set operations: the free list holds no duplicate (the allocator
+        # refuses a double free), so if the busy pages are distinct, none is also free, and the
+        # counts add up, every page is accounted for exactly once.
+        free = self.allocator.free_pages()
+        distinct = set(busy)
         if (
-            self.allocator.num_free + len(busy) == self.num_pages
-            and len(set(busy)) == len(busy)
-            and not any(self.allocator.is_free(p) for p in busy)
+            len(free) + len(busy) == self.num_pages
+            and len(distinct) == len(busy)
+            and distinct.isdisjoint(free)
             and self.allocator.consistent()
         ):
             return
+        held = [(req.uid, page) for req in live for page in req.own_pages]
         # Slow path, only on failure: name the page and its owners.
-        free = self.allocator.free_pages()
         owners: dict[int, list[str]] = {}
         for page in free:
             owners.setdefault(page, []).append("free")

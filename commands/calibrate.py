@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from overlapcheck.backends.sim.timing import Profile
+from overlapcheck.commands.common import load_profile
 from overlapcheck.errors import UserError
 
 
@@ -19,14 +19,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    profile = None
-    if args.check:
-        try:
-            profile = Profile.load(args.check)
-        except FileNotFoundError:
-            raise UserError(f"{args.check}: no such profile") from None
-        except (ValueError, TypeError) as err:
-            raise UserError(f"{args.check}: bad timing profile: {err}") from None
+    profile = load_profile(args.check) if args.check else None
     try:
         from overlapcheck.backends.gpu.backend import make_torch_backend
         from overlapcheck.backends.gpu.calibrate import calibrate, check

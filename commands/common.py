@@ -10,6 +10,7 @@ from overlapcheck.backends.sim.timing import Profile, SeededDelay, Timing
 from overlapcheck.core.config import CACHE_KINDS, LOOP_KINDS, POLICIES, ConfigError
 from overlapcheck.core.faults import UnknownFaultError, parse_faults
 from overlapcheck.errors import UserError
+from overlapcheck.invariants.registry import make_invariant
 from overlapcheck.scenarios.loader import ScenarioError, load_scenario_file
 from overlapcheck.scenarios.named import NAMED, named_scenario
 from overlapcheck.scenarios.scenario import Scenario
@@ -101,14 +102,37 @@ def apply_overrides(scenario: Scenario, args: argparse.Namespace) -> Scenario:
         raise UserError(str(err)) from None
 
 
+def load_profile(path: str) -> Profile:
+    """A timing profile file, or one clear UserError."""
+    try:
+        return Profile.load(path)
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such timing profile") from None
+    except (OSError, ValueError, TypeError) as err:
+        raise UserError(f"{path}: bad timing profile: {err}") from None
+
+
+def check_spec(text: str) -> str:
+    """`--check ID=ARG`, validated when the arguments are parsed."""
+    try:
+        make_invariant(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
+def add_check_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--check",
+        action="append",
+        default=[],
+        type=check_spec,
+        metavar="ID=ARG",
+        help="also check an opt-in property, e.g. bounded-wait=K (repeatable)",
+    )
+
+
 def make_timing(args: argparse.Namespace) -> Timing:
-    profile = Profile()
-    if getattr(args, "timing", None):
-        try:
-            profile = Profile.load(args.timing)
-        except FileNotFoundError:
-            raise UserError(f"{args.timing}: no such timing file") from None
-        except (ValueError, TypeError) as err:
-            raise UserError(f"{args.timing}: bad timing profile: {err}") from None
+    profile = load_profile(args.timing) if getattr(args, "timing", None) else Profile()
     seed = getattr(args, "seed", None)
     return Timing(profile, SeededDelay(seed)) if seed is not None else Timing(profile)

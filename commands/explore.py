@@ -9,8 +9,12 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from overlapcheck.backends.sim.timing import Profile
-from overlapcheck.commands.common import nonneg_int, positive_int
-from overlapcheck.commands.run import check_spec
+from overlapcheck.commands.common import (
+    add_check_option,
+    load_profile,
+    nonneg_int,
+    positive_int,
+)
 from overlapcheck.core.config import POLICIES
 from overlapcheck.core.faults import UnknownFaultError, parse_faults
 from overlapcheck.errors import UserError
@@ -43,14 +47,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "tokens, the ones a GPU replay can show)",
     )
     p.add_argument("--policy", choices=POLICIES, help="pin the queue policy (default: drawn)")
-    p.add_argument(
-        "--check",
-        action="append",
-        default=[],
-        type=check_spec,
-        metavar="ID=ARG",
-        help="also check an opt-in property, e.g. bounded-wait=K (repeatable)",
-    )
+    add_check_option(p)
     p.add_argument(
         "--no-timeline", action="store_true", help="do not draw timelines next to counterexamples"
     )
@@ -69,11 +66,9 @@ def main(args: argparse.Namespace) -> int:
         raise UserError("--budget must be > 0 seconds")
     try:
         faults = parse_faults(args.fault)
-        profile = Profile.load(args.timing) if args.timing else Profile()
     except UnknownFaultError as err:
         raise UserError(str(err)) from None
-    except (OSError, ValueError, TypeError) as err:
-        raise UserError(f"--timing: {err}") from None
+    profile = load_profile(args.timing) if args.timing else Profile()
     # Progress goes to stderr, and only to a terminal: piped output stays clean.
     console = Console(stderr=True)
     with Progress(

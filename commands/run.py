@@ -8,13 +8,14 @@ import sys
 
 from overlapcheck.backends.registry import BACKENDS, make_backend
 from overlapcheck.commands.common import (
+    add_check_option,
     add_config_overrides,
     add_timing,
     apply_overrides,
     make_timing,
     resolve_scenario,
 )
-from overlapcheck.invariants.registry import INVARIANTS, make_invariant
+from overlapcheck.invariants.registry import INVARIANTS
 from overlapcheck.runner import RunResult, run_scenario
 
 
@@ -24,14 +25,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--scenario", default="basic", help="a named scenario or a .json/.toml file")
     add_config_overrides(p)
     add_timing(p)
-    p.add_argument(
-        "--check",
-        action="append",
-        default=[],
-        type=check_spec,
-        metavar="ID=ARG",
-        help="also check an opt-in property, e.g. bounded-wait=K (repeatable)",
-    )
+    add_check_option(p)
     p.add_argument("--model", help="(cpu/cuda) a Hugging Face checkpoint directory")
     p.add_argument("--preset", help="(cpu/cuda) a model preset when no --model is given")
     p.add_argument(
@@ -62,15 +56,6 @@ def main(args: argparse.Namespace) -> int:
     else:
         print_human(result)
     return 0 if result.ok else 1
-
-
-def check_spec(text: str) -> str:
-    """`--check ID=ARG`, validated when the arguments are parsed."""
-    try:
-        make_invariant(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-    return text
 
 
 def print_human(result: RunResult) -> None:

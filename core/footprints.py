@@ -6,6 +6,7 @@ race checker and the timeline backend-agnostic.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import numpy as np
@@ -66,27 +67,37 @@ class FootprintRecorder:
         return np.arange(METADATA_FIELDS * len(batch.seqs), dtype=np.int64)
 
     def forward_accesses(self, batch: BatchInput) -> list[Access]:
+        # One numpy call per array for the whole batch, not per sequence: this runs every
+        # simulated iteration (see DESIGN: never loop over cells in Python).
         w = self.width
-        inputs, table, context, new_kv, outputs = [], [], [], [], []
-        for s in batch.seqs:
-            inputs.append(np.arange(s.slot * w + s.start, s.slot * w + s.end))
-            table.append(np.arange(s.slot * w, s.slot * w + s.end))
-            cells = np.asarray(s.kv_cells, dtype=np.int64)
-            context.append(cells[: s.end])
-            new_kv.append(cells[s.start : s.end])
-            outputs.append(np.array([s.out_row * w + s.out_col]))
+        seqs = batch.seqs
+        rows = np.fromiter((s.slot for s in seqs), np.int64, len(seqs)) * w
+        starts = np.fromiter((s.start for s in seqs), np.int64, len(seqs))
+        ends = np.fromiter((s.end for s in seqs), np.int64, len(seqs))
+        context = np.fromiter(
+            itertools.chain.from_iterable(s.kv_cells[: s.end] for s in seqs),
+            np.int64,
+            int(ends.sum()),
+        )
+        # Each sequence's new positions are the tail of its context.
+        new = _ranges(np.cumsum(ends) - (ends - starts), ends - starts)
         return [
             Access(METADATA, self.metadata_cells(batch), "r"),
-            Access(TOKEN_POOL, _cells(inputs), "r"),
-            Access(PAGE_TABLE, _cells(table), "r"),
-            Access(KV, _cells(context), "r"),
-            Access(KV, _cells(new_kv), "w"),
-            Access(TOKEN_POOL, _cells(outputs), "w"),
+            Access(TOKEN_POOL, _ranges(rows + starts, ends - starts), "r"),
+            Access(PAGE_TABLE, _ranges(rows, ends), "r"),
+            Access(KV, context, "r"),
+            Access(KV, context[new], "w"),
+            Access(TOKEN_POOL, self._sample_cells(batch), "w"),
         ]
 
-    def d2h_accesses(self, batch: BatchInput) -> list[Access]:
+    def _sample_cells(self, batch: BatchInput) -> np.ndarray:
         w = self.width
-        sampled = _cells([np.array([s.out_row * w + s.out_col]) for s in batch.seqs])
+        return np.fromiter(
+            (s.out_row * w + s.out_col for s in batch.seqs), np.int64, len(batch.seqs)
+        )
+
+    def d2h_accesses(self, batch: BatchInput) -> list[Access]:
+        sampled = self._sample_cells(batch)
         out = np.arange(len(batch.seqs), dtype=np.int64)
         return [
             Access(TOKEN_POOL, sampled, "r"),
@@ -125,6 +136,14 @@ class FootprintRecorder:
             start=issue,
             end=issue,
         )
+
+
+def _ranges(begins: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The concatenation of `arange(b, b + n)` for each (b, n), in a few vectorised steps."""
+    total = int(lengths.sum())
+    offsets = np.cumsum(lengths) - lengths
+    cells: np.ndarray = np.arange(total, dtype=np.int64) + np.repeat(begins - offsets, lengths)
+    return cells
 
 
 def _cells(parts: Sequence[np.ndarray]) -> np.ndarray:

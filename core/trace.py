@@ -113,31 +113,35 @@ class Trace:
         return (op for op in self.ops if op.agent == agent)
 
     def digest(self) -> str:
-        """A hex digest of the canonical trace: same inputs give the same digest in any process."""
+        """A hex digest of the canonical trace: same inputs give the same digest in any process.
+
+        Numbers go through numpy (times rounded to the nanosecond, so float noise in a sum cannot
+        change the digest), names through one joined string: this runs at the end of every run.
+        """
         h = hashlib.blake2b(digest_size=16)
-        rows: list[tuple[object, ...]] = []
-        cells: list[np.ndarray] = []
-        for op in self.ops:
-            rows.append(
-                (
-                    op.seq,
-                    op.agent,
-                    op.kind,
-                    op.step,
-                    op.phase,
-                    _t(op.issue),
-                    op.label,
-                    op.batch,
-                    op.uids,
-                    op.records,
-                    op.waits,
-                    _t(op.start),
-                    _t(op.end),
-                    [(a.buffer, a.mode, len(a.cells)) for a in op.accesses],
-                )
-            )
-            cells.extend(a.cells for a in op.accesses)
-        h.update(repr(rows).encode())
+        ops = self.ops
+        nan = float("nan")
+        times = np.array(
+            [
+                (op.issue, nan if op.start is None else op.start, nan if op.end is None else op.end)
+                for op in ops
+            ],
+            dtype=np.float64,
+        ).reshape(-1, 3)
+        h.update(np.nan_to_num(np.rint(times * 1e9), nan=-1.0).astype(np.int64).tobytes())
+        ints = np.array(
+            [(op.seq, op.step, _int(op.batch), _int(op.records), _int(op.waits)) for op in ops],
+            dtype=np.int64,
+        )
+        h.update(ints.tobytes())
+        h.update(
+            "\x1f".join(
+                f"{op.agent}|{op.kind}|{op.phase}|{op.label}|{op.uids}|"
+                + ",".join(f"{a.buffer}:{a.mode}:{len(a.cells)}" for a in op.accesses)
+                for op in ops
+            ).encode()
+        )
+        cells = [a.cells for op in ops for a in op.accesses]
         if cells:
             h.update(np.concatenate(cells).astype(np.int64, copy=False).tobytes())
         h.update(
@@ -149,6 +153,10 @@ class Trace:
             ).encode()
         )
         return h.hexdigest()
+
+
+def _int(value: int | None) -> int:
+    return -1 if value is None else value
 
 
 def _t(value: float | None) -> str:

@@ -11,6 +11,7 @@ from typing import Any
 from overlapcheck.backends.registry import make_backend
 from overlapcheck.commands.common import add_timing, make_timing, resolve_scenario
 from overlapcheck.errors import UserError
+from overlapcheck.runner import run_scenario
 from overlapcheck.timeline.model import Interval, Rendered
 from overlapcheck.timeline.render import output_path, render_result, render_trace
 from overlapcheck.trace_io import FORMAT as TRACE_FORMAT
@@ -45,6 +46,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="run --scenario with both loops (simulator), draw one above the other",
     )
+    p.add_argument(
+        "--compare-backends",
+        action="store_true",
+        help="run --scenario on a real device (--backend) and on the simulator (--timing "
+        "profile, ideally from calibrate), draw the real one above",
+    )
+    p.add_argument(
+        "--backend",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="with --compare-backends: the real device",
+    )
+    p.add_argument("--preset", help="with --compare-backends: model preset (default tiny)")
     p.add_argument("--scenario", help="with --compare: a named scenario or a .json/.toml file")
     add_timing(p)
     p.set_defaults(main=main)
@@ -63,7 +77,11 @@ def parse_window(text: str) -> Interval:
 
 def main(args: argparse.Namespace) -> int:
     out = output_path(args.output)
-    if args.compare:
+    if args.compare and args.compare_backends:
+        raise UserError("choose one of --compare and --compare-backends")
+    if args.compare_backends:
+        rendered = _compare_backends(args, out)
+    elif args.compare:
         rendered = _compare(args, out)
     else:
         if args.file is None:
@@ -92,6 +110,22 @@ def _compare(args: argparse.Namespace, out: Path) -> Rendered:
     scenario = resolve_scenario(args.scenario)
     overlap, normal = run_both(scenario, lambda: make_backend("sim", make_timing(args)))
     return render_compare(overlap, normal, out, args.window)
+
+
+def _compare_backends(args: argparse.Namespace, out: Path) -> Rendered:
+    from overlapcheck.timeline.compare import render_backends
+
+    if args.file is not None or not args.scenario:
+        raise UserError("--compare-backends runs a scenario: give --scenario NAME, not FILE")
+    scenario = resolve_scenario(args.scenario)
+    real_backend = make_backend(args.backend, preset=args.preset)
+    run_scenario(scenario, real_backend, [])  # warm-up: kernels compile, caches fill
+    real = run_scenario(scenario, real_backend, [])
+    finish = getattr(getattr(real_backend, "device", None), "finish", None)
+    if finish is not None:
+        finish()  # every stream op's CUDA-event times are in
+    sim = run_scenario(scenario, make_backend("sim", make_timing(args)), [])
+    return render_backends(real, sim, out, args.window)
 
 
 def _draw_file(path: Path, out: Path, window: Interval | None) -> Rendered:

@@ -38,3 +38,18 @@ def render_compare(
     verdict = f"finishes {saved:.0%} sooner" if saved >= 0 else f"takes {-saved:.0%} longer"
     suptitle = f"{overlap.scenario.name}: overlap vs normal loop (overlap {verdict})"
     return render_panels(panels, out, window, suptitle)
+
+
+def render_backends(
+    real: RunResult, sim: RunResult, out: str | Path, window: Interval | None = None
+) -> Rendered:
+    """A real device's timeline (CUDA-event times) above the simulator's for the same scenario."""
+    panels = [
+        Panel(r.trace, result_title(r), r.simulated_seconds, next(iter(r.violations), None))
+        for r in (real, sim)
+    ]
+    error = sim.simulated_seconds / max(real.simulated_seconds, 1e-12) - 1
+    suptitle = (
+        f"{real.scenario.name}: {real.backend} vs simulator (simulator {error:+.0%} on total)"
+    )
+    return render_panels(panels, out, window, suptitle)

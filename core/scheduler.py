@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
 from overlapcheck.core import faults as F
-from overlapcheck.core.batch import BatchInput, RowWrite, SeqWork
+from overlapcheck.core.batch import BatchInput, Phase, RowWrite, SeqWork
 from overlapcheck.core.cache.manager import CacheManager
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.decode import DecodeManager
@@ -71,9 +71,6 @@ class Scheduler:
         self._next_batch_id = 1
 
     # -- public accessors (invariants read these) ---------------------------------------------
-
-    def live_requests(self) -> list[Req]:
-        return list(self.reqs.values())
 
     @property
     def has_work(self) -> bool:
@@ -211,7 +208,7 @@ class Scheduler:
         for req in admitted:
             for listener in self.listeners:
                 listener.on_admit(self, req)
-        phase = "prefill"
+        phase: Phase = "prefill"
         if not chunks:
             phase = "decode"
             chunks = [Chunk(r, r.device_len - 1, r.device_len) for r in self.decode.batch()]
@@ -236,7 +233,7 @@ class Scheduler:
             dev.copy_to_device(PAGE_TABLE, table_writes, dev.scheduler_stream)
         if token_writes:
             dev.copy_to_device(TOKEN_POOL, token_writes, dev.scheduler_stream)
-        batch = BatchInput(batch_id, "decode" if phase == "decode" else "prefill", tuple(seqs))
+        batch = BatchInput(batch_id, phase, tuple(seqs))
         # NOTE: one pinned staging buffer: its previous H2D must have read it before we rewrite it.
         if self._staged is not None and not self._fault(F.STAGING_BUFFER_REUSE):
             self._staged.synchronize()

@@ -10,7 +10,6 @@ what lets the race checker run online.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -108,9 +107,6 @@ class Trace:
 
     def next_seq(self) -> int:
         return len(self.ops)
-
-    def by_agent(self, agent: str) -> Iterator[Op]:
-        return (op for op in self.ops if op.agent == agent)
 
     def digest(self) -> str:
         """A hex digest of the canonical trace: same inputs give the same digest in any process.

@@ -21,7 +21,6 @@ class CacheManager:
         self.prefix: PrefixCache = (
             RadixCache(config.page_size) if config.cache == "radix" else NaiveCache()
         )
-        self.hit_tokens = 0
 
     @property
     def available_pages(self) -> int:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import os
 from pathlib import Path
 
 from rich.console import Console
@@ -64,6 +66,7 @@ def main(args: argparse.Namespace) -> int:
         raise UserError(f"unknown invariant {', '.join(unknown)} (known: {', '.join(INVARIANTS)})")
     if args.budget <= 0:
         raise UserError("--budget must be > 0 seconds")
+    _check_writable(Path(args.out))  # before the search: a found bug must have somewhere to go
     try:
         faults = parse_faults(args.fault)
     except UnknownFaultError as err:
@@ -112,9 +115,18 @@ def main(args: argparse.Namespace) -> int:
         return 0
     found = result.found
     run = found.result
-    path = counterexample.save(
-        run, profile, found.draws, args.out, frozenset(args.skip), tuple(args.check)
-    )
+    try:
+        path = counterexample.save(
+            run, profile, found.draws, args.out, frozenset(args.skip), tuple(args.check)
+        )
+    except OSError as err:  # the folder went away mid-search: print it rather than lose it
+        data = counterexample.to_json(
+            run, profile, found.draws, frozenset(args.skip), tuple(args.check)
+        )
+        print(json.dumps({k: v for k, v in data.items() if k != "trace"}))
+        raise UserError(
+            f"{args.out}: cannot save the counterexample ({err.strerror}); it is printed above"
+        ) from None
     check = counterexample.load(path).replay()
     if check.trace_hash != run.trace_hash:
         raise RuntimeError(
@@ -132,6 +144,15 @@ def main(args: argparse.Namespace) -> int:
         _draw(run, path)
     print(f"replay: overlapcheck replay {path}")
     return 1
+
+
+def _check_writable(out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"--out {out}: cannot create the folder ({err.strerror})") from None
+    if not os.access(out, os.W_OK):
+        raise UserError(f"--out {out}: the folder is not writable")
 
 
 def _draw(run: counterexample.RunResult, path: Path) -> None:

@@ -1,0 +1,20 @@
+"""The search as a plain Hypothesis test: the default scheduler holds every invariant on generated
+workloads, configurations and timings. HypoFuzz can run this test as a continuous fuzzer."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from overlapcheck.backends.sim.backend import SimBackend
+from overlapcheck.backends.sim.timing import Timing
+from overlapcheck.runner import run_scenario
+from overlapcheck.scenarios.strategies import HypothesisDelay, scenarios
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_default_scheduler_holds_every_invariant(data: st.DataObject) -> None:
+    scenario = data.draw(scenarios())
+    result = run_scenario(scenario, SimBackend(Timing(source=HypothesisDelay(data))))
+    assert result.ok, result.violations[0].line()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 from pathlib import Path
 from typing import Any
@@ -11,13 +10,13 @@ from typing import Any
 from overlapcheck.backends.registry import make_backend
 from overlapcheck.commands.common import add_timing, make_timing, resolve_scenario
 from overlapcheck.errors import UserError
+from overlapcheck.explore import counterexample
+from overlapcheck.explore.counterexample import FORMAT as COUNTEREXAMPLE
 from overlapcheck.runner import run_scenario
 from overlapcheck.timeline.model import Interval, Rendered
 from overlapcheck.timeline.render import output_path, render_result, render_trace
 from overlapcheck.trace_io import FORMAT as TRACE_FORMAT
 from overlapcheck.trace_io import trace_file_from_json
-
-COUNTEREXAMPLE_FORMAT = "overlapcheck-counterexample"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -138,25 +137,12 @@ def _draw_file(path: Path, out: Path, window: Interval | None) -> Rendered:
         return render_trace(
             saved.trace, out, violation, title, window=window, total=saved.simulated_seconds
         )
-    if kind == COUNTEREXAMPLE_FORMAT:
-        return render_result(_replay(path), out, window)
+    if kind == COUNTEREXAMPLE:
+        return render_result(counterexample.replay_file(path), out, window)
     raise UserError(
         f'{path}: neither a trace ("format": "{TRACE_FORMAT}") nor a '
-        f'counterexample ("format": "{COUNTEREXAMPLE_FORMAT}")'
+        f'counterexample ("format": "{COUNTEREXAMPLE}")'
     )
-
-
-def _replay(path: Path) -> Any:
-    try:
-        module = importlib.import_module("overlapcheck.explore.counterexample")
-    except ModuleNotFoundError as err:
-        if not (err.name or "").startswith("overlapcheck.explore"):
-            raise
-        raise UserError(
-            f"{path}: drawing a counterexample needs overlapcheck.explore, "
-            "which this installation lacks"
-        ) from None
-    return module.replay_file(path)
 
 
 def _read_json(path: Path) -> Any:

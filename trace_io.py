@@ -19,6 +19,7 @@ import numpy as np
 from overlapcheck.core.trace import Access, Message, Op, Trace
 from overlapcheck.errors import UserError
 from overlapcheck.invariants.base import Violation
+from overlapcheck.jsonfile import read_json_file
 
 if TYPE_CHECKING:
     from overlapcheck.runner import RunResult
@@ -165,14 +166,7 @@ def _plain(value: Any) -> Any:
 
 def load_trace(path: str | Path) -> SavedTrace:
     """Read a file written by `save_trace`. Any problem is a one-line UserError."""
-    p = Path(path)
-    if not p.is_file():
-        raise UserError(f"{p}: no such trace file")
-    try:
-        data = json.loads(p.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise UserError(f"{p}: not a JSON trace: {err}") from None
-    return trace_file_from_json(data, where=str(p))
+    return trace_file_from_json(read_json_file(path, "trace"), where=str(path))
 
 
 def trace_file_from_json(data: Any, where: str = "trace") -> SavedTrace:

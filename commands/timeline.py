@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
-from typing import Any
 
 from overlapcheck.backends.registry import make_backend
 from overlapcheck.commands.common import add_timing, make_timing, resolve_scenario
 from overlapcheck.errors import UserError
 from overlapcheck.explore import counterexample
 from overlapcheck.explore.counterexample import FORMAT as COUNTEREXAMPLE
+from overlapcheck.jsonfile import read_json_file
 from overlapcheck.runner import run_scenario
 from overlapcheck.timeline.model import Interval, Rendered
 from overlapcheck.timeline.render import output_path, render_result, render_trace
@@ -128,7 +127,7 @@ def _compare_backends(args: argparse.Namespace, out: Path) -> Rendered:
 
 
 def _draw_file(path: Path, out: Path, window: Interval | None) -> Rendered:
-    data = _read_json(path)
+    data = read_json_file(path, "trace or counterexample")
     kind = data.get("format") if isinstance(data, dict) else None
     if kind == TRACE_FORMAT:
         saved = trace_file_from_json(data, where=str(path))
@@ -143,12 +142,3 @@ def _draw_file(path: Path, out: Path, window: Interval | None) -> Rendered:
         f'{path}: neither a trace ("format": "{TRACE_FORMAT}") nor a '
         f'counterexample ("format": "{COUNTEREXAMPLE}")'
     )
-
-
-def _read_json(path: Path) -> Any:
-    if not path.is_file():
-        raise UserError(f"{path}: no such file")
-    try:
-        return json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise UserError(f"{path}: not valid JSON: {err}") from None

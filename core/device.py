@@ -26,6 +26,13 @@ from dataclasses import dataclass
 from overlapcheck.core.batch import BatchInput, RowWrite
 from overlapcheck.core.trace import Trace
 
+# Host phases whose cost is spent before the calls made inside them: building a batch; and for
+# processing, the host's own overhead between a launch and the read of the previous results (so
+# the simulator never predicts a read sooner than a real host can make it). A launch spends its cost
+# after, since it enqueues as it goes. The simulator charges host time, and a GPU replay sleeps,
+# at that point.
+HOST_WORK_BEFORE_ISSUE: tuple[str, ...] = ("schedule", "process")
+
 
 @dataclass(frozen=True, slots=True)
 class Stream:

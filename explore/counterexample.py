@@ -14,6 +14,7 @@ from overlapcheck.core.faults import UnknownFaultError, parse_faults
 from overlapcheck.errors import UserError
 from overlapcheck.invariants.base import Violation
 from overlapcheck.invariants.registry import INVARIANTS, make_invariant
+from overlapcheck.jsonfile import read_json_file
 from overlapcheck.runner import RunResult, run_scenario
 from overlapcheck.scenarios.loader import ScenarioError, scenario_from_dict
 from overlapcheck.scenarios.scenario import Scenario
@@ -128,12 +129,7 @@ class Counterexample:
 
 def load(path: str | Path) -> Counterexample:
     p = Path(path)
-    if not p.is_file():
-        raise UserError(f"{p}: no such counterexample file")
-    try:
-        data = json.loads(p.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise UserError(f"{p}: not valid JSON: {err}") from None
+    data = read_json_file(p, "counterexample")
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise UserError(f'{p}: not an overlapcheck counterexample (no "format": "{FORMAT}")')
     if data.get("version") != VERSION:

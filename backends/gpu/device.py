@@ -24,11 +24,11 @@ from overlapcheck.backends.gpu.engine import Engine
 from overlapcheck.backends.gpu.sanitizer import Sanitizer
 from overlapcheck.core.batch import BatchInput, RowWrite
 from overlapcheck.core.config import SchedulerConfig
-from overlapcheck.core.device import Device, Event, ForwardOutput, Stream
+from overlapcheck.core.device import HOST_WORK_BEFORE_ISSUE, Device, Event, ForwardOutput, Stream
 from overlapcheck.core.footprints import FootprintRecorder
 from overlapcheck.core.messages import SamplingParams
 from overlapcheck.core.trace import HOST, PAGE_TABLE, TOKEN_POOL, Op, Trace
-from overlapcheck.explore.delay_plan import HOST_WORK_BEFORE_ISSUE, DelayInjector
+from overlapcheck.explore.delay_plan import DelayInjector
 
 
 class TorchEvent(Event):
@@ -118,7 +118,7 @@ class TorchDevice(Device):
             torch.cuda.nvtx.range_push(phase)
         delay = self.injector.take(op.step, HOST, "span") if self.injector is not None else 0.0
         if delay and phase in HOST_WORK_BEFORE_ISSUE:
-            time.sleep(delay)  # where the simulator charged it (see delay_plan.py)
+            time.sleep(delay)  # where the simulator charges it (core/device.py)
         try:
             yield
         finally:

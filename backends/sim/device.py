@@ -20,11 +20,10 @@ from overlapcheck.backends.sim.timing import Timing
 from overlapcheck.backends.sim.toy_model import DTYPE, ToyModel
 from overlapcheck.core.batch import METADATA_FIELDS, BatchInput, RowWrite
 from overlapcheck.core.config import SchedulerConfig
-from overlapcheck.core.device import Device, Event, ForwardOutput, Stream
+from overlapcheck.core.device import HOST_WORK_BEFORE_ISSUE, Device, Event, ForwardOutput, Stream
 from overlapcheck.core.errors import InvariantError
 from overlapcheck.core.footprints import FootprintRecorder
 from overlapcheck.core.trace import HOST, PAGE_TABLE, TOKEN_POOL, Trace
-from overlapcheck.explore.delay_plan import HOST_WORK_BEFORE_ISSUE
 
 OpBody = Callable[[], Generator[simpy.Event, Any, None]]
 

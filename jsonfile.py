@@ -1,0 +1,20 @@
+"""Reading the JSON files users hand us (counterexamples, traces), with one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from overlapcheck.errors import UserError
+
+
+def read_json_file(path: str | Path, what: str) -> Any:
+    """The parsed contents of `path`; a missing or malformed file is a UserError naming `what`."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"{p}: no such {what} file")
+    try:
+        return json.loads(p.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UserError(f"{p}: not valid JSON: {err}") from None

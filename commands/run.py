@@ -65,8 +65,11 @@ def print_human(result: RunResult) -> None:
         f"{result.scenario.name} on {result.backend}: loop={c.loop} cache={c.cache} "
         f"page_size={c.page_size} chunk={c.max_extend_tokens} policy={c.policy}{faults}"
     )
+    reasons = {m.uid: m.reason for m in result.trace.messages if m.kind == "reject"}
     for o in result.outcomes:
         shown = " ".join(map(str, o.tokens[:12])) + (" ..." if len(o.tokens) > 12 else "")
+        if o.uid in reasons:
+            shown = f"({reasons[o.uid]})"
         print(f"  uid {o.uid:<4} {o.finish_reason:<10} {len(o.tokens):>3} tokens  {shown}")
     for v in result.violations:
         print(f"VIOLATION {v.line()}")

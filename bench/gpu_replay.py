@@ -28,15 +28,16 @@ def phase_calibrate(out: Path, backend_name: str, preset: str | None) -> None:
     from overlapcheck.backends.gpu.calibrate import calibrate, check
 
     backend = make_torch_backend(backend_name, preset=preset, oracle=False)
-    profile = calibrate(backend, out / "profile.json")
-    print(json.dumps(profile.as_dict(), indent=1))
-    check(backend, profile)
+    fitted = calibrate(backend, out / "profile.json")
+    print(json.dumps(fitted.profile.as_dict(), indent=1))
+    print(f"held each stream op {fitted.hold * 1e3:.1f} ms for device times; {fitted.summary()}")
+    check(backend, fitted.profile)
 
 
-def phase_search(out: Path, budget: float) -> None:
+def phase_search(out: Path, budget: float, faults: list[str]) -> None:
     profile_path = out / "profile.json"
     profile = Profile.load(profile_path) if profile_path.exists() else Profile()
-    for name in FAULTS:
+    for name in faults:
         skip = frozenset({"no-race"}) if name in RACE_FAULTS else frozenset()
         result = search(faults=frozenset([name]), budget=budget, seed=0, profile=profile, skip=skip)
         if result.found is None:
@@ -97,13 +98,14 @@ def main() -> None:
     parser.add_argument("--preset", default=None)
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--budget", type=float, default=60.0)
+    parser.add_argument("--fault", action="append", choices=FAULTS, help="search: only these")
     args = parser.parse_args()
     out = Path(args.out)
     (out / "cex").mkdir(parents=True, exist_ok=True)
     if args.phase == "calibrate":
         phase_calibrate(out, args.backend, args.preset)
     elif args.phase == "search":
-        phase_search(out, args.budget)
+        phase_search(out, args.budget, args.fault or list(FAULTS))
     else:
         phase_replay(out, args.repeat, args.backend, args.preset)
 

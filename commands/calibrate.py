@@ -33,7 +33,8 @@ def main(args: argparse.Namespace) -> int:
         check(backend, profile)
         return 0
     fitted = calibrate(backend, args.out)
+    print(fitted.summary())
     print(f"profile written to {args.out}:")
-    for name, value in fitted.as_dict().items():
+    for name, value in fitted.profile.as_dict().items():
         print(f"  {name:<22}{value * 1e6:>10.3f} µs")
     return 0

@@ -4,11 +4,19 @@ fit recovering the latencies that generated a synthetic measurement set."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
 from overlapcheck.backends.sim.backend import SimBackend
-from overlapcheck.backends.sim.calibrate import Sample, fit_profile
+from overlapcheck.backends.sim.calibrate import (
+    Sample,
+    device_samples,
+    fit_profile,
+    forward_size,
+    host_samples,
+    tail_samples,
+)
 from overlapcheck.backends.sim.timing import Profile, ReplayDelay, Timing
 from overlapcheck.explore.delay_plan import DelayInjector, delay_plan
 from overlapcheck.runner import RunResult, run_scenario
@@ -109,3 +117,73 @@ def test_replaying_deliveries_by_iteration_reproduces_the_run() -> None:
         return [(op.step, op.agent, op.kind, op.label) for op in r.trace.ops if op.kind != "idle"]
 
     assert ops(again) == ops(original)
+
+
+LAUNCH_BOUND = Profile(launch=800e-6, forward=20e-6, forward_per_token=0.0, forward_tail=30e-6)
+
+
+def _launch_ends(result: RunResult) -> dict[int, float]:
+    return {
+        op.step: op.end
+        for op in result.trace.ops
+        if op.kind == "span" and op.label == "launch" and op.end is not None
+    }
+
+
+@pytest.mark.parametrize("tail", [30e-6, -30e-6])
+def test_a_launch_bound_forward_ends_its_tail_after_the_launch_phase(tail: float) -> None:
+    profile = replace(LAUNCH_BOUND, forward_tail=tail)
+    result = run_scenario(named_scenario("basic"), SimBackend(Timing(profile)))
+    assert result.ok
+    ends = _launch_ends(result)
+    forwards = [op for op in result.trace.ops if op.kind == "forward"]
+    assert forwards
+    for op in forwards:
+        assert op.end == pytest.approx(ends[op.step] + tail)
+
+
+def test_a_gpu_bound_forward_is_not_stretched_by_the_tail() -> None:
+    profile = Profile(forward=2e-3, forward_tail=30e-6)
+    result = run_scenario(
+        named_scenario("basic").with_config(loop="normal"), SimBackend(Timing(profile))
+    )
+    ends = _launch_ends(result)
+    for op in (op for op in result.trace.ops if op.kind == "forward"):
+        assert op.end is not None and op.start is not None
+        assert op.end > ends[op.step] + profile.forward_tail
+        assert op.end - op.start == pytest.approx(
+            profile.forward
+            + profile.forward_per_token * forward_size(op)[0]
+            + profile.forward_per_context * forward_size(op)[1]
+        )
+
+
+def test_calibrating_the_simulator_against_its_own_traces_gives_back_its_profile() -> None:
+    """The trace -> samples -> fit path that calibrates from a GPU, run on simulated traces."""
+    truth = Profile(forward=150e-6, forward_per_token=3e-6, forward_tail=0.0)
+    traces = [
+        run_scenario(named_scenario(n).with_config(loop=loop), SimBackend(Timing(truth))).trace
+        for n in ("basic", "chunked-long", "memory-pressure", "shared-prefix")
+        for loop in ("overlap", "normal")
+    ]
+    samples = [s for t in traces for s in host_samples(t) + device_samples(t)]
+    fitted = fit_profile(samples, Profile(forward=1.0, d2h=1.0, launch=1.0))
+    for name in ("schedule", "launch", "launch_per_req", "process", "process_per_req", "d2h"):
+        assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=0.05), name
+    for name in ("forward", "forward_per_token", "h2d"):
+        assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=0.05), name
+
+
+def test_the_tail_fit_recovers_the_tail_of_launch_bound_forwards() -> None:
+    trace = run_scenario(named_scenario("chunked-long"), SimBackend(Timing(LAUNCH_BOUND))).trace
+    tails = tail_samples(trace, LAUNCH_BOUND)
+    assert tails and all(s.kind == "forward_tail" for s in tails)
+    fitted = fit_profile(tails, Profile())
+    assert fitted.forward_tail == pytest.approx(LAUNCH_BOUND.forward_tail, rel=1e-6)
+    early = replace(LAUNCH_BOUND, forward_tail=-100e-6)
+    trace = run_scenario(named_scenario("chunked-long"), SimBackend(Timing(early))).trace
+    assert fit_profile(tail_samples(trace, early)).forward_tail == pytest.approx(-100e-6)
+    # A forward that outlasts its launch is not launch-bound: it says nothing about the tail.
+    gpu_bound = Profile(forward=5e-3, forward_tail=30e-6)
+    trace = run_scenario(named_scenario("basic"), SimBackend(Timing(gpu_bound))).trace
+    assert tail_samples(trace, gpu_bound) == []

@@ -189,3 +189,19 @@ def test_scenario_is_fitted_to_the_model(cpu: TorchBackend) -> None:
     result = run_scenario(wide, cpu)
     ok(result)
     assert result.outcomes[0].finish_reason == "rejected"
+
+
+def test_teacher_forcing_fails_a_non_token_without_feeding_it_to_the_reference(
+    cpu: TorchBackend,
+) -> None:
+    """A race can hand the host -1 (the copy had not landed): the reference must judge it, not
+    crash on it (on CUDA the embedding lookup would be a device-side assert that kills the run)."""
+    assert cpu.oracle is not None
+    prompt = (5, 6, 7)
+    first = cpu.oracle.greedy(prompt, 1)[0]
+    forcing = cpu.oracle.forcing(prompt)
+    assert forcing.accept(-1) == float("inf")
+    assert forcing.accept(first) == float("inf")  # after a non-token nothing can be judged
+    assert forcing.deficits == [float("inf"), float("inf")]
+    healthy = cpu.oracle.forcing(prompt)
+    assert healthy.accept(first) == pytest.approx(0.0)

@@ -64,6 +64,7 @@ class TorchBackend:
         self.sampling: dict[int, SamplingParams] = {}
         self.delays: list[Delay] = []  # a replayed counterexample's delay plan (replay.py)
         self.sleep_rate = 0.0
+        self.hold: dict[str, float] = {}  # calibration holds by op kind (TorchDevice.hold)
         self.device: TorchDevice | None = None
         self._refs: dict[int, list[int]] = {}
         self._prompts: dict[int, tuple[int, ...]] = {}
@@ -84,7 +85,8 @@ class TorchBackend:
         self.device = TorchDevice(cfg, engine, self.sanitizer, self.sampling)
         if self.delays:
             self.device.injector = DelayInjector(self.delays)
-            self.device.sleep_rate = self.sleep_rate
+        self.device.hold = dict(self.hold)
+        self.device.sleep_rate = self.sleep_rate
         self._refs, self._forcing = {}, {}
         self._prompts = {s.uid: s.prompt for s in scenario.requests}
         self._eos = cfg.eos_token_id

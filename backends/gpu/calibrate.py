@@ -4,88 +4,104 @@ compare the two backends scenario by scenario."""
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
 from overlapcheck.backends.gpu.backend import TorchBackend
+from overlapcheck.backends.gpu.replay import sleep_cycles_per_second
 from overlapcheck.backends.sim.backend import SimBackend
-from overlapcheck.backends.sim.calibrate import HOST_PHASES, Sample, fit_profile
+from overlapcheck.backends.sim.calibrate import (
+    device_samples,
+    fit_profile,
+    host_samples,
+    tail_samples,
+)
 from overlapcheck.backends.sim.timing import Profile, Timing
-from overlapcheck.core.trace import HOST, KV, TOKEN_POOL, Trace
+from overlapcheck.core.trace import HOST, Trace
 from overlapcheck.runner import RunResult, run_scenario
 from overlapcheck.scenarios.named import NAMED, named_scenario
 from overlapcheck.scenarios.scenario import Scenario
 from overlapcheck.timeline.model import idle_gaps, idle_share, trace_end
 
-
-def samples(trace: Trace) -> list[Sample]:
-    """Every timed operation of a real run as a measurement; host time outside any phase (receiving,
-    bookkeeping) is charged to `schedule`, which the simulator's host clock must then cover."""
-    out: list[Sample] = []
-    step_spans: dict[int, list[float]] = {}
-    for op in trace.ops:
-        if op.start is None or op.end is None:
-            continue
-        seconds = op.end - op.start
-        if op.agent == HOST and op.kind == "span" and op.label in HOST_PHASES:
-            out.append(Sample(op.label, seconds, work=op.work))
-            step_spans.setdefault(op.step, []).append(seconds)
-        elif op.kind == "h2d" and op.accesses:
-            out.append(Sample("h2d", seconds, cells=max(len(a.cells) for a in op.accesses)))
-        elif op.kind == "d2h":
-            out.append(Sample("d2h", seconds))
-        elif op.kind == "forward":
-            tokens = next(
-                (len(a.cells) for a in op.accesses if a.buffer == TOKEN_POOL and a.mode == "r"), 0
-            )
-            context = next(
-                (len(a.cells) for a in op.accesses if a.buffer == KV and a.mode == "r"), 0
-            )
-            out.append(Sample("forward", seconds, tokens=tokens, context=context))
-    return out + _unaccounted_host_time(trace, step_spans)
+STREAM_KINDS = ("h2d", "d2h", "forward")
 
 
-def _unaccounted_host_time(trace: Trace, spans: dict[int, list[float]]) -> list[Sample]:
-    bounds: dict[int, list[float]] = {}
-    for op in trace.ops:
-        if op.agent == HOST and op.start is not None and op.kind not in ("idle", "host_wait"):
-            lo_hi = bounds.setdefault(op.step, [op.start, op.end or op.start])
-            lo_hi[0], lo_hi[1] = min(lo_hi[0], op.start), max(lo_hi[1], op.end or op.start)
-    waits: dict[int, float] = {}
-    for op in trace.ops:
-        if op.kind == "host_wait" and op.start is not None and op.end is not None:
-            waits[op.step] = waits.get(op.step, 0.0) + (op.end - op.start)
-    extra = []
-    for step, (lo, hi) in bounds.items():
-        other = (hi - lo) - sum(spans.get(step, []))
-        if other > 0:
-            extra.append(other)
-    if not extra:
-        return []
-    mean = sum(extra) / len(extra)
-    return [Sample("schedule", mean)] if mean > 0 else []
-
-
-def measure(backend: TorchBackend, scenarios: list[Scenario], rounds: int = 2) -> list[Sample]:
+def run_traces(backend: TorchBackend, scenarios: list[Scenario], rounds: int = 2) -> list[Trace]:
     """Run each scenario `rounds` times (the first warms caches and compiles kernels; dropped)."""
-    got: list[Sample] = []
+    traces = []
     for scenario in scenarios:
         for r in range(rounds):
             result = run_scenario(scenario, backend, [])
             if backend.device is not None:
                 backend.device.finish()
             if r > 0:
-                got += samples(result.trace)
-    return got
+                traces.append(result.trace)
+    return traces
 
 
-def calibrate(backend: TorchBackend, out: str | Path) -> Profile:
+def hold_seconds(traces: list[Trace]) -> float:
+    """A stream hold longer than any host phase, so a held op is fully queued when it starts."""
+    longest = max(
+        (
+            op.end - op.start
+            for t in traces
+            for op in t.ops
+            if op.agent == HOST
+            and op.kind == "span"
+            and op.start is not None
+            and op.end is not None
+        ),
+        default=0.0,
+    )
+    return 2 * longest + 1e-3
+
+
+@dataclass
+class Calibration:
+    profile: Profile
+    hold: float  # seconds each stream op held its stream in the device-time runs (0: none)
+    tails: list[float]  # launch-bound forwards: end minus their launch phase's end
+
+    def summary(self) -> str:
+        if not self.tails:
+            return "no launch-bound forwards: forward_tail left as it was"
+        q = statistics.quantiles(self.tails, n=10) if len(self.tails) > 1 else self.tails * 9
+        return (
+            f"{len(self.tails)} launch-bound forwards end {q[4] * 1e6:+.1f} µs after their launch "
+            f"phase (median; p10 {q[0] * 1e6:+.1f}, p90 {q[8] * 1e6:+.1f})"
+        )
+
+
+def measure(backend: TorchBackend, scenarios: list[Scenario], base: Profile) -> Calibration:
+    """Fit `base` to runs of `scenarios`: host phases from free runs; stream ops' device time from
+    runs where each op holds its stream until the host has queued it (on CUDA; the CPU runs stream
+    work inline, so its free runs already give it); then the tail of launch-bound forwards."""
+    free = run_traces(backend, scenarios)
+    held, hold = free, 0.0
+    if backend.name == "cuda":
+        if not backend.sleep_rate:
+            backend.sleep_rate = sleep_cycles_per_second()
+        hold = hold_seconds(free)
+        backend.hold = dict.fromkeys(STREAM_KINDS, hold)
+        try:
+            held = run_traces(backend, scenarios)
+        finally:
+            backend.hold = {}
+    samples = [s for t in free for s in host_samples(t)]
+    samples += [s for t in held for s in device_samples(t)]
+    profile = fit_profile(samples, base)
+    tails = [s for t in free for s in tail_samples(t, profile)]
+    return Calibration(fit_profile(tails, profile), hold, [s.seconds for s in tails])
+
+
+def calibrate(backend: TorchBackend, out: str | Path) -> Calibration:
     scenarios = [
         named_scenario(n).with_config(loop=loop) for n in NAMED for loop in ("overlap", "normal")
     ]
-    profile = fit_profile(measure(backend, scenarios))
-    Path(out).write_text(json.dumps({"profile": profile.as_dict()}, indent=1) + "\n")
-    return profile
+    result = measure(backend, scenarios, Profile())
+    Path(out).write_text(json.dumps({"profile": result.profile.as_dict()}, indent=1) + "\n")
+    return result
 
 
 @dataclass
@@ -101,19 +117,35 @@ def figures(result: RunResult) -> Figures:
     return Figures(end, end / max(1, result.iterations), idle)
 
 
-def check(backend: TorchBackend, profile: Profile) -> list[tuple[str, str, float, float]]:
+def real_figures(backend: TorchBackend, scenario: Scenario, repeats: int) -> Figures:
+    """Each figure's median over `repeats` runs after a warm-up: one run of a host-bound engine
+    varies by tens of percent (the simulator, deterministic, needs one)."""
+    run_scenario(scenario, backend, [])
+    runs = []
+    for _ in range(repeats):
+        result = run_scenario(scenario, backend, [])
+        if backend.device is not None:
+            backend.device.finish()
+        runs.append(figures(result))
+    return Figures(
+        statistics.median(f.total for f in runs),
+        statistics.median(f.mean_iteration for f in runs),
+        statistics.median(f.engine_idle for f in runs),
+    )
+
+
+def check(
+    backend: TorchBackend, profile: Profile, repeats: int = 5
+) -> list[tuple[str, str, float, float]]:
     """Per named scenario and figure: (scenario, figure, sim, real). Prints the table too."""
     rows: list[tuple[str, str, float, float]] = []
     for name in NAMED:
         got: dict[str, dict[str, Figures]] = {}
         for loop in ("overlap", "normal"):
             scenario = named_scenario(name).with_config(loop=loop)
-            run_scenario(scenario, backend, [])  # warm-up
-            real = run_scenario(scenario, backend, [])
-            if backend.device is not None:
-                backend.device.finish()
+            real = real_figures(backend, scenario, repeats)
             sim = run_scenario(scenario, SimBackend(Timing(profile)), [])
-            got[loop] = {"sim": figures(sim), "real": figures(real)}
+            got[loop] = {"sim": figures(sim), "real": real}
         o, n = got["overlap"], got["normal"]
         rows += [
             (name, "total ms", o["sim"].total * 1e3, o["real"].total * 1e3),

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -55,11 +55,11 @@ class TorchOutput(ForwardOutput):
 class EventClock:
     """Maps CUDA event times onto the host clock and fills stream ops' start/end once they ran."""
 
-    def __init__(self, stream: torch.cuda.Stream, host_now: float) -> None:
+    def __init__(self, stream: torch.cuda.Stream, host_clock: Callable[[], float]) -> None:
         self.anchor = torch.cuda.Event(enable_timing=True)
         self.anchor.record(stream)
         self.anchor.synchronize()
-        self.anchor_time = host_now
+        self.anchor_time = host_clock()  # read once the anchor has fired, not before recording it
         self.pending: deque[tuple[Op, torch.cuda.Event, torch.cuda.Event]] = deque()
 
     def add(self, op: Op, start: torch.cuda.Event, end: torch.cuda.Event) -> None:
@@ -85,6 +85,9 @@ class TorchDevice(Device):
         # Delays of a replayed simulator counterexample (see backends/gpu/replay.py).
         self.injector: DelayInjector | None = None
         self.sleep_rate = 0.0  # torch.cuda._sleep cycles per second
+        # Calibration: stream ops of these kinds first hold their stream this long, so that the
+        # host has queued all their work before they start and their event span is device time.
+        self.hold: dict[str, float] = {}
         self.cuda = engine.model.device.type == "cuda"
         self.trace = Trace()
         self.recorder = FootprintRecorder(config, self.trace)
@@ -99,7 +102,7 @@ class TorchDevice(Device):
             names = (self.scheduler_stream.name, self.engine_stream.name)
             self._streams = {name: torch.cuda.Stream() for name in names}
             torch.cuda.synchronize()  # buffers were filled on the default stream
-            self.clock = EventClock(self._streams["engine"], self.now())
+            self.clock = EventClock(self._streams["engine"], self.now)
 
     # -- host side ----------------------------------------------------------------------------
 
@@ -176,11 +179,11 @@ class TorchDevice(Device):
             self.clock.add(op, start, end)
 
     def _inject(self, op: Op) -> None:
-        """A replayed delay: the stream sleeps just before the operation (queued on the stream;
-        the host does not wait)."""
-        if self.injector is None:
-            return
-        delay = self.injector.take(op.step, op.agent, op.kind)
+        """A replayed delay or a calibration hold: the stream sleeps just before the operation
+        (queued on the stream; the host does not wait)."""
+        delay = self.hold.get(op.kind, 0.0)
+        if self.injector is not None:
+            delay += self.injector.take(op.step, op.agent, op.kind)
         if delay and self.sleep_rate:
             torch.cuda._sleep(int(delay * self.sleep_rate))
 

@@ -72,11 +72,17 @@ class TeacherForcing:
     past: Any
     deficits: list[float] = field(default_factory=list)
 
+    derailed: bool = False  # fed something that is not a token id: nothing after it is judged
+
     def accept(self, token: int) -> float:
         """How far `token` scores below the reference's best logit here; then feed it."""
-        deficit = float("inf")  # not even a token id
-        if 0 <= token < len(self.logits):
-            deficit = float(self.logits.max() - self.logits[token])
+        if self.derailed or not 0 <= token < len(self.logits):
+            # Not even a token id (a read before the copy landed, say): the reference cannot
+            # take it (the embedding would assert on the device), so it fails, as does the rest.
+            self.derailed = True
+            self.deficits.append(float("inf"))
+            return float("inf")
+        deficit = float(self.logits.max() - self.logits[token])
         self.deficits.append(deficit)
         self.logits, self.past = self.oracle.step([token], self.past)
         return deficit

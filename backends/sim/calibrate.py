@@ -1,4 +1,10 @@
-"""Fit the simulator's nominal profile to measured durations (least squares per operation kind)."""
+"""Fit the simulator's nominal profile to measured durations (least squares per operation kind).
+
+Measurements come from traces (a real run's, recorded exactly as the simulator records its own):
+host phases and the forward's tail from a free-running run, stream operations' device time from a
+run where each one held its stream until the host had queued all of its work (see
+`backends/gpu/calibrate.py`).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,7 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 
 from overlapcheck.backends.sim.timing import Profile
+from overlapcheck.core.trace import HOST, KV, TOKEN_POOL, Op, Trace
 
 HOST_PHASES = ("schedule", "launch", "process")
 
@@ -16,7 +23,7 @@ HOST_PHASES = ("schedule", "launch", "process")
 class Sample:
     """One measured operation: its kind, duration and the sizes its cost depends on."""
 
-    kind: str  # schedule | launch | process | h2d | d2h | forward
+    kind: str  # schedule | launch | process | h2d | d2h | forward | forward_tail
     seconds: float
     work: int = 0  # host phases: requests touched
     cells: int = 0  # h2d: cells copied
@@ -68,6 +75,118 @@ def fit_profile(samples: Iterable[Sample], base: Profile | None = None) -> Profi
         got = by_kind["forward"]
         a, b, c = _fit([[1, s.tokens, s.context] for s in got], [s.seconds for s in got])
         changes.update(forward=a, forward_per_token=b, forward_per_context=c)
+    if by_kind.get("forward_tail"):
+        changes["forward_tail"] = float(np.median([s.seconds for s in by_kind["forward_tail"]]))
     known = {f.name for f in fields(Profile)}
     assert set(changes) <= known
     return replace(base or Profile(), **changes)
+
+
+def host_samples(trace: Trace) -> list[Sample]:
+    """Host phase durations, less the time they spent blocked on the device (the simulator adds
+    that itself); host time outside any phase (receiving, bookkeeping) is charged to `schedule`,
+    which the simulator's host clock must then cover."""
+    out: list[Sample] = []
+    waits = [op for op in _timed(trace) if op.agent == HOST and op.kind == "host_wait"]
+    for op in _timed(trace):
+        if op.agent == HOST and op.kind == "span" and op.label in HOST_PHASES:
+            seconds = _seconds(op) - sum(_overlap(op, w) for w in waits if w.step == op.step)
+            out.append(Sample(op.label, seconds, work=op.work))
+    return out + _unaccounted_host_time(trace)
+
+
+def device_samples(trace: Trace) -> list[Sample]:
+    """Stream operation durations (device time when the run held each op until it was queued)."""
+    out: list[Sample] = []
+    for op in _timed(trace):
+        if op.kind == "h2d" and op.accesses:
+            cells = max(len(a.cells) for a in op.accesses)
+            out.append(Sample("h2d", _seconds(op), cells=cells))
+        elif op.kind == "d2h":
+            out.append(Sample("d2h", _seconds(op)))
+        elif op.kind == "forward":
+            tokens, context = forward_size(op)
+            out.append(Sample("forward", _seconds(op), tokens=tokens, context=context))
+    return out
+
+
+def tail_samples(trace: Trace, profile: Profile) -> list[Sample]:
+    """For each launch-bound forward of a free-running trace (its device time, by `profile`, would
+    have ended before its launch phase did): how long after the launch phase it ended."""
+    launch_end = {
+        op.step: op.end
+        for op in _timed(trace)
+        if op.agent == HOST and op.kind == "span" and op.label == "launch"
+    }
+    out = []
+    for op in _timed(trace):
+        end = launch_end.get(op.step)
+        if op.kind != "forward" or end is None:
+            continue
+        tokens, context = forward_size(op)
+        device_time = (
+            profile.forward
+            + profile.forward_per_token * tokens
+            + profile.forward_per_context * context
+        )
+        assert op.start is not None and op.end is not None
+        if op.start + device_time < end:
+            out.append(Sample("forward_tail", op.end - end))  # < 0: the phase went on after
+    return out
+
+
+def forward_size(op: Op) -> tuple[int, int]:
+    """(new tokens, context tokens) of a forward op, from its footprint."""
+    tokens = next(
+        (len(a.cells) for a in op.accesses if a.buffer == TOKEN_POOL and a.mode == "r"), 0
+    )
+    context = next((len(a.cells) for a in op.accesses if a.buffer == KV and a.mode == "r"), 0)
+    return tokens, context
+
+
+def _timed(trace: Trace) -> list[Op]:
+    return [op for op in trace.ops if op.start is not None and op.end is not None]
+
+
+def _seconds(op: Op) -> float:
+    assert op.start is not None and op.end is not None
+    return op.end - op.start
+
+
+def _overlap(a: Op, b: Op) -> float:
+    assert a.start is not None and a.end is not None and b.start is not None and b.end is not None
+    return max(0.0, min(a.end, b.end) - max(a.start, b.start))
+
+
+def _unaccounted_host_time(trace: Trace) -> list[Sample]:
+    """Per step, host time covered by no phase, wait or idle; their mean, as one sample."""
+    bounds: dict[int, list[float]] = {}
+    covered: dict[int, list[tuple[float, float]]] = {}
+    for op in _timed(trace):
+        if op.agent != HOST:
+            continue
+        assert op.start is not None and op.end is not None
+        if op.kind in ("span", "host_wait", "idle"):
+            covered.setdefault(op.step, []).append((op.start, op.end))
+        if op.kind not in ("idle", "host_wait"):
+            lo_hi = bounds.setdefault(op.step, [op.start, op.end])
+            lo_hi[0], lo_hi[1] = min(lo_hi[0], op.start), max(lo_hi[1], op.end)
+    extra = []
+    for step, (lo, hi) in bounds.items():
+        other = hi - lo - _union_length(covered.get(step, []), lo, hi)
+        if other > UNMEASURABLE:
+            extra.append(other)
+    return [Sample("schedule", sum(extra) / len(extra))] if extra else []
+
+
+UNMEASURABLE = 1e-7  # seconds: below the host clock's resolution
+
+
+def _union_length(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
+    total, reach = 0.0, lo
+    for start, end in sorted(intervals):
+        start, end = max(start, reach), min(end, hi)
+        if end > start:
+            total += end - start
+            reach = end
+    return total

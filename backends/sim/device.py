@@ -92,7 +92,7 @@ class SimDevice(Device):
         self.d2h_engine = Unit("d2h")
         self.compute = Unit("compute")
         self._queues: dict[str, _StreamQueue] = {}
-        self._launch_done: simpy.Event | None = None
+        self._launch_end: float | None = None  # while launching: when the phase will end
         for stream in (self.scheduler_stream, self.engine_stream):
             queue = self._queues[stream.name] = _StreamQueue(self.env)
             self.env.process(self._stream_loop(queue))
@@ -121,20 +121,20 @@ class SimDevice(Device):
         # Scheduling and processing cost comes before what they issue or read
         # (HOST_WORK_BEFORE_ISSUE).
         # Launching enqueues a forward kernel by kernel: the GPU starts at once, but cannot finish
-        # before the last kernel is enqueued, at the end of the phase (`_launch_done`).
+        # before the phase has enqueued the last kernel: `forward_tail` from the phase's end
+        # (negative when the phase goes on with other host work after the last kernel).
         before = phase in HOST_WORK_BEFORE_ISSUE
         if before:
             self._advance(cost)
         if phase == "launch":
-            self._launch_done = simpy.Event(self.env)
+            self._launch_end = self.now() + cost
         try:
             yield
         finally:
             if not before:
                 self._advance(cost)
-            if phase == "launch" and self._launch_done is not None:
-                self._launch_done.succeed()
-                self._launch_done = None
+            if phase == "launch":
+                self._launch_end = None
             op.end = self.now()
             self.recorder.phase = outer
 
@@ -287,14 +287,17 @@ class SimDevice(Device):
         copy.delay = self.timing.last_delay
         n = len(batch.seqs)
 
-        enqueued = self._launch_done
+        enqueued_by = None
+        if self._launch_end is not None:
+            enqueued_by = self._launch_end + self.timing.profile.forward_tail
 
         def run_kernel() -> Generator[simpy.Event, Any, None]:
             kernel.start = yield from self._acquire(self.compute, duration)
             plan = self._read_inputs(batch.batch_id % 2, n)
             yield self.env.timeout(duration)
-            if enqueued is not None and not enqueued.processed:
-                yield enqueued  # the host is still enqueuing this forward's kernels
+            if enqueued_by is not None and enqueued_by > self.now():
+                # Launch-bound: the last kernels run only once the host has enqueued them.
+                yield self.env.timeout(enqueued_by - self.now())
                 self.compute.free_at = max(self.compute.free_at, self.now())
             for cells, ids, out_row, out_col, token in plan:
                 self.kv[cells] = ids

@@ -17,7 +17,14 @@ US = 1e-6
 
 @dataclass(frozen=True, slots=True)
 class Profile:
-    """Nominal costs in seconds. Host phases scale with `work` (requests touched)."""
+    """Nominal costs in seconds. Host phases scale with `work` (requests touched).
+
+    Stream costs are pure device time: what an operation takes once all of its work is queued. A
+    forward is enqueued kernel by kernel during the host's `launch` phase, so it also cannot end
+    before that phase does, plus `forward_tail` (the GPU's work after the last kernel is queued,
+    less the host work the phase still does after queuing it, so it may be negative): a
+    launch-bound forward ends `forward_tail` after its launch phase, whatever its device time.
+    """
 
     schedule: float = 40 * US
     schedule_per_req: float = 4 * US
@@ -32,6 +39,7 @@ class Profile:
     forward: float = 60 * US
     forward_per_token: float = 1.5 * US
     forward_per_context: float = 0.01 * US
+    forward_tail: float = 0.0
 
     @classmethod
     def load(cls, path: str | Path) -> Profile:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from overlapcheck.commands.common import load_profile
 from overlapcheck.errors import UserError
@@ -15,11 +16,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", help="a Hugging Face checkpoint directory")
     p.add_argument("-o", "--out", default="profile.json", help="where the fitted profile goes")
     p.add_argument("--check", metavar="PROFILE", help="compare sim and GPU per named scenario")
+    p.add_argument(
+        "--traces",
+        metavar="DIR",
+        type=Path,
+        help="with --check: save each scenario's real and simulated traces there (for timeline)",
+    )
     p.set_defaults(main=main)
 
 
 def main(args: argparse.Namespace) -> int:
     profile = load_profile(args.check) if args.check else None
+    if args.traces is not None and profile is None:
+        raise UserError("--traces goes with --check PROFILE")
     try:
         from overlapcheck.backends.gpu.backend import make_torch_backend
         from overlapcheck.backends.gpu.calibrate import calibrate, check
@@ -30,7 +39,7 @@ def main(args: argparse.Namespace) -> int:
         ) from None
     backend = make_torch_backend(args.backend, model=args.model, preset=args.preset, oracle=False)
     if profile is not None:
-        check(backend, profile)
+        check(backend, profile, traces=args.traces)
         return 0
     fitted = calibrate(backend, args.out)
     print(fitted.summary())

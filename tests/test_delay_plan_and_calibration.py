@@ -15,6 +15,7 @@ from overlapcheck.backends.sim.calibrate import (
     fit_profile,
     forward_size,
     host_samples,
+    lead_samples,
     tail_samples,
 )
 from overlapcheck.backends.sim.timing import Profile, ReplayDelay, Timing
@@ -187,3 +188,22 @@ def test_the_tail_fit_recovers_the_tail_of_launch_bound_forwards() -> None:
     gpu_bound = Profile(forward=5e-3, forward_tail=30e-6)
     trace = run_scenario(named_scenario("basic"), SimBackend(Timing(gpu_bound))).trace
     assert tail_samples(trace, gpu_bound) == []
+
+
+def test_a_forward_starts_no_earlier_than_its_lead_into_the_launch_phase() -> None:
+    profile = replace(LAUNCH_BOUND, forward_lead=200e-6)
+    result = run_scenario(named_scenario("basic"), SimBackend(Timing(profile)))
+    assert result.ok
+    starts = {
+        op.step: op.start for op in result.trace.ops if op.kind == "span" and op.label == "launch"
+    }
+    forwards = [op for op in result.trace.ops if op.kind == "forward"]
+    for op in forwards:
+        assert op.start is not None and op.start >= starts[op.step] + 200e-6 - 1e-12
+    # and the calibration reads the lead back off the trace
+    leads = lead_samples(result.trace)
+    assert len(leads) >= len(forwards) // 2
+    assert fit_profile(leads).forward_lead == pytest.approx(200e-6)
+    # Without a lead, none is read off (forwards that waited for their inputs say nothing).
+    plain = run_scenario(named_scenario("basic"), SimBackend(Timing(LAUNCH_BOUND))).trace
+    assert fit_profile(lead_samples(plain)).forward_lead == pytest.approx(0.0, abs=1e-9)

@@ -15,6 +15,7 @@ from overlapcheck.backends.sim.calibrate import (
     device_samples,
     fit_profile,
     host_samples,
+    lead_samples,
     tail_samples,
 )
 from overlapcheck.backends.sim.timing import Profile, Timing
@@ -23,11 +24,12 @@ from overlapcheck.runner import RunResult, run_scenario
 from overlapcheck.scenarios.named import NAMED, named_scenario
 from overlapcheck.scenarios.scenario import Scenario
 from overlapcheck.timeline.model import idle_gaps, idle_share, trace_end
+from overlapcheck.trace_io import save_trace
 
 STREAM_KINDS = ("h2d", "d2h", "forward")
 
 
-def run_traces(backend: TorchBackend, scenarios: list[Scenario], rounds: int = 2) -> list[Trace]:
+def run_traces(backend: TorchBackend, scenarios: list[Scenario], rounds: int = 3) -> list[Trace]:
     """Run each scenario `rounds` times (the first warms caches and compiles kernels; dropped)."""
     traces = []
     for scenario in scenarios:
@@ -61,16 +63,26 @@ def hold_seconds(traces: list[Trace]) -> float:
 class Calibration:
     profile: Profile
     hold: float  # seconds each stream op held its stream in the device-time runs (0: none)
+    leads: list[float]  # forwards that did not wait: start minus their launch phase's start
     tails: list[float]  # launch-bound forwards: end minus their launch phase's end
 
     def summary(self) -> str:
-        if not self.tails:
-            return "no launch-bound forwards: forward_tail left as it was"
-        q = statistics.quantiles(self.tails, n=10) if len(self.tails) > 1 else self.tails * 9
-        return (
-            f"{len(self.tails)} launch-bound forwards end {q[4] * 1e6:+.1f} µs after their launch "
-            f"phase (median; p10 {q[0] * 1e6:+.1f}, p90 {q[8] * 1e6:+.1f})"
+        return "; ".join(
+            [
+                _spread(self.leads, "forwards that did not wait start", "into their launch phase"),
+                _spread(self.tails, "launch-bound forwards end", "after their launch phase"),
+            ]
         )
+
+
+def _spread(values: list[float], what: str, where: str) -> str:
+    if not values:
+        return f"{what}: none measured"
+    q = statistics.quantiles(values, n=10) if len(values) > 1 else values * 9
+    return (
+        f"{len(values)} {what} {q[4] * 1e6:+.1f} µs {where} "
+        f"(median; p10 {q[0] * 1e6:+.1f}, p90 {q[8] * 1e6:+.1f})"
+    )
 
 
 def measure(backend: TorchBackend, scenarios: list[Scenario], base: Profile) -> Calibration:
@@ -92,7 +104,13 @@ def measure(backend: TorchBackend, scenarios: list[Scenario], base: Profile) -> 
     samples += [s for t in held for s in device_samples(t)]
     profile = fit_profile(samples, base)
     tails = [s for t in free for s in tail_samples(t, profile)]
-    return Calibration(fit_profile(tails, profile), hold, [s.seconds for s in tails])
+    leads = [s for t in free for s in lead_samples(t)]
+    return Calibration(
+        fit_profile(tails + leads, profile),
+        hold,
+        [s.seconds for s in leads],
+        [s.seconds for s in tails],
+    )
 
 
 def calibrate(backend: TorchBackend, out: str | Path) -> Calibration:
@@ -117,9 +135,11 @@ def figures(result: RunResult) -> Figures:
     return Figures(end, end / max(1, result.iterations), idle)
 
 
-def real_figures(backend: TorchBackend, scenario: Scenario, repeats: int) -> Figures:
-    """Each figure's median over `repeats` runs after a warm-up: one run of a host-bound engine
-    varies by tens of percent (the simulator, deterministic, needs one)."""
+def real_figures(
+    backend: TorchBackend, scenario: Scenario, repeats: int
+) -> tuple[Figures, RunResult]:
+    """Each figure's median over `repeats` runs after a warm-up (one run of a host-bound engine
+    varies by tens of percent; the simulator, deterministic, needs one), and the last run."""
     run_scenario(scenario, backend, [])
     runs = []
     for _ in range(repeats):
@@ -127,25 +147,31 @@ def real_figures(backend: TorchBackend, scenario: Scenario, repeats: int) -> Fig
         if backend.device is not None:
             backend.device.finish()
         runs.append(figures(result))
-    return Figures(
+    median = Figures(
         statistics.median(f.total for f in runs),
         statistics.median(f.mean_iteration for f in runs),
         statistics.median(f.engine_idle for f in runs),
     )
+    return median, result
 
 
 def check(
-    backend: TorchBackend, profile: Profile, repeats: int = 5
+    backend: TorchBackend, profile: Profile, repeats: int = 5, traces: Path | None = None
 ) -> list[tuple[str, str, float, float]]:
-    """Per named scenario and figure: (scenario, figure, sim, real). Prints the table too."""
+    """Per named scenario and figure: (scenario, figure, sim, real). Prints the table too, and
+    with `traces` saves each scenario's last real run and its simulated run there."""
     rows: list[tuple[str, str, float, float]] = []
     for name in NAMED:
         got: dict[str, dict[str, Figures]] = {}
         for loop in ("overlap", "normal"):
             scenario = named_scenario(name).with_config(loop=loop)
-            real = real_figures(backend, scenario, repeats)
+            real, last = real_figures(backend, scenario, repeats)
             sim = run_scenario(scenario, SimBackend(Timing(profile)), [])
             got[loop] = {"sim": figures(sim), "real": real}
+            if traces is not None:
+                traces.mkdir(parents=True, exist_ok=True)
+                save_trace(last, traces / f"{name}-{loop}-{backend.name}.json")
+                save_trace(sim, traces / f"{name}-{loop}-sim.json")
         o, n = got["overlap"], got["normal"]
         rows += [
             (name, "total ms", o["sim"].total * 1e3, o["real"].total * 1e3),

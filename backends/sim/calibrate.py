@@ -23,7 +23,7 @@ HOST_PHASES = ("schedule", "launch", "process")
 class Sample:
     """One measured operation: its kind, duration and the sizes its cost depends on."""
 
-    kind: str  # schedule | launch | process | h2d | d2h | forward | forward_tail
+    kind: str  # schedule | launch | process | h2d | d2h | forward | forward_lead | forward_tail
     seconds: float
     work: int = 0  # host phases: requests touched
     cells: int = 0  # h2d: cells copied
@@ -75,8 +75,9 @@ def fit_profile(samples: Iterable[Sample], base: Profile | None = None) -> Profi
         got = by_kind["forward"]
         a, b, c = _fit([[1, s.tokens, s.context] for s in got], [s.seconds for s in got])
         changes.update(forward=a, forward_per_token=b, forward_per_context=c)
-    if by_kind.get("forward_tail"):
-        changes["forward_tail"] = float(np.median([s.seconds for s in by_kind["forward_tail"]]))
+    for name in ("forward_lead", "forward_tail"):
+        if by_kind.get(name):
+            changes[name] = float(np.median([s.seconds for s in by_kind[name]]))
     known = {f.name for f in fields(Profile)}
     assert set(changes) <= known
     return replace(base or Profile(), **changes)
@@ -133,6 +134,29 @@ def tail_samples(trace: Trace, profile: Profile) -> list[Sample]:
         if op.start + device_time < end:
             out.append(Sample("forward_tail", op.end - end))  # < 0: the phase went on after
     return out
+
+
+def lead_samples(trace: Trace) -> list[Sample]:
+    """For each forward that started on its own (all stream work issued before it had ended
+    `IDLE_MARGIN` earlier): how far into its launch phase it started."""
+    launch_start = {
+        op.step: op.start
+        for op in _timed(trace)
+        if op.agent == HOST and op.kind == "span" and op.label == "launch"
+    }
+    out = []
+    busy_until = float("-inf")  # the latest end of stream work issued so far
+    for op in trace.ops:
+        if op.agent == HOST or op.start is None or op.end is None:
+            continue
+        start = launch_start.get(op.step)
+        if op.kind == "forward" and start is not None and op.start > busy_until + IDLE_MARGIN:
+            out.append(Sample("forward_lead", max(0.0, op.start - start)))
+        busy_until = max(busy_until, op.end)
+    return out
+
+
+IDLE_MARGIN = 5e-6  # seconds: a forward starting this long after all earlier work did not wait
 
 
 def forward_size(op: Op) -> tuple[int, int]:

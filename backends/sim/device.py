@@ -92,7 +92,7 @@ class SimDevice(Device):
         self.d2h_engine = Unit("d2h")
         self.compute = Unit("compute")
         self._queues: dict[str, _StreamQueue] = {}
-        self._launch_end: float | None = None  # while launching: when the phase will end
+        self._launch: tuple[float, float] | None = None  # while launching: the phase's start, end
         for stream in (self.scheduler_stream, self.engine_stream):
             queue = self._queues[stream.name] = _StreamQueue(self.env)
             self.env.process(self._stream_loop(queue))
@@ -120,21 +120,21 @@ class SimDevice(Device):
         op.delay = self.timing.last_delay
         # Scheduling and processing cost comes before what they issue or read
         # (HOST_WORK_BEFORE_ISSUE).
-        # Launching enqueues a forward kernel by kernel: the GPU starts at once, but cannot finish
-        # before the phase has enqueued the last kernel: `forward_tail` from the phase's end
-        # (negative when the phase goes on with other host work after the last kernel).
+        # Launching enqueues a forward kernel by kernel: the GPU can start `forward_lead` into the
+        # phase, but cannot finish before the phase has enqueued the last kernel: `forward_tail`
+        # from the phase's end (negative when the phase goes on with other host work after it).
         before = phase in HOST_WORK_BEFORE_ISSUE
         if before:
             self._advance(cost)
         if phase == "launch":
-            self._launch_end = self.now() + cost
+            self._launch = (self.now(), self.now() + cost)
         try:
             yield
         finally:
             if not before:
                 self._advance(cost)
             if phase == "launch":
-                self._launch_end = None
+                self._launch = None
             op.end = self.now()
             self.recorder.phase = outer
 
@@ -287,11 +287,14 @@ class SimDevice(Device):
         copy.delay = self.timing.last_delay
         n = len(batch.seqs)
 
-        enqueued_by = None
-        if self._launch_end is not None:
-            enqueued_by = self._launch_end + self.timing.profile.forward_tail
+        first_queued, enqueued_by = 0.0, None
+        if self._launch is not None:
+            first_queued = self._launch[0] + self.timing.profile.forward_lead
+            enqueued_by = self._launch[1] + self.timing.profile.forward_tail
 
         def run_kernel() -> Generator[simpy.Event, Any, None]:
+            if first_queued > self.now():
+                yield self.env.timeout(first_queued - self.now())
             kernel.start = yield from self._acquire(self.compute, duration)
             plan = self._read_inputs(batch.batch_id % 2, n)
             yield self.env.timeout(duration)

@@ -20,10 +20,11 @@ class Profile:
     """Nominal costs in seconds. Host phases scale with `work` (requests touched).
 
     Stream costs are pure device time: what an operation takes once all of its work is queued. A
-    forward is enqueued kernel by kernel during the host's `launch` phase, so it also cannot end
-    before that phase does, plus `forward_tail` (the GPU's work after the last kernel is queued,
-    less the host work the phase still does after queuing it, so it may be negative): a
-    launch-bound forward ends `forward_tail` after its launch phase, whatever its device time.
+    forward is enqueued kernel by kernel during the host's `launch` phase, so it cannot start
+    before `forward_lead` into that phase (the host work before its first kernel), nor end before
+    the phase does, plus `forward_tail` (the GPU's work after the last kernel is queued, less the
+    host work the phase still does after queuing it, so it may be negative): a launch-bound
+    forward ends `forward_tail` after its launch phase, whatever its device time.
     """
 
     schedule: float = 40 * US
@@ -39,6 +40,7 @@ class Profile:
     forward: float = 60 * US
     forward_per_token: float = 1.5 * US
     forward_per_context: float = 0.01 * US
+    forward_lead: float = 0.0
     forward_tail: float = 0.0
 
     @classmethod

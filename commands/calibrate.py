@@ -37,7 +37,8 @@ def main(args: argparse.Namespace) -> int:
             f"calibrate needs torch and transformers ({err.name} is missing): "
             "pip install 'overlapcheck[real]'"
         ) from None
-    backend = make_torch_backend(args.backend, model=args.model, preset=args.preset, oracle=False)
+    # With the reference: it maps scripted EOS onto the model's own output (prepare.py).
+    backend = make_torch_backend(args.backend, model=args.model, preset=args.preset)
     if profile is not None:
         check(backend, profile, traces=args.traces)
         return 0

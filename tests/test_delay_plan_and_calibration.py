@@ -11,6 +11,7 @@ import pytest
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.backends.sim.calibrate import (
     Sample,
+    as_ran,
     device_samples,
     fit_profile,
     forward_size,
@@ -207,3 +208,28 @@ def test_a_forward_starts_no_earlier_than_its_lead_into_the_launch_phase() -> No
     # Without a lead, none is read off (forwards that waited for their inputs say nothing).
     plain = run_scenario(named_scenario("basic"), SimBackend(Timing(LAUNCH_BOUND))).trace
     assert fit_profile(lead_samples(plain)).forward_lead == pytest.approx(0.0, abs=1e-9)
+
+
+def test_as_ran_scripts_each_request_to_the_length_the_real_run_gave_it() -> None:
+    """calibrate --check times the simulator on the work the GPU actually did."""
+    scripted = named_scenario("early-eos")
+    real = run_scenario(scripted, SimBackend())  # stands in for a GPU run
+    unscripted = replace(
+        scripted, requests=tuple(replace(r, continuation=()) for r in scripted.requests)
+    )
+    assert [len(o.tokens) for o in run_scenario(unscripted, SimBackend()).outcomes] != [
+        len(o.tokens) for o in real.outcomes
+    ]
+    again = run_scenario(as_ran(unscripted, real), SimBackend())
+    assert [(o.uid, len(o.tokens), o.finish_reason) for o in again.outcomes] == [
+        (o.uid, len(o.tokens), o.finish_reason) for o in real.outcomes
+    ]
+    assert {o.finish_reason for o in real.outcomes} == {"eos"}
+    # Requests that ran to their length are scripted without an EOS.
+    basic = named_scenario("basic")
+    full = run_scenario(basic, SimBackend())
+    assert {o.finish_reason for o in full.outcomes} == {"length"}
+    again = run_scenario(as_ran(basic, full), SimBackend())
+    assert [(len(o.tokens), o.finish_reason) for o in again.outcomes] == [
+        (len(o.tokens), o.finish_reason) for o in full.outcomes
+    ]

@@ -12,6 +12,7 @@ from overlapcheck.backends.gpu.backend import TorchBackend
 from overlapcheck.backends.gpu.replay import sleep_cycles_per_second
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.backends.sim.calibrate import (
+    as_ran,
     device_samples,
     fit_profile,
     host_samples,
@@ -159,14 +160,15 @@ def check(
     backend: TorchBackend, profile: Profile, repeats: int = 5, traces: Path | None = None
 ) -> list[tuple[str, str, float, float]]:
     """Per named scenario and figure: (scenario, figure, sim, real). Prints the table too, and
-    with `traces` saves each scenario's last real run and its simulated run there."""
+    with `traces` saves each scenario's last real run and its simulated run there. The simulator
+    runs each scenario as the GPU ran it (`as_ran`)."""
     rows: list[tuple[str, str, float, float]] = []
     for name in NAMED:
         got: dict[str, dict[str, Figures]] = {}
         for loop in ("overlap", "normal"):
             scenario = named_scenario(name).with_config(loop=loop)
             real, last = real_figures(backend, scenario, repeats)
-            sim = run_scenario(scenario, SimBackend(Timing(profile)), [])
+            sim = run_scenario(as_ran(scenario, last), SimBackend(Timing(profile)), [])
             got[loop] = {"sim": figures(sim), "real": real}
             if traces is not None:
                 traces.mkdir(parents=True, exist_ok=True)

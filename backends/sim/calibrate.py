@@ -15,6 +15,8 @@ import numpy as np
 
 from overlapcheck.backends.sim.timing import Profile
 from overlapcheck.core.trace import HOST, KV, TOKEN_POOL, Op, Trace
+from overlapcheck.runner import RunResult
+from overlapcheck.scenarios.scenario import Scenario
 
 HOST_PHASES = ("schedule", "launch", "process")
 
@@ -214,3 +216,25 @@ def _union_length(intervals: list[tuple[float, float]], lo: float, hi: float) ->
             total += end - start
             reach = end
     return total
+
+
+def as_ran(scenario: Scenario, real: RunResult) -> Scenario:
+    """`scenario` with each request's output scripted to the length the real run gave it: a real
+    model decides where it stops (bf16 may stop a token off the script), the toy model is told,
+    so that both backends time the same work."""
+    done = {o.uid: o for o in real.outcomes if o.finish_reason in ("eos", "length")}
+    cfg = scenario.config
+    specs = []
+    for spec in scenario.requests:
+        got = done.get(spec.uid)
+        if got is None:
+            specs.append(spec)
+            continue
+        eos = got.finish_reason == "eos"
+        n = len(got.tokens) - eos
+        # Any ids but EOS: (eos + 1 + i) mod vocab skips exactly the EOS id.
+        filler = tuple(
+            (cfg.eos_token_id + 1 + i % (cfg.vocab_size - 1)) % cfg.vocab_size for i in range(n)
+        )
+        specs.append(replace(spec, continuation=filler + ((cfg.eos_token_id,) if eos else ())))
+    return replace(scenario, requests=tuple(specs))

@@ -121,6 +121,7 @@ def _op_to_json(op: Op) -> dict[str, Any]:
         "start": op.start,
         "end": op.end,
         "delay": op.delay,
+        "work": op.work,
         "records": op.records,
         "waits": op.waits,
         "accesses": [_access_to_json(a) for a in op.accesses],
@@ -216,6 +217,7 @@ def trace_from_json(data: dict[str, Any]) -> tuple[Trace, bool]:
             start=_opt_float(raw["start"]),
             end=_opt_float(raw["end"]),
             delay=float(raw["delay"]),
+            work=int(raw.get("work", 0)),  # absent from traces saved before it was kept
         )
         if op.seq != i:
             raise ValueError(f"op {i} has seq {op.seq}: ops must be in issue order")

@@ -228,6 +228,8 @@ def test_trace_file_keeps_delays_and_received_messages(tmp_path: Path) -> None:
     assert saved.trace.digest() == result.trace_hash
     delays = [op.delay for op in result.trace.ops]
     assert any(delays) and [op.delay for op in saved.trace.ops] == delays
+    works = [op.work for op in result.trace.ops]  # what calibration fits host phases against
+    assert any(works) and [op.work for op in saved.trace.ops] == works
     assert saved.trace.received == result.trace.received != []
 
 

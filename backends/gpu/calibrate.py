@@ -66,10 +66,13 @@ class Calibration:
     hold: float  # seconds each stream op held its stream in the device-time runs (0: none)
     leads: list[float]  # forwards that did not wait: start minus their launch phase's start
     tails: list[float]  # launch-bound forwards: end minus their launch phase's end
+    phases: dict[str, float]  # host phase: median measured seconds
 
     def summary(self) -> str:
+        medians = ", ".join(f"{k} {v * 1e6:.0f} µs" for k, v in self.phases.items())
         return "; ".join(
             [
+                f"host phases (median) {medians}",
                 _spread(self.leads, "forwards that did not wait start", "into their launch phase"),
                 _spread(self.tails, "launch-bound forwards end", "after their launch phase"),
             ]
@@ -102,6 +105,10 @@ def measure(backend: TorchBackend, scenarios: list[Scenario], base: Profile) -> 
         finally:
             backend.hold = {}
     samples = [s for t in free for s in host_samples(t)]
+    phases = {
+        k: statistics.median(s.seconds for s in samples if s.kind == k)
+        for k in sorted({s.kind for s in samples})
+    }
     samples += [s for t in held for s in device_samples(t)]
     profile = fit_profile(samples, base)
     tails = [s for t in free for s in tail_samples(t, profile)]
@@ -111,6 +118,7 @@ def measure(backend: TorchBackend, scenarios: list[Scenario], base: Profile) -> 
         hold,
         [s.seconds for s in leads],
         [s.seconds for s in tails],
+        phases,
     )
 
 
@@ -161,14 +169,21 @@ def check(
 ) -> list[tuple[str, str, float, float]]:
     """Per named scenario and figure: (scenario, figure, sim, real). Prints the table too, and
     with `traces` saves each scenario's last real run and its simulated run there. The simulator
-    runs each scenario as the GPU ran it (`as_ran`)."""
+    runs each scenario as the GPU ran it: the same output lengths (`as_ran`), every message at
+    the iteration the GPU received it (an arrival 10 µs either side of an iteration boundary
+    otherwise changes the schedule)."""
     rows: list[tuple[str, str, float, float]] = []
     for name in NAMED:
         got: dict[str, dict[str, Figures]] = {}
         for loop in ("overlap", "normal"):
             scenario = named_scenario(name).with_config(loop=loop)
             real, last = real_figures(backend, scenario, repeats)
-            sim = run_scenario(as_ran(scenario, last), SimBackend(Timing(profile)), [])
+            sim = run_scenario(
+                as_ran(scenario, last),
+                SimBackend(Timing(profile)),
+                [],
+                deliveries=[(m.step, m.uid, m.kind) for m in last.trace.received],
+            )
             got[loop] = {"sim": figures(sim), "real": real}
             if traces is not None:
                 traces.mkdir(parents=True, exist_ok=True)

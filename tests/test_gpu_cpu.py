@@ -205,3 +205,18 @@ def test_teacher_forcing_fails_a_non_token_without_feeding_it_to_the_reference(
     assert forcing.deficits == [float("inf"), float("inf")]
     healthy = cpu.oracle.forcing(prompt)
     assert healthy.accept(first) == pytest.approx(0.0)
+
+
+def test_calibration_measures_a_real_backend(cpu: TorchBackend) -> None:
+    from overlapcheck.backends.gpu.calibrate import measure
+    from overlapcheck.backends.sim.timing import Profile
+
+    base = Profile()
+    got = measure(cpu, [named_scenario("basic"), named_scenario("chunked-long")], base)
+    assert got.hold == 0.0  # the CPU runs stream work inline: nothing to hold
+    p = got.profile
+    # A real transformer on a CPU is far slower than the default (GPU-scale) profile.
+    assert p.launch > 10 * base.launch and p.forward > 10 * base.forward
+    assert set(got.phases) == {"schedule", "launch", "process"} and got.leads
+    # Inline stream work: each forward ends inside its launch phase, not after it.
+    assert p.forward_tail < 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from overlapcheck.backends.gpu.backend import TorchBackend
 from overlapcheck.backends.gpu.replay import sleep_cycles_per_second
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.backends.sim.calibrate import (
+    Sample,
     as_ran,
     device_samples,
     fit_profile,
@@ -30,26 +32,25 @@ from overlapcheck.trace_io import save_trace
 STREAM_KINDS = ("h2d", "d2h", "forward")
 
 
-def run_traces(backend: TorchBackend, scenarios: list[Scenario], rounds: int = 3) -> list[Trace]:
-    """Run each scenario `rounds` times (the first warms caches and compiles kernels; dropped)."""
-    traces = []
+def each_run(
+    backend: TorchBackend, scenarios: list[Scenario], rounds: int, take: Callable[[Trace], None]
+) -> None:
+    """Run each scenario `rounds` times and hand each trace to `take`, keeping none: a growing
+    heap of kept traces slows the host phases being measured (measured: by a quarter)."""
     for scenario in scenarios:
-        for r in range(rounds):
+        for _ in range(rounds):
             result = run_scenario(scenario, backend, [])
             if backend.device is not None:
                 backend.device.finish()
-            if r > 0:
-                traces.append(result.trace)
-    return traces
+            take(result.trace)
+            del result
 
 
-def hold_seconds(traces: list[Trace]) -> float:
-    """A stream hold longer than any host phase, so a held op is fully queued when it starts."""
-    longest = max(
+def longest_host_phase(trace: Trace) -> float:
+    return max(
         (
             op.end - op.start
-            for t in traces
-            for op in t.ops
+            for op in trace.ops
             if op.agent == HOST
             and op.kind == "span"
             and op.start is not None
@@ -57,7 +58,6 @@ def hold_seconds(traces: list[Trace]) -> float:
         ),
         default=0.0,
     )
-    return 2 * longest + 1e-3
 
 
 @dataclass
@@ -90,31 +90,40 @@ def _spread(values: list[float], what: str, where: str) -> str:
 
 
 def measure(backend: TorchBackend, scenarios: list[Scenario], base: Profile) -> Calibration:
-    """Fit `base` to runs of `scenarios`: host phases from free runs; stream ops' device time from
-    runs where each op holds its stream until the host has queued it (on CUDA; the CPU runs stream
-    work inline, so its free runs already give it); then the tail of launch-bound forwards."""
-    free = run_traces(backend, scenarios)
-    held, hold = free, 0.0
-    if backend.name == "cuda":
+    """Fit `base` to runs of `scenarios`. A warm-up round (kernels compile, caches fill) also
+    sizes the stream hold. Then stream ops' device time, from runs where each op holds its stream
+    until the host has queued it (on CUDA; the CPU runs stream work inline, so free runs give
+    it). Then host phases, and the lead and tail of forwards around their launch phase, from
+    free runs."""
+    longest = [0.0]
+    each_run(backend, scenarios, 1, lambda t: longest.append(longest_host_phase(t)))
+    hold = 2 * max(longest) + 1e-3 if backend.name == "cuda" else 0.0
+    device: list[Sample] = []
+    if hold:
         if not backend.sleep_rate:
             backend.sleep_rate = sleep_cycles_per_second()
-        hold = hold_seconds(free)
         backend.hold = dict.fromkeys(STREAM_KINDS, hold)
-        try:
-            held = run_traces(backend, scenarios)
-        finally:
-            backend.hold = {}
-    samples = [s for t in free for s in host_samples(t)]
+    try:
+        each_run(backend, scenarios, 1, lambda t: device.extend(device_samples(t)))
+    finally:
+        backend.hold = {}
+    streams = fit_profile(device, base)
+    host: list[Sample] = []
+    leads: list[Sample] = []
+    tails: list[Sample] = []
+
+    def take(trace: Trace) -> None:
+        host.extend(host_samples(trace))
+        leads.extend(lead_samples(trace))
+        tails.extend(tail_samples(trace, streams))
+
+    each_run(backend, scenarios, 2, take)
     phases = {
-        k: statistics.median(s.seconds for s in samples if s.kind == k)
-        for k in sorted({s.kind for s in samples})
+        k: statistics.median(s.seconds for s in host if s.kind == k)
+        for k in sorted({s.kind for s in host})
     }
-    samples += [s for t in held for s in device_samples(t)]
-    profile = fit_profile(samples, base)
-    tails = [s for t in free for s in tail_samples(t, profile)]
-    leads = [s for t in free for s in lead_samples(t)]
     return Calibration(
-        fit_profile(tails + leads, profile),
+        fit_profile(host + leads + tails, streams),
         hold,
         [s.seconds for s in leads],
         [s.seconds for s in tails],

@@ -95,9 +95,10 @@ def measure(backend: TorchBackend, scenarios: list[Scenario], base: Profile) -> 
     until the host has queued it (on CUDA; the CPU runs stream work inline, so free runs give
     it). Then host phases, and the lead and tail of forwards around their launch phase, from
     free runs."""
-    longest = [0.0]
+    longest: list[float] = []
     each_run(backend, scenarios, 1, lambda t: longest.append(longest_host_phase(t)))
-    hold = 2 * max(longest) + 1e-3 if backend.name == "cuda" else 0.0
+    # The median run's longest phase: a run that compiled kernels (seconds) must not set it.
+    hold = 2 * statistics.median(longest) + 1e-3 if backend.name == "cuda" else 0.0
     device: list[Sample] = []
     if hold:
         if not backend.sleep_rate:

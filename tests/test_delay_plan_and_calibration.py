@@ -220,7 +220,7 @@ def test_as_ran_scripts_each_request_to_the_length_the_real_run_gave_it() -> Non
     assert [len(o.tokens) for o in run_scenario(unscripted, SimBackend()).outcomes] != [
         len(o.tokens) for o in real.outcomes
     ]
-    again = run_scenario(as_ran(unscripted, real), SimBackend())
+    again = run_scenario(as_ran(unscripted, real.outcomes), SimBackend())
     assert [(o.uid, len(o.tokens), o.finish_reason) for o in again.outcomes] == [
         (o.uid, len(o.tokens), o.finish_reason) for o in real.outcomes
     ]
@@ -229,7 +229,7 @@ def test_as_ran_scripts_each_request_to_the_length_the_real_run_gave_it() -> Non
     basic = named_scenario("basic")
     full = run_scenario(basic, SimBackend())
     assert {o.finish_reason for o in full.outcomes} == {"length"}
-    again = run_scenario(as_ran(basic, full), SimBackend())
+    again = run_scenario(as_ran(basic, full.outcomes), SimBackend())
     assert [(len(o.tokens), o.finish_reason) for o in again.outcomes] == [
         (len(o.tokens), o.finish_reason) for o in full.outcomes
     ]

@@ -220,3 +220,31 @@ def test_calibration_measures_a_real_backend(cpu: TorchBackend) -> None:
     assert set(got.phases) == {"schedule", "launch", "process"} and got.leads
     # Inline stream work: each forward ends inside its launch phase, not after it.
     assert p.forward_tail < 0
+
+
+def test_calibration_check_compares_every_named_scenario(
+    cpu: TorchBackend, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from overlapcheck.backends.gpu.calibrate import check
+    from overlapcheck.backends.sim.timing import Profile
+    from overlapcheck.trace_io import load_trace
+
+    rows = check(cpu, Profile(), repeats=1, traces=tmp_path)
+    assert len(rows) == 4 * len(NAMED)
+    totals = {name: (sim, real, again) for name, fig, sim, real, again in rows if fig == "total ms"}
+    assert set(totals) == set(NAMED)
+    for sim, real, again in totals.values():
+        # The default profile is GPU-scale; host phases re-measured on the CPU runs are not.
+        assert 0 < sim < real and again > sim
+    assert "sim, host re-measured" in capsys.readouterr().out
+
+    # Each scenario's last real run and the simulator's run of the same work are saved.
+    def lengths(path: Path) -> dict[int, int]:
+        counts: dict[int, int] = {}
+        for m in load_trace(path).trace.messages:
+            if m.kind == "token":
+                counts[m.uid] = counts.get(m.uid, 0) + 1
+        return counts
+
+    real = lengths(tmp_path / "early-eos-overlap-cpu.json")
+    assert real and real == lengths(tmp_path / "early-eos-overlap-sim.json")

@@ -15,7 +15,7 @@ import numpy as np
 
 from overlapcheck.backends.sim.timing import Profile
 from overlapcheck.core.trace import HOST, KV, TOKEN_POOL, Op, Trace
-from overlapcheck.runner import RunResult
+from overlapcheck.runner import RequestOutcome
 from overlapcheck.scenarios.scenario import Scenario
 
 HOST_PHASES = ("schedule", "launch", "process")
@@ -218,11 +218,11 @@ def _union_length(intervals: list[tuple[float, float]], lo: float, hi: float) ->
     return total
 
 
-def as_ran(scenario: Scenario, real: RunResult) -> Scenario:
+def as_ran(scenario: Scenario, outcomes: Iterable[RequestOutcome]) -> Scenario:
     """`scenario` with each request's output scripted to the length the real run gave it: a real
     model decides where it stops (bf16 may stop a token off the script), the toy model is told,
     so that both backends time the same work."""
-    done = {o.uid: o for o in real.outcomes if o.finish_reason in ("eos", "length")}
+    done = {o.uid: o for o in outcomes if o.finish_reason in ("eos", "length")}
     cfg = scenario.config
     specs = []
     for spec in scenario.requests:

@@ -30,6 +30,7 @@ from overlapcheck.timeline.model import idle_gaps, idle_share, trace_end
 from overlapcheck.trace_io import save_trace
 
 STREAM_KINDS = ("h2d", "d2h", "forward")
+LOOPS = ("overlap", "normal")
 
 
 def each_run(
@@ -134,9 +135,7 @@ def measure(backend: TorchBackend, scenarios: list[Scenario], base: Profile) -> 
 
 
 def calibrate(backend: TorchBackend, out: str | Path) -> Calibration:
-    scenarios = [
-        named_scenario(n).with_config(loop=loop) for n in NAMED for loop in ("overlap", "normal")
-    ]
+    scenarios = [named_scenario(n).with_config(loop=loop) for n in NAMED for loop in LOOPS]
     result = measure(backend, scenarios, Profile())
     Path(out).write_text(json.dumps({"profile": result.profile.as_dict()}, indent=1) + "\n")
     return result
@@ -253,9 +252,6 @@ def check(
         ]
     print(format_rows(rows))
     return rows
-
-
-LOOPS = ("overlap", "normal")
 
 
 def format_rows(rows: list[Row]) -> str:

@@ -1,8 +1,8 @@
 """Fit the simulator's nominal profile to measured durations (least squares per operation kind).
 
 Measurements come from traces (a real run's, recorded exactly as the simulator records its own):
-host phases and the forward's tail from a free-running run, stream operations' device time from a
-run where each one held its stream until the host had queued all of its work (see
+host phases and the forward's lead and tail from a free-running run, stream operations' device
+time from a run where each one held its stream until the host had queued all of its work (see
 `backends/gpu/calibrate.py`).
 """
 
@@ -126,14 +126,8 @@ def tail_samples(trace: Trace, profile: Profile) -> list[Sample]:
         end = launch_end.get(op.step)
         if op.kind != "forward" or end is None:
             continue
-        tokens, context = forward_size(op)
-        device_time = (
-            profile.forward
-            + profile.forward_per_token * tokens
-            + profile.forward_per_context * context
-        )
         assert op.start is not None and op.end is not None
-        if op.start + device_time < end:
+        if op.start + profile.forward_time(*forward_size(op)) < end:
             out.append(Sample("forward_tail", op.end - end))  # < 0: the phase went on after
     return out
 

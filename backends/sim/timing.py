@@ -59,6 +59,10 @@ class Profile:
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
 
+    def forward_time(self, tokens: int, context: int) -> float:
+        """A forward's device time (once all of its kernels are queued)."""
+        return self.forward + self.forward_per_token * tokens + self.forward_per_context * context
+
 
 class DelaySource(Protocol):
     def delay(self, site: int, kind: str, nominal: float) -> float:
@@ -133,7 +137,4 @@ class Timing:
         return self.cost("d2h", self.profile.d2h)
 
     def forward(self, tokens: int, context: int) -> float:
-        p = self.profile
-        return self.cost(
-            "forward", p.forward + p.forward_per_token * tokens + p.forward_per_context * context
-        )
+        return self.cost("forward", self.profile.forward_time(tokens, context))

@@ -93,6 +93,8 @@ def test_faults_lists_every_fault_as_json(capsys: pytest.CaptureFixture[str]) ->
         (["explore", "--skip", "nope"], "unknown invariant nope"),
         (["run", "--timing", "missing.json"], "no such timing profile"),
         (["replay", "missing.json"], "no such counterexample file"),
+        (["calibrate", "--backend", "cpu", "--traces", "out"], "--traces goes with --check"),
+        (["calibrate", "--check", "missing.json"], "no such timing profile"),
         (["frobnicate"], "invalid choice"),
     ],
 )

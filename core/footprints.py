@@ -49,6 +49,19 @@ class FootprintRecorder:
         )
         return self.trace.add(op)
 
+    # -- host operations (the same on every device) ---------------------------------------------
+
+    def span(self, phase: str, now: float, work: int) -> Op:
+        """A host phase beginning now; the device sets its end."""
+        return self.op(HOST, "span", now, label=phase, start=now, work=work)
+
+    def host_wait(self, event_id: int, now: float) -> Op:
+        """The host blocking on an event from now; the device sets its end."""
+        return self.op(HOST, "host_wait", now, label=f"wait e{event_id}", waits=event_id, start=now)
+
+    def idle(self, start: float, end: float) -> Op:
+        return self.op(HOST, "idle", start, label="idle", start=start, end=end)
+
     # -- footprints ---------------------------------------------------------------------------
 
     def rows(self, buffer: str, writes: Sequence[RowWrite]) -> Access:

@@ -3,12 +3,12 @@ pool, and its tokens equal Hugging Face greedy exactly, with every invariant on.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from engine_cases import MATRIX, ok
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -36,13 +36,6 @@ def cpu() -> Iterator[TorchBackend]:
     torch.set_num_threads(1)  # tiny matrices: threads only contend (20x slower on a busy box)
     yield make_torch_backend("cpu", preset="tiny")
     torch.set_num_threads(threads)
-
-
-def ok(result: RunResult) -> None:
-    assert result.ok, [v.line() for v in result.violations]
-
-
-MATRIX = list(itertools.product(("overlap", "normal"), ("radix", "naive"), (1, 4)))
 
 
 @pytest.mark.parametrize(("loop", "cache", "page_size"), MATRIX)

@@ -3,10 +3,10 @@ margin, PyTorch's CUDA sanitizer quiet on the default scheduler, and the two str
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 
 import pytest
+from engine_cases import MATRIX, ok
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -19,7 +19,7 @@ from overlapcheck.backends.gpu.oracle import BF16_LOGIT_MARGIN  # noqa: E402
 from overlapcheck.core.batch import BatchInput, SeqWork  # noqa: E402
 from overlapcheck.core.errors import InvariantError  # noqa: E402
 from overlapcheck.invariants.races import RaceDetector  # noqa: E402
-from overlapcheck.runner import RunResult, run_scenario  # noqa: E402
+from overlapcheck.runner import run_scenario  # noqa: E402
 from overlapcheck.scenarios.named import NAMED, named_scenario  # noqa: E402
 from overlapcheck.scenarios.scenario import RequestSpec, Scenario  # noqa: E402
 
@@ -29,13 +29,6 @@ pytestmark = pytest.mark.cuda
 @pytest.fixture(scope="module")
 def cuda() -> TorchBackend:
     return make_torch_backend("cuda", preset="tiny")
-
-
-def ok(result: RunResult) -> None:
-    assert result.ok, [v.line() for v in result.violations]
-
-
-MATRIX = list(itertools.product(("overlap", "normal"), ("radix", "naive"), (1, 4)))
 
 
 @pytest.mark.parametrize(("loop", "cache", "page_size"), MATRIX)

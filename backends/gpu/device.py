@@ -116,7 +116,7 @@ class TorchDevice(Device):
     def span(self, phase: str, work: int = 0) -> Iterator[None]:
         outer = self.recorder.phase
         self.recorder.phase = phase
-        op = self.recorder.op(HOST, "span", self.now(), label=phase, start=self.now(), work=work)
+        op = self.recorder.span(phase, self.now(), work)
         if self.cuda:
             torch.cuda.nvtx.range_push(phase)
         delay = self.injector.take(op.step, HOST, "span") if self.injector is not None else 0.0
@@ -136,17 +136,10 @@ class TorchDevice(Device):
         start = self.now()
         if time_s > start:
             time.sleep(time_s - start)
-        self.recorder.op(HOST, "idle", start, label="idle", start=start, end=self.now())
+        self.recorder.idle(start, self.now())
 
     def host_wait(self, event: TorchEvent) -> None:
-        op = self.recorder.op(
-            HOST,
-            "host_wait",
-            self.now(),
-            label=f"wait e{event.id}",
-            waits=event.id,
-            start=self.now(),
-        )
+        op = self.recorder.host_wait(event.id, self.now())
         if event.cuda is not None:
             with self.guard():
                 event.cuda.synchronize()

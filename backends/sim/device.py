@@ -23,7 +23,7 @@ from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.device import HOST_WORK_BEFORE_ISSUE, Device, Event, ForwardOutput, Stream
 from overlapcheck.core.errors import InvariantError
 from overlapcheck.core.footprints import FootprintRecorder
-from overlapcheck.core.trace import HOST, PAGE_TABLE, TOKEN_POOL, Trace
+from overlapcheck.core.trace import PAGE_TABLE, TOKEN_POOL, Trace
 
 OpBody = Callable[[], Generator[simpy.Event, Any, None]]
 
@@ -115,7 +115,7 @@ class SimDevice(Device):
     def span(self, phase: str, work: int = 0) -> Iterator[None]:
         outer = self.recorder.phase
         self.recorder.phase = phase
-        op = self.recorder.op(HOST, "span", self.now(), label=phase, start=self.now(), work=work)
+        op = self.recorder.span(phase, self.now(), work)
         cost = self.timing.host(phase, work)
         op.delay = self.timing.last_delay
         # Scheduling and processing cost comes before what they issue or read
@@ -141,17 +141,10 @@ class SimDevice(Device):
     def sleep_until(self, time: float) -> None:
         start = self.now()
         self._advance(time - start)
-        self.recorder.op(HOST, "idle", start, label="idle", start=start, end=self.now())
+        self.recorder.idle(start, self.now())
 
     def host_wait(self, event: SimEvent) -> None:
-        op = self.recorder.op(
-            HOST,
-            "host_wait",
-            self.now(),
-            label=f"wait e{event.id}",
-            waits=event.id,
-            start=self.now(),
-        )
+        op = self.recorder.host_wait(event.id, self.now())
         try:
             self.env.run(until=event.fired)
         except RuntimeError as err:

@@ -109,14 +109,7 @@ def _message_to_json(m: Message) -> dict[str, Any]:
 
 def _op_to_json(op: Op) -> dict[str, Any]:
     return {
-        "seq": op.seq,
-        "agent": op.agent,
-        "kind": op.kind,
-        "step": op.step,
-        "phase": op.phase,
-        "label": op.label,
-        "batch": op.batch,
-        "uids": list(op.uids),
+        **op.identity(),
         "issue": op.issue,
         "start": op.start,
         "end": op.end,

@@ -74,6 +74,19 @@ class Op:
     def done(self) -> bool:
         return self.end is not None
 
+    def identity(self) -> dict[str, object]:
+        """What names the operation in a report or a trace file (not its timing or footprint)."""
+        return {
+            "seq": self.seq,
+            "agent": self.agent,
+            "kind": self.kind,
+            "step": self.step,
+            "phase": self.phase,
+            "label": self.label,
+            "batch": self.batch,
+            "uids": list(self.uids),
+        }
+
 
 @dataclass(slots=True)
 class Message:

@@ -4,23 +4,9 @@ from __future__ import annotations
 
 from overlapcheck.core.messages import OutMsg
 from overlapcheck.core.scheduler import Scheduler
-from overlapcheck.core.trace import Op
 from overlapcheck.invariants.base import Invariant
 from overlapcheck.invariants.hbgraph import explain
 from overlapcheck.invariants.races import RaceDetector
-
-
-def describe_op(op: Op) -> dict[str, object]:
-    return {
-        "seq": op.seq,
-        "agent": op.agent,
-        "kind": op.kind,
-        "label": op.label,
-        "step": op.step,
-        "phase": op.phase,
-        "batch": op.batch,
-        "uids": list(op.uids),
-    }
 
 
 class NoRace(Invariant):
@@ -54,6 +40,6 @@ class NoRace(Invariant):
             kind=race.kind,
             buffer=race.buffer,
             cells=list(race.cells),
-            first=describe_op(first),
-            second=describe_op(second),
+            first=first.identity(),
+            second=second.identity(),
         )

@@ -179,16 +179,34 @@ def test_calibrating_the_simulator_against_its_own_traces_gives_back_its_profile
 def test_the_tail_fit_recovers_the_tail_of_launch_bound_forwards() -> None:
     trace = run_scenario(named_scenario("chunked-long"), SimBackend(Timing(LAUNCH_BOUND))).trace
     tails = tail_samples(trace, LAUNCH_BOUND)
-    assert tails and all(s.kind == "forward_tail" for s in tails)
+    assert {s.kind for s in tails} == {"forward_tail", "d2h_queued"}
     fitted = fit_profile(tails, Profile())
     assert fitted.forward_tail == pytest.approx(LAUNCH_BOUND.forward_tail, rel=1e-6)
-    early = replace(LAUNCH_BOUND, forward_tail=-100e-6)
+    # Queued at the phase's end, the copy still waits for the forward to end after it.
+    assert fitted.d2h_queued == pytest.approx(LAUNCH_BOUND.forward_tail, rel=1e-6)
+    early = replace(LAUNCH_BOUND, forward_tail=-100e-6, d2h_queued=-40e-6)
     trace = run_scenario(named_scenario("chunked-long"), SimBackend(Timing(early))).trace
-    assert fit_profile(tail_samples(trace, early)).forward_tail == pytest.approx(-100e-6)
+    fitted = fit_profile(tail_samples(trace, early))
+    assert fitted.forward_tail == pytest.approx(-100e-6)
+    assert fitted.d2h_queued == pytest.approx(-40e-6)
     # A forward that outlasts its launch is not launch-bound: it says nothing about the tail.
     gpu_bound = Profile(forward=5e-3, forward_tail=30e-6)
     trace = run_scenario(named_scenario("basic"), SimBackend(Timing(gpu_bound))).trace
     assert tail_samples(trace, gpu_bound) == []
+
+
+def test_a_launch_bound_d2h_waits_until_the_host_queues_it() -> None:
+    profile = replace(LAUNCH_BOUND, forward_tail=-100e-6, d2h_queued=-40e-6)
+    result = run_scenario(named_scenario("basic"), SimBackend(Timing(profile)))
+    assert result.ok
+    ends = _launch_ends(result)
+    forward_end = {op.batch: op.end for op in result.trace.ops if op.kind == "forward"}
+    copies = [op for op in result.trace.ops if op.kind == "d2h"]
+    assert copies
+    for op in copies:
+        assert op.start == pytest.approx(ends[op.step] - 40e-6)
+        # The engine stream idles between the forward and its copy, as a launch-bound GPU does.
+        assert op.start - forward_end[op.batch] == pytest.approx(60e-6)
 
 
 def test_a_forward_starts_no_earlier_than_its_lead_into_the_launch_phase() -> None:

@@ -212,7 +212,7 @@ def test_calibration_measures_a_real_backend(cpu: TorchBackend) -> None:
     assert p.launch > 10 * base.launch and p.forward > 10 * base.forward
     assert set(got.phases) == {"schedule", "launch", "process"} and got.leads
     # Inline stream work: each forward ends inside its launch phase, not after it.
-    assert p.forward_tail < 0
+    assert p.forward_tail < 0 and got.queued and p.d2h_queued < 0
 
 
 def test_calibration_check_compares_every_named_scenario(
@@ -229,7 +229,7 @@ def test_calibration_check_compares_every_named_scenario(
     for sim, real, again in totals.values():
         # The default profile is GPU-scale; host phases re-measured on the CPU runs are not.
         assert 0 < sim < real and again > sim
-    assert "sim, host re-measured" in capsys.readouterr().out
+    assert "sim, host as run" in capsys.readouterr().out
 
     # Each scenario's last real run and the simulator's run of the same work are saved.
     def lengths(path: Path) -> dict[int, int]:
@@ -239,5 +239,5 @@ def test_calibration_check_compares_every_named_scenario(
                 counts[m.uid] = counts.get(m.uid, 0) + 1
         return counts
 
-    real = lengths(tmp_path / "early-eos-overlap-cpu.json")
-    assert real and real == lengths(tmp_path / "early-eos-overlap-sim.json")
+    ran = lengths(tmp_path / "early-eos-overlap-cpu.json")
+    assert ran and ran == lengths(tmp_path / "early-eos-overlap-sim.json")

@@ -68,6 +68,7 @@ class Calibration:
     hold: float  # seconds each stream op held its stream in the device-time runs (0: none)
     leads: list[float]  # forwards that did not wait: start minus their launch phase's start
     tails: list[float]  # launch-bound forwards: end minus their launch phase's end
+    queued: list[float]  # their D2Hs: start minus the launch phase's end
     phases: dict[str, float]  # host phase: median measured seconds
 
     def summary(self) -> str:
@@ -77,6 +78,7 @@ class Calibration:
                 f"host phases (median) {medians}",
                 _spread(self.leads, "forwards that did not wait start", "into their launch phase"),
                 _spread(self.tails, "launch-bound forwards end", "after their launch phase"),
+                _spread(self.queued, "of their D2Hs start", "after it"),
             ]
         )
 
@@ -129,7 +131,8 @@ def measure(backend: TorchBackend, scenarios: list[Scenario], base: Profile) -> 
         fit_profile(host + leads + tails, streams),
         hold,
         [s.seconds for s in leads],
-        [s.seconds for s in tails],
+        [s.seconds for s in tails if s.kind == "forward_tail"],
+        [s.seconds for s in tails if s.kind == "d2h_queued"],
         phases,
     )
 
@@ -156,70 +159,73 @@ def figures(result: RunResult) -> Figures:
 
 @dataclass
 class RealRuns:
-    """What `check` keeps of a scenario's GPU runs (no traces: see `each_run`)."""
+    """What `check` keeps of a scenario's GPU runs in one loop (no traces: see `each_run`)."""
 
     figures: Figures  # each figure's median over the repeats
     outcomes: list[RequestOutcome]  # of the last run: what the simulator is scripted with
     deliveries: list[tuple[int, int, str]]  # of the last run: when each message was received
-    host: list[Sample]  # host phases of every repeat
 
 
 def real_runs(
-    backend: TorchBackend, scenario: Scenario, repeats: int, save: Path | None
-) -> RealRuns:
-    """`repeats` runs after a warm-up. Figures are medians: one run of a host-bound engine varies
-    by tens of percent (the simulator, deterministic, needs one)."""
-    run_scenario(scenario, backend, [])
-    runs: list[Figures] = []
+    backend: TorchBackend, name: str, repeats: int, traces: Path | None
+) -> tuple[dict[str, RealRuns], list[Sample]]:
+    """Scenario `name` in each loop, `repeats` times after a warm-up, and the host phases of all
+    of those runs. Figures are medians: one run of a host-bound engine varies by tens of percent
+    (the simulator, deterministic, needs one). The loops take turns, so that a drift of the host's
+    speed slows both alike rather than skewing the speed-up."""
+    scenarios = {loop: named_scenario(name).with_config(loop=loop) for loop in LOOPS}
+    for scenario in scenarios.values():
+        run_scenario(scenario, backend, [])
+    runs: dict[str, list[Figures]] = {loop: [] for loop in LOOPS}
+    last: dict[str, RunResult] = {}
     host: list[Sample] = []
     for _ in range(repeats):
-        result = run_scenario(scenario, backend, [])
-        if backend.device is not None:
-            backend.device.finish()
-        runs.append(figures(result))
-        host += host_samples(result.trace)
-    if save is not None:
-        save_trace(result, save)
-    median = Figures(
-        statistics.median(f.total for f in runs),
-        statistics.median(f.mean_iteration for f in runs),
-        statistics.median(f.engine_idle for f in runs),
-    )
-    deliveries = [(m.step, m.uid, m.kind) for m in result.trace.received]
-    return RealRuns(median, result.outcomes, deliveries, host)
+        for loop, scenario in scenarios.items():
+            result = last[loop] = run_scenario(scenario, backend, [])
+            if backend.device is not None:
+                backend.device.finish()
+            runs[loop].append(figures(result))
+            host += host_samples(result.trace)
+    out: dict[str, RealRuns] = {}
+    for loop, result in last.items():
+        if traces is not None:
+            save_trace(result, traces / f"{name}-{loop}-{backend.name}.json")
+        median = Figures(
+            statistics.median(f.total for f in runs[loop]),
+            statistics.median(f.mean_iteration for f in runs[loop]),
+            statistics.median(f.engine_idle for f in runs[loop]),
+        )
+        deliveries = [(m.step, m.uid, m.kind) for m in result.trace.received]
+        out[loop] = RealRuns(median, result.outcomes, deliveries)
+    return out, host
 
 
-Row = tuple[str, str, float, float, float]  # scenario, figure, sim, gpu, sim with host re-measured
+Row = tuple[str, str, float, float, float]  # scenario, figure, sim, gpu, sim with the host as run
 
 
 def check(
-    backend: TorchBackend, profile: Profile, repeats: int = 5, traces: Path | None = None
+    backend: TorchBackend, profile: Profile, repeats: int = 7, traces: Path | None = None
 ) -> list[Row]:
     """Per named scenario and figure: the simulator with `profile`, the GPU, and the simulator
-    with the host phases re-measured on these very GPU runs. The host's speed drifts by tens of
-    percent over minutes on a shared machine, so the first column mixes that drift in; the last
-    one is the model's own error. Prints the table; with `traces`, saves each scenario's last
-    GPU run and its simulated run there.
+    with the host phases re-measured on this scenario's GPU runs. The host's speed drifts by tens
+    of percent over seconds on a shared machine, so the first column mixes that drift in; the
+    last one is the model's own error. Prints the table; with `traces`, saves each scenario's
+    last GPU run and its simulated run there.
 
     The simulator runs each scenario as the GPU ran it: the same output lengths (`as_ran`), every
     message at the iteration the GPU received it (an arrival 10 µs either side of an iteration
     boundary otherwise changes the schedule)."""
     if traces is not None:
         traces.mkdir(parents=True, exist_ok=True)
-    real: dict[tuple[str, str], RealRuns] = {}
-    for name in NAMED:
-        for loop in LOOPS:
-            save = traces / f"{name}-{loop}-{backend.name}.json" if traces is not None else None
-            scenario = named_scenario(name).with_config(loop=loop)
-            real[name, loop] = real_runs(backend, scenario, repeats, save)
-    remeasured = fit_profile([s for r in real.values() for s in r.host], profile)
     rows: list[Row] = []
     for name in NAMED:
+        real, host = real_runs(backend, name, repeats, traces)
+        as_measured = fit_profile(host, profile)
         sim: dict[tuple[str, str], Figures] = {}
         for loop in LOOPS:
             scenario = named_scenario(name).with_config(loop=loop)
-            got = real[name, loop]
-            for label, p in (("sim", profile), ("remeasured", remeasured)):
+            got = real[loop]
+            for label, p in (("sim", profile), ("as run", as_measured)):
                 result = run_scenario(
                     as_ran(scenario, got.outcomes),
                     SimBackend(Timing(p)),
@@ -229,9 +235,9 @@ def check(
                 sim[label, loop] = figures(result)
                 if traces is not None and label == "sim":
                     save_trace(result, traces / f"{name}-{loop}-sim.json")
-        o, n = real[name, "overlap"].figures, real[name, "normal"].figures
+        o, n = real["overlap"].figures, real["normal"].figures
         so, sn = sim["sim", "overlap"], sim["sim", "normal"]
-        ro, rn = sim["remeasured", "overlap"], sim["remeasured", "normal"]
+        ro, rn = sim["as run", "overlap"], sim["as run", "normal"]
         rows += [
             (name, "total ms", so.total * 1e3, o.total * 1e3, ro.total * 1e3),
             (
@@ -260,7 +266,7 @@ def format_rows(rows: list[Row]) -> str:
 
     lines = [
         f"{'scenario':<16}{'figure':<18}{'sim':>10}{'gpu':>10}{'error':>8}"
-        f"{'sim, host re-measured':>23}{'error':>8}"
+        f"{'sim, host as run':>23}{'error':>8}"
     ]
     for name, fig, sim_value, real_value, again in rows:
         lines.append(

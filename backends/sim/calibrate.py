@@ -25,7 +25,7 @@ HOST_PHASES = ("schedule", "launch", "process")
 class Sample:
     """One measured operation: its kind, duration and the sizes its cost depends on."""
 
-    kind: str  # schedule | launch | process | h2d | d2h | forward | forward_lead | forward_tail
+    kind: str  # a host phase, a stream op kind, or forward_lead | forward_tail | d2h_queued
     seconds: float
     work: int = 0  # host phases: requests touched
     cells: int = 0  # h2d: cells copied
@@ -77,7 +77,7 @@ def fit_profile(samples: Iterable[Sample], base: Profile | None = None) -> Profi
         got = by_kind["forward"]
         a, b, c = _fit([[1, s.tokens, s.context] for s in got], [s.seconds for s in got])
         changes.update(forward=a, forward_per_token=b, forward_per_context=c)
-    for name in ("forward_lead", "forward_tail"):
+    for name in ("forward_lead", "forward_tail", "d2h_queued"):
         if by_kind.get(name):
             changes[name] = float(np.median([s.seconds for s in by_kind[name]]))
     known = {f.name for f in fields(Profile)}
@@ -115,12 +115,14 @@ def device_samples(trace: Trace) -> list[Sample]:
 
 def tail_samples(trace: Trace, profile: Profile) -> list[Sample]:
     """For each launch-bound forward of a free-running trace (its device time, by `profile`, would
-    have ended before its launch phase did): how long after the launch phase it ended."""
+    have ended before its launch phase did): how long after the launch phase it ended
+    (`forward_tail`) and its D2H started (`d2h_queued`)."""
     launch_end = {
         op.step: op.end
         for op in _timed(trace)
         if op.agent == HOST and op.kind == "span" and op.label == "launch"
     }
+    copy_start = {op.batch: _start(op) for op in _timed(trace) if op.kind == "d2h"}
     out = []
     for op in _timed(trace):
         end = launch_end.get(op.step)
@@ -129,6 +131,9 @@ def tail_samples(trace: Trace, profile: Profile) -> list[Sample]:
         assert op.start is not None and op.end is not None
         if op.start + profile.forward_time(*forward_size(op)) < end:
             out.append(Sample("forward_tail", op.end - end))  # < 0: the phase went on after
+            copy = copy_start.get(op.batch)
+            if copy is not None:
+                out.append(Sample("d2h_queued", copy - end))
     return out
 
 
@@ -171,6 +176,12 @@ def _timed(trace: Trace) -> list[Op]:
 def _seconds(op: Op) -> float:
     assert op.start is not None and op.end is not None
     return op.end - op.start
+
+
+def _start(op: Op) -> float:
+    """When `op` started (trace time)."""
+    assert op.start is not None
+    return op.start
 
 
 def _overlap(a: Op, b: Op) -> float:

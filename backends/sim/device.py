@@ -280,10 +280,12 @@ class SimDevice(Device):
         copy.delay = self.timing.last_delay
         n = len(batch.seqs)
 
-        first_queued, enqueued_by = 0.0, None
+        first_queued, enqueued_by, copy_queued = 0.0, None, 0.0
         if self._launch is not None:
-            first_queued = self._launch[0] + self.timing.profile.forward_lead
-            enqueued_by = self._launch[1] + self.timing.profile.forward_tail
+            profile = self.timing.profile
+            first_queued = self._launch[0] + profile.forward_lead
+            enqueued_by = self._launch[1] + profile.forward_tail
+            copy_queued = self._launch[1] + profile.d2h_queued
 
         def run_kernel() -> Generator[simpy.Event, Any, None]:
             if first_queued > self.now():
@@ -301,6 +303,9 @@ class SimDevice(Device):
             kernel.end = self.now()
 
         def run_copy() -> Generator[simpy.Event, Any, None]:
+            if copy_queued > self.now():
+                # Launch-bound: the stream idles until the host has queued the copy.
+                yield self.env.timeout(copy_queued - self.now())
             copy.start = yield from self._acquire(self.d2h_engine, copy_duration)
             meta = self.metadata[batch.batch_id % 2, : n * METADATA_FIELDS].reshape(
                 n, METADATA_FIELDS

@@ -24,7 +24,9 @@ class Profile:
     before `forward_lead` into that phase (the host work before its first kernel), nor end before
     the phase does, plus `forward_tail` (the GPU's work after the last kernel is queued, less the
     host work the phase still does after queuing it, so it may be negative): a launch-bound
-    forward ends `forward_tail` after its launch phase, whatever its device time.
+    forward ends `forward_tail` after its launch phase, whatever its device time. The D2H of the
+    samples is queued after the last kernel, `d2h_queued` after the phase's end (negative: before
+    it), and cannot start earlier: the stream idles in between.
     """
 
     schedule: float = 40 * US
@@ -42,6 +44,7 @@ class Profile:
     forward_per_context: float = 0.01 * US
     forward_lead: float = 0.0
     forward_tail: float = 0.0
+    d2h_queued: float = 0.0
 
     @classmethod
     def load(cls, path: str | Path) -> Profile:

@@ -167,12 +167,14 @@ class RealRuns:
 
 
 def real_runs(
-    backend: TorchBackend, name: str, repeats: int, traces: Path | None
+    backend: TorchBackend, profile: Profile, name: str, repeats: int, traces: Path | None
 ) -> tuple[dict[str, RealRuns], list[Sample]]:
-    """Scenario `name` in each loop, `repeats` times after a warm-up, and the host phases of all
-    of those runs. Figures are medians: one run of a host-bound engine varies by tens of percent
-    (the simulator, deterministic, needs one). The loops take turns, so that a drift of the host's
-    speed slows both alike rather than skewing the speed-up."""
+    """Scenario `name` in each loop, `repeats` times after a warm-up, and what the host did in all
+    of those runs: its phases and the leads and tails of forwards (host work too: they drift with
+    it; `profile` says which forwards were launch-bound). Figures are medians: one run of a
+    host-bound engine varies by tens of percent (the simulator, deterministic, needs one). The
+    loops take turns, so that a drift of the host's speed slows both alike rather than skewing
+    the speed-up."""
     scenarios = {loop: named_scenario(name).with_config(loop=loop) for loop in LOOPS}
     for scenario in scenarios.values():
         run_scenario(scenario, backend, [])
@@ -185,7 +187,8 @@ def real_runs(
             if backend.device is not None:
                 backend.device.finish()
             runs[loop].append(figures(result))
-            host += host_samples(result.trace)
+            host += host_samples(result.trace) + lead_samples(result.trace)
+            host += tail_samples(result.trace, profile)
     out: dict[str, RealRuns] = {}
     for loop, result in last.items():
         if traces is not None:
@@ -207,10 +210,11 @@ def check(
     backend: TorchBackend, profile: Profile, repeats: int = 7, traces: Path | None = None
 ) -> list[Row]:
     """Per named scenario and figure: the simulator with `profile`, the GPU, and the simulator
-    with the host phases re-measured on this scenario's GPU runs. The host's speed drifts by tens
-    of percent over seconds on a shared machine, so the first column mixes that drift in; the
-    last one is the model's own error. Prints the table; with `traces`, saves each scenario's
-    last GPU run and its simulated run there.
+    with the host's work (its phases, the leads and tails of forwards) re-measured on this
+    scenario's GPU runs. The host's speed drifts by tens of percent over seconds on a shared
+    machine, so the first column mixes that drift in; the last one is the model's own error.
+    Prints the table; with `traces`, saves each scenario's last GPU run and its simulated run
+    there.
 
     The simulator runs each scenario as the GPU ran it: the same output lengths (`as_ran`), every
     message at the iteration the GPU received it (an arrival 10 µs either side of an iteration
@@ -219,7 +223,7 @@ def check(
         traces.mkdir(parents=True, exist_ok=True)
     rows: list[Row] = []
     for name in NAMED:
-        real, host = real_runs(backend, name, repeats, traces)
+        real, host = real_runs(backend, profile, name, repeats, traces)
         as_measured = fit_profile(host, profile)
         sim: dict[tuple[str, str], Figures] = {}
         for loop in LOOPS:

@@ -89,6 +89,12 @@ class RunResult:
     def ok(self) -> bool:
         return not self.violations
 
+    @property
+    def deliveries(self) -> list[tuple[int, int, str]]:
+        """(iteration, uid, kind) of each message as received: `run_scenario(deliveries=...)`
+        replays this run's message order on another backend."""
+        return [(m.step, m.uid, m.kind) for m in self.trace.received]
+
     def to_json(self) -> dict[str, Any]:
         c = self.config
         return {

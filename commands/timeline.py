@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from overlapcheck.backends.registry import make_backend
+from overlapcheck.backends.sim.calibrate import as_ran
 from overlapcheck.commands.common import add_timing, make_timing, resolve_scenario
 from overlapcheck.errors import UserError
 from overlapcheck.explore import counterexample
@@ -122,7 +123,13 @@ def _compare_backends(args: argparse.Namespace, out: Path) -> Rendered:
     finish = getattr(getattr(real_backend, "device", None), "finish", None)
     if finish is not None:
         finish()  # every stream op's CUDA-event times are in
-    sim = run_scenario(scenario, make_backend("sim", make_timing(args)), [])
+    # The simulator runs the work the device did: its output lengths, its message iterations.
+    sim = run_scenario(
+        as_ran(scenario, real.outcomes),
+        make_backend("sim", make_timing(args)),
+        [],
+        deliveries=real.deliveries,
+    )
     return render_backends(real, sim, out, args.window)
 
 

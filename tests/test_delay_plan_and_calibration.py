@@ -106,13 +106,13 @@ def test_replaying_deliveries_by_iteration_reproduces_the_run() -> None:
     """What a GPU replay does: same messages at the same iterations -> same decisions and tokens."""
     scenario = named_scenario("abort")
     original = run_scenario(scenario, SimBackend(Timing(Profile(), ReplayDelay({3: 40e-6}))))
-    deliveries = [(m.step, m.uid, m.kind) for m in original.trace.received]
+    deliveries = original.deliveries
     again = run_scenario(scenario, SimBackend(), deliveries=deliveries)
     assert again.ok
     assert [(o.uid, o.tokens, o.finish_reason) for o in again.outcomes] == [
         (o.uid, o.tokens, o.finish_reason) for o in original.outcomes
     ]
-    assert [(m.step, m.uid, m.kind) for m in again.trace.received] == deliveries
+    assert again.deliveries == deliveries
 
     # The same operations in the same iterations (idling until an arrival is the clock's business).
     def ops(r: RunResult) -> list[tuple[int, str, str, str]]:

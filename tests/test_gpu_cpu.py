@@ -224,11 +224,12 @@ def test_calibration_check_compares_every_named_scenario(
 
     rows = check(cpu, Profile(), repeats=1, traces=tmp_path)
     assert len(rows) == 4 * len(NAMED)
-    totals = {name: (sim, real, again) for name, fig, sim, real, again in rows if fig == "total ms"}
+    totals = {r.scenario: r for r in rows if r.figure == "total ms"}
     assert set(totals) == set(NAMED)
-    for sim, real, again in totals.values():
+    for r in totals.values():
         # The default profile is GPU-scale; host phases re-measured on the CPU runs are not.
-        assert 0 < sim < real and again > sim
+        assert 0 < r.sim < r.gpu and r.as_run > r.sim
+        assert r.gpu_spread == 0.0  # one repeat: no range
     assert "sim, host as run" in capsys.readouterr().out
 
     # Each scenario's last real run and the simulator's run of the same work are saved.

@@ -8,6 +8,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from overlapcheck.backends.gpu.backend import TorchBackend
 from overlapcheck.backends.gpu.replay import sleep_cycles_per_second
@@ -161,7 +162,7 @@ def figures(result: RunResult) -> Figures:
 class RealRuns:
     """What `check` keeps of a scenario's GPU runs in one loop (no traces: see `each_run`)."""
 
-    figures: Figures  # each figure's median over the repeats
+    runs: list[Figures]  # one per repeat
     outcomes: list[RequestOutcome]  # of the last run: what the simulator is scripted with
     deliveries: list[tuple[int, int, str]]  # of the last run: when each message was received
 
@@ -171,10 +172,8 @@ def real_runs(
 ) -> tuple[dict[str, RealRuns], list[Sample]]:
     """Scenario `name` in each loop, `repeats` times after a warm-up, and what the host did in all
     of those runs: its phases and the leads and tails of forwards (host work too: they drift with
-    it; `profile` says which forwards were launch-bound). Figures are medians: one run of a
-    host-bound engine varies by tens of percent (the simulator, deterministic, needs one). The
-    loops take turns, so that a drift of the host's speed slows both alike rather than skewing
-    the speed-up."""
+    it; `profile` says which forwards were launch-bound). The loops take turns, so that a drift
+    of the host's speed slows both alike rather than skewing the speed-up."""
     scenarios = {loop: named_scenario(name).with_config(loop=loop) for loop in LOOPS}
     for scenario in scenarios.values():
         run_scenario(scenario, backend, [])
@@ -193,26 +192,48 @@ def real_runs(
     for loop, result in last.items():
         if traces is not None:
             save_trace(result, traces / f"{name}-{loop}-{backend.name}.json")
-        median = Figures(
-            statistics.median(f.total for f in runs[loop]),
-            statistics.median(f.mean_iteration for f in runs[loop]),
-            statistics.median(f.engine_idle for f in runs[loop]),
-        )
-        deliveries = [(m.step, m.uid, m.kind) for m in result.trace.received]
-        out[loop] = RealRuns(median, result.outcomes, deliveries)
+        out[loop] = RealRuns(runs[loop], result.outcomes, result.deliveries)
     return out, host
 
 
-Row = tuple[str, str, float, float, float]  # scenario, figure, sim, gpu, sim with the host as run
+class Row(NamedTuple):
+    scenario: str
+    figure: str
+    sim: float  # the simulator with the calibrated profile
+    gpu: float  # median over the repeats
+    gpu_spread: float  # the repeats' p10-p90 range over their median: the device's own noise
+    as_run: float  # the simulator with the host's work re-measured on these repeats
+
+
+FIGURES = ("total ms", "iteration µs", "engine idle %", "overlap speed-up")
+
+
+def scenario_figures(overlap: Figures, normal: Figures) -> dict[str, float]:
+    """The figures `check` compares, from a scenario's overlap and normal runs."""
+    values = (
+        overlap.total * 1e3,
+        overlap.mean_iteration * 1e6,
+        overlap.engine_idle * 100,
+        normal.total / overlap.total,
+    )
+    return dict(zip(FIGURES, values, strict=True))
+
+
+def relative_range(values: list[float]) -> float:
+    """p10 to p90 over the median."""
+    q = statistics.quantiles(values, n=10, method="inclusive") if len(values) > 1 else values * 9
+    median = statistics.median(values)
+    return (q[8] - q[0]) / median if median else 0.0
 
 
 def check(
-    backend: TorchBackend, profile: Profile, repeats: int = 7, traces: Path | None = None
+    backend: TorchBackend, profile: Profile, repeats: int = 9, traces: Path | None = None
 ) -> list[Row]:
     """Per named scenario and figure: the simulator with `profile`, the GPU, and the simulator
     with the host's work (its phases, the leads and tails of forwards) re-measured on this
     scenario's GPU runs. The host's speed drifts by tens of percent over seconds on a shared
     machine, so the first column mixes that drift in; the last one is the model's own error.
+    GPU figures are medians over the repeats, whose own range the table shows.
     Prints the table; with `traces`, saves each scenario's last GPU run and its simulated run
     there.
 
@@ -239,27 +260,17 @@ def check(
                 sim[label, loop] = figures(result)
                 if traces is not None and label == "sim":
                     save_trace(result, traces / f"{name}-{loop}-sim.json")
-        o, n = real["overlap"].figures, real["normal"].figures
-        so, sn = sim["sim", "overlap"], sim["sim", "normal"]
-        ro, rn = sim["as run", "overlap"], sim["as run", "normal"]
-        rows += [
-            (name, "total ms", so.total * 1e3, o.total * 1e3, ro.total * 1e3),
-            (
-                name,
-                "iteration µs",
-                so.mean_iteration * 1e6,
-                o.mean_iteration * 1e6,
-                ro.mean_iteration * 1e6,
-            ),
-            (
-                name,
-                "engine idle %",
-                so.engine_idle * 100,
-                o.engine_idle * 100,
-                ro.engine_idle * 100,
-            ),
-            (name, "overlap speed-up", sn.total / so.total, n.total / o.total, rn.total / ro.total),
+        # Repeat i of each loop ran back to back: their speed-up is a pair's.
+        repeats_seen = [
+            scenario_figures(o, n)
+            for o, n in zip(real["overlap"].runs, real["normal"].runs, strict=True)
         ]
+        simulated = scenario_figures(sim["sim", "overlap"], sim["sim", "normal"])
+        again = scenario_figures(sim["as run", "overlap"], sim["as run", "normal"])
+        for fig in FIGURES:
+            seen = [r[fig] for r in repeats_seen]
+            gpu, noise = statistics.median(seen), relative_range(seen)
+            rows.append(Row(name, fig, simulated[fig], gpu, noise, again[fig]))
     print(format_rows(rows))
     return rows
 
@@ -269,12 +280,12 @@ def format_rows(rows: list[Row]) -> str:
         return f"{abs(a - b) / b * 100:.1f}%" if b else "-"
 
     lines = [
-        f"{'scenario':<16}{'figure':<18}{'sim':>10}{'gpu':>10}{'error':>8}"
-        f"{'sim, host as run':>23}{'error':>8}"
+        f"{'scenario':<16}{'figure':<18}{'sim':>10}{'gpu':>10}{'error':>8}{'gpu p10-p90':>13}"
+        f"{'sim, host as run':>18}{'error':>8}"
     ]
-    for name, fig, sim_value, real_value, again in rows:
+    for r in rows:
         lines.append(
-            f"{name:<16}{fig:<18}{sim_value:>10.3f}{real_value:>10.3f}"
-            f"{err(sim_value, real_value):>8}{again:>23.3f}{err(again, real_value):>8}"
+            f"{r.scenario:<16}{r.figure:<18}{r.sim:>10.3f}{r.gpu:>10.3f}{err(r.sim, r.gpu):>8}"
+            f"{r.gpu_spread * 100:>12.1f}%{r.as_run:>18.3f}{err(r.as_run, r.gpu):>8}"
         )
     return "\n".join(lines)

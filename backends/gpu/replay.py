@@ -109,8 +109,7 @@ def replay_verdicts(
     cex, _ = with_margin(cex)
     sim = cex.replay()
     plan = delay_plan(sim.trace)
-    deliveries = [(m.step, m.uid, m.kind) for m in sim.trace.received]
-    return plan, [replay_once(cex, backend, plan, deliveries, i)[0] for i in range(repeat)]
+    return plan, [replay_once(cex, backend, plan, sim.deliveries, i)[0] for i in range(repeat)]
 
 
 def replay_on_device(

@@ -178,10 +178,37 @@ def test_scenario_is_fitted_to_the_model(cpu: TorchBackend) -> None:
     )
     fitted: Scenario = cpu.prepare(wide)
     assert fitted.config.vocab_size == 1024
-    assert fitted.requests[0].prompt == (4000 % 1024, 5, 1024 + 1000)  # still out of range
+    assert fitted.requests[0].prompt == (4000 % 1024, 5 + 37, 1024 + 1000)  # still out of range
     result = run_scenario(wide, cpu)
     ok(result)
     assert result.outcomes[0].finish_reason == "rejected"
+
+
+def test_prompt_mapping_keeps_prefixes_and_spreads_a_constant_prompt() -> None:
+    from overlapcheck.backends.gpu.prepare import map_prompt
+
+    constant = map_prompt((3,) * 40, 64, 1024)
+    assert len(set(constant)) == 40  # no position repeats another's token
+    a, b = map_prompt((1, 2, 3, 4), 64, 1024), map_prompt((1, 2, 9, 4), 64, 1024)
+    assert a[:2] == b[:2] and a[2] != b[2]  # the cache's view: shared prefix, then a difference
+    assert map_prompt((-1, 70), 64, 1024) == (-1, 1024 + 6)  # out of range stays out of range
+
+
+def test_an_overwritten_prompt_token_shows_in_the_output(cpu: TorchBackend) -> None:
+    """What `chunk-sample-overwrite` does to a shrunk prompt of one repeated id: the mapped prompt
+    must make the overwrite change the greedy output, or no replay can show the race."""
+    assert cpu.oracle is not None
+    prompt = map_prompt_for(cpu, (3,) * 9)
+    sample = cpu.oracle.greedy(prompt[:8], 1)[0]
+    corrupted = (*prompt[:8], sample)
+    forcing = cpu.oracle.forcing(prompt)
+    assert max(forcing.accept(t) for t in cpu.oracle.greedy(corrupted, 4)) > 1.0
+
+
+def map_prompt_for(backend: TorchBackend, prompt: tuple[int, ...]) -> tuple[int, ...]:
+    from overlapcheck.backends.gpu.prepare import map_prompt
+
+    return map_prompt(prompt, 1024, backend.spec.vocab_size)
 
 
 def test_teacher_forcing_fails_a_non_token_without_feeding_it_to_the_reference(

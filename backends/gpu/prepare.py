@@ -1,7 +1,11 @@
 """Fit a scenario written for the simulator to a real model.
 
 * Prompt ids map into the model's vocabulary (ids outside the scenario's vocabulary stay outside,
-  so requests meant to be rejected still are).
+  so requests meant to be rejected still are), each position shifted by its own offset. A shrunk
+  counterexample's prompt is often one id repeated, and a random model answers a constant context
+  with a constant: an overwritten prompt token then changes no output, and the oracle cannot see
+  the race. The shift keeps what the cache matches on (equal prefixes stay equal, different ids
+  at one position stay different) while no two positions hold the same token.
 * Scripted continuations cannot steer a real model. Where a scenario scripts an EOS at position k
   of a request, the EOS id becomes a token of the reference's own greedy output: the candidate
   `greedy[k]` of some scripted request that makes the most scripted requests stop exactly where
@@ -22,13 +26,16 @@ from overlapcheck.scenarios.source import user_msg
 Greedy = Callable[[tuple[int, ...], int], list[int]]
 
 
+POSITION_SHIFT = 37  # odd: coprime with a power-of-two vocabulary, so positions shift apart
+
+
 def map_prompt(prompt: tuple[int, ...], scenario_vocab: int, model_vocab: int) -> tuple[int, ...]:
-    def one(t: int) -> int:
+    def one(position: int, t: int) -> int:
         if 0 <= t < scenario_vocab:
-            return t % model_vocab
+            return (t + POSITION_SHIFT * position) % model_vocab
         return t if t < 0 else model_vocab + (t - scenario_vocab)  # still out of range
 
-    return tuple(one(t) for t in prompt)
+    return tuple(one(i, t) for i, t in enumerate(prompt))
 
 
 def fit_scenario(scenario: Scenario, model_vocab: int, model_eos: int, greedy: Greedy) -> Scenario:

@@ -272,7 +272,28 @@ def check(
             gpu, noise = statistics.median(seen), relative_range(seen)
             rows.append(Row(name, fig, simulated[fig], gpu, noise, again[fig]))
     print(format_rows(rows))
+    print(verdict(rows))
     return rows
+
+
+TOLERANCE = 0.15  # the fidelity target: each figure within 15 % of the GPU's
+
+
+def verdict(rows: list[Row]) -> str:
+    """One line under the table: how many figures are within `TOLERANCE`, per simulator column,
+    next to the GPU's own noise (no model gets closer than the device is to itself)."""
+
+    def within(value: float, real: float) -> bool:
+        return abs(value - real) <= TOLERANCE * abs(real)
+
+    calibrated = sum(within(r.sim, r.gpu) for r in rows)
+    as_run = sum(within(r.as_run, r.gpu) for r in rows)
+    noisiest = max((r.gpu_spread for r in rows), default=0.0)
+    return (
+        f"within {TOLERANCE:.0%}: {calibrated}/{len(rows)} figures with the calibrated profile, "
+        f"{as_run}/{len(rows)} with the host as run; the GPU's own p10-p90 range reaches "
+        f"{noisiest:.0%}"
+    )
 
 
 def format_rows(rows: list[Row]) -> str:

@@ -126,6 +126,10 @@ class Counterexample:
     def reproduced(self, result: RunResult) -> Violation | None:
         return next((v for v in result.violations if v.invariant == self.invariant), None)
 
+    def without_faults(self) -> Counterexample:
+        """The same workload, timing and checks with the injected faults off: the fixed code."""
+        return Counterexample({**self.data, "faults": []}, f"{self.where} (fault off)")
+
 
 def load(path: str | Path) -> Counterexample:
     p = Path(path)

@@ -37,7 +37,7 @@ def test_the_fault_is_what_breaks_it(tmp_path: Path) -> None:
     assert result.found is not None
     path = counterexample.save(result.found.result, Profile(), result.found.draws, tmp_path)
     cex = counterexample.load(path)
-    fixed = counterexample.Counterexample({**cex.data, "faults": []}, "fixed")
+    fixed = cex.without_faults()
     assert fixed.replay().ok
 
 

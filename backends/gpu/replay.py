@@ -35,6 +35,11 @@ class Verdict:
     applied: int  # planned delays that found their operation
     missed: int
 
+    @property
+    def clean(self) -> bool:
+        """No invariant failed and the footprints show no race."""
+        return not self.manifested and self.race is None
+
     def to_json(self) -> dict[str, Any]:
         return {
             "repeat": self.repeat,
@@ -110,10 +115,14 @@ def replay_verdicts(
     cex, _ = with_margin(cex)
     sim = cex.replay()
     plan = delay_plan(sim.trace)
-    # A warm-up run, not judged: a workload's first run compiles and caches (new batch shapes),
-    # so its host phases run long and move the very ordering the plan sets up.
-    replay_once(cex, backend, plan, sim.deliveries, -1)
-    return plan, [replay_once(cex, backend, plan, sim.deliveries, i)[0] for i in range(repeat)]
+    try:
+        # A warm-up run, not judged: a workload's first run compiles and caches (new batch
+        # shapes), so its host phases run long and move the very ordering the plan sets up.
+        replay_once(cex, backend, plan, sim.deliveries, -1)
+        verdicts = [replay_once(cex, backend, plan, sim.deliveries, i)[0] for i in range(repeat)]
+    finally:
+        backend.delays = []  # later runs on this backend are not part of the replay
+    return plan, verdicts
 
 
 def replay_on_device(

@@ -198,18 +198,14 @@ def test_prompt_mapping_keeps_prefixes_and_spreads_a_constant_prompt() -> None:
 def test_an_overwritten_prompt_token_shows_in_the_output(cpu: TorchBackend) -> None:
     """What `chunk-sample-overwrite` does to a shrunk prompt of one repeated id: the mapped prompt
     must make the overwrite change the greedy output, or no replay can show the race."""
+    from overlapcheck.backends.gpu.prepare import map_prompt
+
     assert cpu.oracle is not None
-    prompt = map_prompt_for(cpu, (3,) * 9)
+    prompt = map_prompt((3,) * 9, 1024, cpu.spec.vocab_size)
     sample = cpu.oracle.greedy(prompt[:8], 1)[0]
     corrupted = (*prompt[:8], sample)
     forcing = cpu.oracle.forcing(prompt)
     assert max(forcing.accept(t) for t in cpu.oracle.greedy(corrupted, 4)) > 1.0
-
-
-def map_prompt_for(backend: TorchBackend, prompt: tuple[int, ...]) -> tuple[int, ...]:
-    from overlapcheck.backends.gpu.prepare import map_prompt
-
-    return map_prompt(prompt, 1024, backend.spec.vocab_size)
 
 
 def test_teacher_forcing_fails_a_non_token_without_feeding_it_to_the_reference(

@@ -62,6 +62,49 @@ class FootprintRecorder:
     def idle(self, start: float, end: float) -> Op:
         return self.op(HOST, "idle", start, label="idle", start=start, end=end)
 
+    # -- stream operations (each device times them its own way) -------------------------------
+
+    def metadata_copy(self, batch: BatchInput, stream: str, issue: float) -> Op:
+        """The H2D of a batch's metadata out of the staging buffer."""
+        return self._batch_op(
+            stream,
+            "h2d",
+            issue,
+            batch,
+            f"metadata {batch.label}",
+            self._metadata_copy_accesses(batch),
+        )
+
+    def forward(self, batch: BatchInput, stream: str, issue: float) -> Op:
+        return self._batch_op(
+            stream, "forward", issue, batch, batch.label, self._forward_accesses(batch)
+        )
+
+    def d2h(self, batch: BatchInput, stream: str, issue: float) -> Op:
+        """The copy of a batch's samples to its host output buffer."""
+        return self._batch_op(
+            stream, "d2h", issue, batch, f"d2h {batch.label}", self._d2h_accesses(batch)
+        )
+
+    def _batch_op(
+        self,
+        stream: str,
+        kind: str,
+        issue: float,
+        batch: BatchInput,
+        label: str,
+        accesses: list[Access],
+    ) -> Op:
+        return self.op(
+            stream,
+            kind,
+            issue,
+            label=label,
+            batch=batch.batch_id,
+            uids=batch.uids,
+            accesses=accesses,
+        )
+
     # -- footprints ---------------------------------------------------------------------------
 
     def rows(self, buffer: str, writes: Sequence[RowWrite]) -> Access:
@@ -79,7 +122,7 @@ class FootprintRecorder:
     def staging_cells(self, batch: BatchInput) -> np.ndarray:
         return np.arange(METADATA_FIELDS * len(batch.seqs), dtype=np.int64)
 
-    def forward_accesses(self, batch: BatchInput) -> list[Access]:
+    def _forward_accesses(self, batch: BatchInput) -> list[Access]:
         # One numpy call per array for the whole batch, not per sequence: this runs every
         # simulated iteration (see DESIGN: never loop over cells in Python).
         w = self.width
@@ -109,7 +152,7 @@ class FootprintRecorder:
             (s.out_row * w + s.out_col for s in batch.seqs), np.int64, len(batch.seqs)
         )
 
-    def d2h_accesses(self, batch: BatchInput) -> list[Access]:
+    def _d2h_accesses(self, batch: BatchInput) -> list[Access]:
         sampled = self._sample_cells(batch)
         out = np.arange(len(batch.seqs), dtype=np.int64)
         return [
@@ -130,7 +173,7 @@ class FootprintRecorder:
             end=issue,
         )
 
-    def metadata_copy_accesses(self, batch: BatchInput) -> list[Access]:
+    def _metadata_copy_accesses(self, batch: BatchInput) -> list[Access]:
         return [
             Access(STAGING, self.staging_cells(batch), "r"),
             Access(METADATA, self.metadata_cells(batch), "w"),

@@ -15,7 +15,6 @@ import contextlib
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
 
 import numpy as np
 import torch
@@ -206,15 +205,7 @@ class TorchDevice(Device):
         flat = batch.metadata()
         self.staging.numpy()[: len(flat)] = flat  # the host rewrites the one staging buffer now
         self.recorder.staging_write(batch, self.now())
-        op = self.recorder.op(
-            stream.name,
-            "h2d",
-            self.now(),
-            label=f"metadata {batch.label}",
-            batch=batch.batch_id,
-            uids=batch.uids,
-            accesses=self.recorder.metadata_copy_accesses(batch),
-        )
+        op = self.recorder.metadata_copy(batch, stream.name, self.now())
         with self._enqueue(stream, op):
             parity = batch.batch_id % 2
             slot = self.engine.pools.metadata[parity, : len(flat)]
@@ -258,23 +249,8 @@ class TorchDevice(Device):
         self.clock.add(op, event, event)
 
     def forward(self, batch: BatchInput, stream: Stream) -> ForwardOutput:
-        common: dict[str, Any] = dict(batch=batch.batch_id, uids=batch.uids)
-        kernel = self.recorder.op(
-            stream.name,
-            "forward",
-            self.now(),
-            label=batch.label,
-            accesses=self.recorder.forward_accesses(batch),
-            **common,
-        )
-        copy = self.recorder.op(
-            stream.name,
-            "d2h",
-            self.now(),
-            label=f"d2h {batch.label}",
-            accesses=self.recorder.d2h_accesses(batch),
-            **common,
-        )
+        kernel = self.recorder.forward(batch, stream.name, self.now())
+        copy = self.recorder.d2h(batch, stream.name, self.now())
         # -1 until the copy lands, as on the simulator: a too-early read shows.
         host = torch.full((len(batch.seqs),), -1, dtype=torch.int32, pin_memory=self.cuda)
         if self.cuda:

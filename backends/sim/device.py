@@ -201,15 +201,7 @@ class SimDevice(Device):
         flat = np.asarray(batch.metadata(), dtype=np.int64)
         self.staging[: len(flat)] = flat
         self.recorder.staging_write(batch, self.now())
-        op = self.recorder.op(
-            stream.name,
-            "h2d",
-            self.now(),
-            label=f"metadata {batch.label}",
-            batch=batch.batch_id,
-            uids=batch.uids,
-            accesses=self.recorder.metadata_copy_accesses(batch),
-        )
+        op = self.recorder.metadata_copy(batch, stream.name, self.now())
         duration = self.timing.h2d(len(flat))
         op.delay = self.timing.last_delay
         parity, n = batch.batch_id % 2, len(flat)
@@ -256,26 +248,10 @@ class SimDevice(Device):
 
     def forward(self, batch: BatchInput, stream: Stream) -> ForwardOutput:
         output = SimOutput(self, batch)
-        kernel = self.recorder.op(
-            stream.name,
-            "forward",
-            self.now(),
-            label=batch.label,
-            batch=batch.batch_id,
-            uids=batch.uids,
-            accesses=self.recorder.forward_accesses(batch),
-        )
+        kernel = self.recorder.forward(batch, stream.name, self.now())
         duration = self.timing.forward(batch.num_tokens, batch.num_context_tokens)
         kernel.delay = self.timing.last_delay
-        copy = self.recorder.op(
-            stream.name,
-            "d2h",
-            self.now(),
-            label=f"d2h {batch.label}",
-            batch=batch.batch_id,
-            uids=batch.uids,
-            accesses=self.recorder.d2h_accesses(batch),
-        )
+        copy = self.recorder.d2h(batch, stream.name, self.now())
         copy_duration = self.timing.d2h()
         copy.delay = self.timing.last_delay
         n = len(batch.seqs)

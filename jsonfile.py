@@ -18,3 +18,14 @@ def read_json_file(path: str | Path, what: str) -> Any:
         return json.loads(p.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise UserError(f"{p}: not valid JSON: {err}") from None
+
+
+def check_header(data: Any, fmt: str, version: int, what: str, where: str) -> None:
+    """`data` must be a JSON object of our `fmt` at the `version` we read; else one UserError."""
+    if not isinstance(data, dict) or data.get("format") != fmt:
+        raise UserError(f'{where}: not an overlapcheck {what} (no "format": "{fmt}")')
+    if data.get("version") != version:
+        raise UserError(
+            f"{where}: {what} format version {data.get('version')!r} is not supported "
+            f"(this overlapcheck reads version {version})"
+        )

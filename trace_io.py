@@ -19,7 +19,7 @@ import numpy as np
 from overlapcheck.core.trace import Access, Message, Op, Trace
 from overlapcheck.errors import UserError
 from overlapcheck.invariants.base import Violation
-from overlapcheck.jsonfile import read_json_file
+from overlapcheck.jsonfile import check_header, read_json_file
 
 if TYPE_CHECKING:
     from overlapcheck.runner import RunResult
@@ -164,13 +164,7 @@ def load_trace(path: str | Path) -> SavedTrace:
 
 
 def trace_file_from_json(data: Any, where: str = "trace") -> SavedTrace:
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise UserError(f'{where}: not an overlapcheck trace (no "format": "{FORMAT}")')
-    if data.get("version") != VERSION:
-        raise UserError(
-            f"{where}: trace format version {data.get('version')!r} is not supported "
-            f"(this overlapcheck reads version {VERSION})"
-        )
+    check_header(data, FORMAT, VERSION, "trace", where)
     try:
         trace, lossless = trace_from_json(data["trace"])
         violations = [_violation(v) for v in data.get("violations", [])]

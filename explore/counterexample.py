@@ -14,7 +14,7 @@ from overlapcheck.core.faults import UnknownFaultError, parse_faults
 from overlapcheck.errors import UserError
 from overlapcheck.invariants.base import Violation
 from overlapcheck.invariants.registry import INVARIANTS, make_invariant
-from overlapcheck.jsonfile import read_json_file
+from overlapcheck.jsonfile import check_header, read_json_file
 from overlapcheck.runner import RunResult, run_scenario
 from overlapcheck.scenarios.loader import ScenarioError, scenario_from_dict
 from overlapcheck.scenarios.scenario import Scenario
@@ -134,13 +134,7 @@ class Counterexample:
 def load(path: str | Path) -> Counterexample:
     p = Path(path)
     data = read_json_file(p, "counterexample")
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise UserError(f'{p}: not an overlapcheck counterexample (no "format": "{FORMAT}")')
-    if data.get("version") != VERSION:
-        raise UserError(
-            f"{p}: counterexample format version {data.get('version')!r}, "
-            f"this overlapcheck reads {VERSION}"
-        )
+    check_header(data, FORMAT, VERSION, "counterexample", str(p))
     missing = [k for k in ("scenario", "invariant", "trace_hash") if k not in data]
     if missing:
         raise UserError(f"{p}: counterexample lacks {', '.join(missing)}")

@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from engine_cases import MATRIX, ok
+from engine_cases import MATRIX, matrix_scenario, ok
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -43,14 +43,7 @@ def cpu() -> Iterator[TorchBackend]:
 def test_matrix_tokens_equal_hf_greedy(
     cpu: TorchBackend, loop: str, cache: str, page_size: int
 ) -> None:
-    base = named_scenario("shared-prefix")  # prompts of 27-30 tokens: chunks of 8 split them
-    scenario = base.with_config(
-        loop=loop,
-        cache=cache,
-        page_size=page_size,
-        max_extend_tokens=8,
-        num_pages=base.config.num_pages // page_size,
-    )
+    scenario = matrix_scenario(loop, cache, page_size)
     result = run_scenario(scenario, cpu)
     ok(result)  # every invariant: oracle (= HF greedy), no-race over real footprints, pages, slots
     assert cpu.oracle is not None

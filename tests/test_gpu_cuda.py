@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from engine_cases import MATRIX, ok
+from engine_cases import MATRIX, matrix_scenario, ok
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -35,14 +35,7 @@ def cuda() -> TorchBackend:
 def test_matrix_within_logit_margin(
     cuda: TorchBackend, loop: str, cache: str, page_size: int
 ) -> None:
-    base = named_scenario("shared-prefix")
-    scenario = base.with_config(
-        loop=loop,
-        cache=cache,
-        page_size=page_size,
-        max_extend_tokens=8,
-        num_pages=base.config.num_pages // page_size,
-    )
+    scenario = matrix_scenario(loop, cache, page_size)
     result = run_scenario(scenario, cuda)
     ok(result)
     print(f"largest logit deficit {cuda.max_deficit():.4f} (margin {BF16_LOGIT_MARGIN})")

@@ -12,11 +12,11 @@ from typing import Any, Protocol
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.device import Device
 from overlapcheck.core.errors import InvariantError
-from overlapcheck.core.scheduler import MessageSource, Scheduler
+from overlapcheck.core.rules import max_output, rejection
 from overlapcheck.core.trace import Trace
-from overlapcheck.core.validate import max_output, rejection
 from overlapcheck.invariants.base import Invariant, InvariantViolated, Violation
 from overlapcheck.invariants.registry import make_invariants
+from overlapcheck.reference.scheduler import MessageSource, Scheduler
 from overlapcheck.scenarios.scenario import RequestSpec, Scenario
 from overlapcheck.scenarios.source import (
     IterationSource,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import statistics
 
-from overlapcheck.core.faults import FAULTS
 from overlapcheck.explore.search import search
+from overlapcheck.reference.faults import FAULTS
 
 SEEDS = range(5)
 

@@ -16,9 +16,9 @@ import json
 from pathlib import Path
 
 from overlapcheck.backends.sim.timing import Profile
-from overlapcheck.core.faults import FAULTS
 from overlapcheck.explore import counterexample
 from overlapcheck.explore.search import search
+from overlapcheck.reference.faults import FAULTS
 
 RACE_FAULTS = {"chunk-sample-overwrite", "staging-buffer-reuse", "copy-done-wrong-stream"}
 

@@ -18,11 +18,11 @@ from overlapcheck.commands.common import (
     positive_int,
 )
 from overlapcheck.core.config import POLICIES
-from overlapcheck.core.faults import UnknownFaultError, parse_faults
 from overlapcheck.errors import UserError
 from overlapcheck.explore import counterexample
 from overlapcheck.explore.search import SearchStats, search
 from overlapcheck.invariants.registry import INVARIANTS
+from overlapcheck.reference.faults import UnknownFaultError, parse_faults
 from overlapcheck.scenarios.named import NAMED
 
 

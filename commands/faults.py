@@ -6,7 +6,7 @@ import argparse
 import json
 import textwrap
 
-from overlapcheck.core.faults import FAULTS
+from overlapcheck.reference.faults import FAULTS
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

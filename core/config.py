@@ -10,7 +10,7 @@ LoopKind = Literal["overlap", "normal"]
 PolicyKind = Literal["fcfs", "lpm", "dfs-weight", "lof", "random", "hrrn", "lpm-aging"]
 CACHE_KINDS: tuple[CacheKind, ...] = ("radix", "naive")
 LOOP_KINDS: tuple[LoopKind, ...] = ("overlap", "normal")
-# How the pending list is ordered before each prefill batch (see core/policy.py).
+# How the pending list is ordered before each prefill batch (see reference/policy.py).
 POLICIES: tuple[PolicyKind, ...] = (
     "fcfs",
     "lpm",

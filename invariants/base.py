@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from overlapcheck.core.listener import SchedulerListener
+from overlapcheck.reference.listener import SchedulerListener
 
 if TYPE_CHECKING:
     from overlapcheck.runner import RunContext

@@ -7,9 +7,9 @@ so this is a property to measure and bound per policy, not a safety invariant.
 from __future__ import annotations
 
 from overlapcheck.core.messages import InMsg, UserMsg
-from overlapcheck.core.req import Req
-from overlapcheck.core.scheduler import Scheduler
 from overlapcheck.invariants.base import Invariant
+from overlapcheck.reference.req import Req
+from overlapcheck.reference.scheduler import Scheduler
 
 
 class BoundedWait(Invariant):

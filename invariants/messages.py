@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from overlapcheck.core.messages import AbortMsg, InMsg, OutMsg, TokenMsg, UserMsg
-from overlapcheck.core.scheduler import Scheduler
 from overlapcheck.invariants.base import Invariant
+from overlapcheck.reference.scheduler import Scheduler
 
 
 class NoPostEos(Invariant):

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from overlapcheck.core.messages import OutMsg
-from overlapcheck.core.scheduler import Scheduler
 from overlapcheck.invariants.base import Invariant
 from overlapcheck.invariants.hbgraph import explain
 from overlapcheck.invariants.races import RaceDetector
+from overlapcheck.reference.scheduler import Scheduler
 
 
 class NoRace(Invariant):

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from overlapcheck.core.errors import InvariantError
-from overlapcheck.core.req import Req, ReqState
-from overlapcheck.core.scheduler import Scheduler
 from overlapcheck.invariants.base import Invariant
+from overlapcheck.reference.req import Req, ReqState
+from overlapcheck.reference.scheduler import Scheduler
 
 
 class SlotNotInFlight(Invariant):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from overlapcheck.core.cache.allocator import PageAllocator
-from overlapcheck.core.cache.radix import RadixCache
 from overlapcheck.core.errors import InvariantError
+from overlapcheck.reference.cache.allocator import PageAllocator
+from overlapcheck.reference.cache.radix import RadixCache
 
 
 def cells(pages: list[int], page_size: int) -> list[int]:

@@ -6,8 +6,8 @@ import pytest
 
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.core.config import SchedulerConfig
-from overlapcheck.core.listener import SchedulerListener
-from overlapcheck.core.scheduler import Launched, Scheduler
+from overlapcheck.reference.listener import SchedulerListener
+from overlapcheck.reference.scheduler import Launched, Scheduler
 from overlapcheck.runner import run_scenario
 from overlapcheck.scenarios.scenario import RequestSpec, Scenario
 

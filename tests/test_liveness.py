@@ -7,8 +7,8 @@ import pytest
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.backends.sim.device import DeadlockError, SimEvent
 from overlapcheck.core.config import SchedulerConfig
-from overlapcheck.core.prefill import PrefillManager
 from overlapcheck.invariants.hbgraph import race_subgraph
+from overlapcheck.reference.prefill import PrefillManager
 from overlapcheck.runner import run_scenario
 from overlapcheck.scenarios.named import named_scenario
 from overlapcheck.scenarios.scenario import RequestSpec, Scenario

@@ -9,7 +9,7 @@ import pytest
 
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.backends.sim.toy_model import ToyModel
-from overlapcheck.core.validate import max_output
+from overlapcheck.core.rules import max_output
 from overlapcheck.runner import run_scenario
 from overlapcheck.scenarios.named import NAMED, named_scenario
 from overlapcheck.scenarios.source import user_msg

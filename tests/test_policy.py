@@ -15,15 +15,15 @@ from hypothesis import strategies as st
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.backends.sim.timing import Timing
 from overlapcheck.cli import main as cli_main
-from overlapcheck.core.cache.naive import NaiveCache
-from overlapcheck.core.cache.prompt_tree import PromptTree
-from overlapcheck.core.cache.radix import RadixCache
 from overlapcheck.core.config import ConfigError, SchedulerConfig
 from overlapcheck.core.messages import SamplingParams
-from overlapcheck.core.policy import CACHE_AWARE, POLICIES, make_policy
-from overlapcheck.core.req import Req
 from overlapcheck.invariants.fairness import BoundedWait
 from overlapcheck.invariants.registry import INVARIANTS, make_invariants
+from overlapcheck.reference.cache.naive import NaiveCache
+from overlapcheck.reference.cache.prompt_tree import PromptTree
+from overlapcheck.reference.cache.radix import RadixCache
+from overlapcheck.reference.policy import CACHE_AWARE, POLICIES, make_policy
+from overlapcheck.reference.req import Req
 from overlapcheck.runner import RunResult, run_scenario
 from overlapcheck.scenarios.fairness import VICTIM, hit_stream, queued_scenarios
 from overlapcheck.scenarios.loader import load_scenario_file
@@ -309,7 +309,7 @@ def test_named_scenarios_match_the_reference_under_every_policy(name: str, polic
 
 def result_reference(result: RunResult, uid: int) -> list[int]:
     from overlapcheck.backends.sim.toy_model import ToyModel
-    from overlapcheck.core.validate import max_output
+    from overlapcheck.core.rules import max_output
     from overlapcheck.scenarios.source import user_msg
 
     cfg = result.config

@@ -15,8 +15,8 @@ from overlapcheck.core.messages import (
     TokenMsg,
     UserMsg,
 )
-from overlapcheck.core.req import ReqState
-from overlapcheck.core.scheduler import Scheduler
+from overlapcheck.reference.req import ReqState
+from overlapcheck.reference.scheduler import Scheduler
 from overlapcheck.runner import run_scenario
 from overlapcheck.scenarios.scenario import RequestSpec, Scenario
 

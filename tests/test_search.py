@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from overlapcheck.backends.sim.timing import Profile
-from overlapcheck.core.faults import FAULTS
 from overlapcheck.explore import counterexample
 from overlapcheck.explore.search import search
+from overlapcheck.reference.faults import FAULTS
 from overlapcheck.scenarios.named import NAMED
 
 

@@ -14,8 +14,8 @@ import pytest
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.backends.sim.timing import Profile, SeededDelay, Timing
 from overlapcheck.cli import main as cli
-from overlapcheck.core.faults import parse_faults
 from overlapcheck.core.trace import Access, Op, Trace
+from overlapcheck.reference.faults import parse_faults
 from overlapcheck.runner import RunResult, run_scenario
 from overlapcheck.scenarios.named import named_scenario
 from overlapcheck.timeline.compare import render_compare, run_both

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from overlapcheck.core.config import SchedulerConfig
-from overlapcheck.core.validate import max_output, rejection
+from overlapcheck.core.rules import max_output, rejection
 from overlapcheck.scenarios.scenario import RequestSpec, Scenario
 from overlapcheck.scenarios.source import user_msg
 

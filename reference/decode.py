@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from overlapcheck.core.req import Req
+from overlapcheck.reference.req import Req
 
 
 class DecodeManager:

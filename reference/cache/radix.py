@@ -7,8 +7,8 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from overlapcheck.core.cache.base import CacheHandle, MatchResult, PrefixCache
 from overlapcheck.core.errors import InvariantError
+from overlapcheck.reference.cache.base import CacheHandle, MatchResult, PrefixCache
 
 
 @dataclass(eq=False, slots=True)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from overlapcheck.core.cache.manager import CacheManager
 from overlapcheck.core.config import SchedulerConfig
-from overlapcheck.core.policy import QueuePolicy, make_policy
-from overlapcheck.core.req import Req, ReqState
-from overlapcheck.core.table import TableManager
+from overlapcheck.reference.cache.manager import CacheManager
+from overlapcheck.reference.policy import QueuePolicy, make_policy
+from overlapcheck.reference.req import Req, ReqState
+from overlapcheck.reference.table import TableManager
 
 
 class Chunk(NamedTuple):

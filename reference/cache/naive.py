@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from overlapcheck.core.cache.base import CacheHandle, MatchResult, PrefixCache
+from overlapcheck.reference.cache.base import CacheHandle, MatchResult, PrefixCache
 
 
 class NaiveCache(PrefixCache):

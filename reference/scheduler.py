@@ -6,7 +6,7 @@ stream -> the engine stream waits for the scheduler stream -> launch forward N+1
 the same with "process" right after "launch".
 
 Every fix of a known upstream bug sits at one spot guarded by `self._fault(NAME)`, so that one named
-fault re-enables it (see `core/faults.py`).
+fault re-enables it (see `reference/faults.py`).
 """
 
 from __future__ import annotations
@@ -14,20 +14,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
-from overlapcheck.core import faults as F
 from overlapcheck.core.batch import BatchInput, Phase, RowWrite, SeqWork
-from overlapcheck.core.cache.manager import CacheManager
 from overlapcheck.core.config import SchedulerConfig
-from overlapcheck.core.decode import DecodeManager
 from overlapcheck.core.device import Device, Event, ForwardOutput
 from overlapcheck.core.errors import InvariantError
-from overlapcheck.core.listener import SchedulerListener
 from overlapcheck.core.messages import AbortMsg, InMsg, OutMsg, RejectMsg, TokenMsg, UserMsg
-from overlapcheck.core.prefill import Chunk, PrefillManager
-from overlapcheck.core.req import Req, ReqState
-from overlapcheck.core.table import TableManager
+from overlapcheck.core.rules import max_output, rejection
 from overlapcheck.core.trace import PAGE_TABLE, TOKEN_POOL, Message
-from overlapcheck.core.validate import max_output, rejection
+from overlapcheck.reference import faults as F
+from overlapcheck.reference.cache.manager import CacheManager
+from overlapcheck.reference.decode import DecodeManager
+from overlapcheck.reference.listener import SchedulerListener
+from overlapcheck.reference.prefill import Chunk, PrefillManager
+from overlapcheck.reference.req import Req, ReqState
+from overlapcheck.reference.table import TableManager
 
 
 class MessageSource(Protocol):

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from overlapcheck.core.cache.allocator import PageAllocator
-from overlapcheck.core.cache.base import PrefixCache
-from overlapcheck.core.cache.naive import NaiveCache
-from overlapcheck.core.cache.radix import RadixCache
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.errors import InvariantError
-from overlapcheck.core.req import Req
+from overlapcheck.reference.cache.allocator import PageAllocator
+from overlapcheck.reference.cache.base import PrefixCache
+from overlapcheck.reference.cache.naive import NaiveCache
+from overlapcheck.reference.cache.radix import RadixCache
+from overlapcheck.reference.req import Req
 
 
 class CacheManager:

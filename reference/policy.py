@@ -26,11 +26,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from fractions import Fraction
 
-from overlapcheck.core.cache.base import PrefixCache
-from overlapcheck.core.cache.prompt_tree import PromptTree
-from overlapcheck.core.cache.radix import RadixCache, RadixNode
 from overlapcheck.core.config import POLICIES, PolicyKind, SchedulerConfig
-from overlapcheck.core.req import Req
+from overlapcheck.reference.cache.base import PrefixCache
+from overlapcheck.reference.cache.prompt_tree import PromptTree
+from overlapcheck.reference.cache.radix import RadixCache, RadixNode
+from overlapcheck.reference.req import Req
 
 __all__ = ["CACHE_AWARE", "POLICIES", "QueuePolicy", "make_policy"]
 

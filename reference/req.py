@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from overlapcheck.core.cache.base import CacheHandle
 from overlapcheck.core.messages import SamplingParams
+from overlapcheck.reference.cache.base import CacheHandle
 
 
 class ReqState(Enum):

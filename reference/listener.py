@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 from overlapcheck.core.messages import InMsg, OutMsg
 
 if TYPE_CHECKING:
-    from overlapcheck.core.req import Req
-    from overlapcheck.core.scheduler import Launched, Scheduler
+    from overlapcheck.reference.req import Req
+    from overlapcheck.reference.scheduler import Launched, Scheduler
 
 
 class SchedulerListener:

@@ -16,8 +16,8 @@ import json
 from pathlib import Path
 
 from overlapcheck.backends.sim.timing import Profile
-from overlapcheck.explore import counterexample
 from overlapcheck.explore.search import search
+from overlapcheck.formats import counterexample
 from overlapcheck.reference.faults import FAULTS
 
 RACE_FAULTS = {"chunk-sample-overwrite", "staging-buffer-reuse", "copy-done-wrong-stream"}

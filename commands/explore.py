@@ -19,8 +19,8 @@ from overlapcheck.commands.common import (
 )
 from overlapcheck.core.config import POLICIES
 from overlapcheck.errors import UserError
-from overlapcheck.explore import counterexample
 from overlapcheck.explore.search import SearchStats, search
+from overlapcheck.formats import counterexample
 from overlapcheck.invariants.registry import INVARIANTS
 from overlapcheck.reference.faults import UnknownFaultError, parse_faults
 from overlapcheck.scenarios.named import NAMED

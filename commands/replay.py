@@ -10,7 +10,7 @@ import networkx as nx
 
 from overlapcheck.commands.common import positive_int
 from overlapcheck.errors import UserError
-from overlapcheck.explore import counterexample
+from overlapcheck.formats import counterexample
 from overlapcheck.invariants.base import Violation
 from overlapcheck.invariants.hbgraph import race_subgraph
 from overlapcheck.runner import RunResult

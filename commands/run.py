@@ -43,7 +43,7 @@ def main(args: argparse.Namespace) -> int:
     backend = make_backend(args.backend, make_timing(args), **options)
     result = run_scenario(scenario, backend, [*INVARIANTS, *args.check] if args.check else None)
     if args.trace:
-        from overlapcheck.trace_io import save_trace
+        from overlapcheck.formats.trace_file import save_trace
 
         save_trace(result, args.trace)
     if args.timeline:

@@ -9,14 +9,14 @@ from overlapcheck.backends.registry import make_backend
 from overlapcheck.backends.sim.calibrate import as_ran
 from overlapcheck.commands.common import add_timing, make_timing, resolve_scenario
 from overlapcheck.errors import UserError
-from overlapcheck.explore import counterexample
-from overlapcheck.explore.counterexample import FORMAT as COUNTEREXAMPLE
-from overlapcheck.jsonfile import read_json_file
+from overlapcheck.formats import counterexample
+from overlapcheck.formats.counterexample import FORMAT as COUNTEREXAMPLE
+from overlapcheck.formats.jsonfile import read_json_file
+from overlapcheck.formats.trace_file import FORMAT as TRACE_FORMAT
+from overlapcheck.formats.trace_file import trace_file_from_json
 from overlapcheck.runner import run_scenario
 from overlapcheck.timeline.model import Interval, Rendered
 from overlapcheck.timeline.render import output_path, render_result, render_trace
-from overlapcheck.trace_io import FORMAT as TRACE_FORMAT
-from overlapcheck.trace_io import trace_file_from_json
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

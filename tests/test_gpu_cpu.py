@@ -237,7 +237,7 @@ def test_calibration_check_compares_every_named_scenario(
 ) -> None:
     from overlapcheck.backends.gpu.calibrate import check
     from overlapcheck.backends.sim.timing import Profile
-    from overlapcheck.trace_io import load_trace
+    from overlapcheck.formats.trace_file import load_trace
 
     rows = check(cpu, Profile(), repeats=1, traces=tmp_path)
     assert len(rows) == 4 * len(NAMED)

@@ -22,7 +22,7 @@ from overlapcheck.backends.gpu.replay import (  # noqa: E402
     replay_verdicts,
     sleep_cycles_per_second,
 )
-from overlapcheck.explore import counterexample  # noqa: E402
+from overlapcheck.formats import counterexample  # noqa: E402
 from overlapcheck.reference.faults import FAULTS  # noqa: E402
 
 pytestmark = pytest.mark.cuda

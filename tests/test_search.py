@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from overlapcheck.backends.sim.timing import Profile
-from overlapcheck.explore import counterexample
 from overlapcheck.explore.search import search
+from overlapcheck.formats import counterexample
 from overlapcheck.reference.faults import FAULTS
 from overlapcheck.scenarios.named import NAMED
 

@@ -15,12 +15,12 @@ from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.backends.sim.timing import Profile, SeededDelay, Timing
 from overlapcheck.cli import main as cli
 from overlapcheck.core.trace import Access, Op, Trace
+from overlapcheck.formats.trace_file import load_trace, save_trace, trace_from_json, trace_to_json
 from overlapcheck.reference.faults import parse_faults
 from overlapcheck.runner import RunResult, run_scenario
 from overlapcheck.scenarios.named import named_scenario
 from overlapcheck.timeline.compare import render_compare, run_both
 from overlapcheck.timeline.render import render_result, render_trace
-from overlapcheck.trace_io import load_trace, save_trace, trace_from_json, trace_to_json
 
 LANES = ["host", "scheduler stream", "engine stream"]
 Pair = tuple[RunResult, RunResult]
@@ -269,7 +269,7 @@ def test_cli_run_trace_then_timeline(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 
 def test_cli_counterexample_is_replayed(race: RunResult, tmp_path: Path) -> None:
-    counterexample = pytest.importorskip("overlapcheck.explore.counterexample")
+    counterexample = pytest.importorskip("overlapcheck.formats.counterexample")
     path = counterexample.save(race, Profile(), {}, tmp_path)
     out = tmp_path / "cx.json"
     assert cli(["timeline", str(path), "-o", str(out)]) == 0

@@ -24,11 +24,11 @@ from overlapcheck.backends.sim.calibrate import (
 )
 from overlapcheck.backends.sim.timing import Profile, Timing
 from overlapcheck.core.trace import HOST, Trace
+from overlapcheck.formats.trace_file import save_trace
 from overlapcheck.runner import RequestOutcome, RunResult, run_scenario
 from overlapcheck.scenarios.named import NAMED, named_scenario
 from overlapcheck.scenarios.scenario import Scenario
 from overlapcheck.timeline.model import idle_gaps, idle_share, trace_end
-from overlapcheck.trace_io import save_trace
 
 STREAM_KINDS = ("h2d", "d2h", "forward")
 LOOPS = ("overlap", "normal")

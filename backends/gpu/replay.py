@@ -18,8 +18,8 @@ from typing import Any
 import torch
 
 from overlapcheck.backends.gpu.backend import TorchBackend, make_torch_backend
-from overlapcheck.explore.counterexample import Counterexample
 from overlapcheck.explore.delay_plan import Delay, delay_plan
+from overlapcheck.formats.counterexample import Counterexample
 from overlapcheck.invariants.no_race import NoRace
 from overlapcheck.invariants.races import RaceDetector
 from overlapcheck.invariants.registry import INVARIANTS

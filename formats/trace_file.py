@@ -18,8 +18,8 @@ import numpy as np
 
 from overlapcheck.core.trace import Access, Message, Op, Trace
 from overlapcheck.errors import UserError
+from overlapcheck.formats.jsonfile import check_header, read_json_file
 from overlapcheck.invariants.base import Violation
-from overlapcheck.jsonfile import check_header, read_json_file
 
 if TYPE_CHECKING:
     from overlapcheck.runner import RunResult

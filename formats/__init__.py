@@ -1,0 +1,1 @@
+"""File formats, one owner: trace files, counterexample files, and the JSON header they share."""

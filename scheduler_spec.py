@@ -1,0 +1,118 @@
+"""Which scheduler a run checks: `--scheduler PATH.py:FACTORY` or `module:FACTORY`.
+
+A spec is a plain string (it travels to worker processes and into counterexample files); loading
+it imports the code and checks that the factory builds something that satisfies the protocol.
+The default, `reference`, is the built-in reference scheduler.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import sys
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+
+from overlapcheck.core.protocol import SchedulerFactory
+from overlapcheck.errors import UserError
+
+REFERENCE = "reference"
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerSpec:
+    """`reference`, `path/to/file.py:factory` or `package.module:factory`."""
+
+    text: str = REFERENCE
+
+    @property
+    def is_reference(self) -> bool:
+        return self.text == REFERENCE
+
+    def factory(self) -> SchedulerFactory:
+        """The factory, imported once per process. Raises UserError with one line."""
+        return _load(self.text)
+
+    def source_path(self) -> Path | None:
+        """The file that defines the factory (None for the reference or a builtin module)."""
+        if self.is_reference:
+            return None
+        module = _module(self.text)
+        file = getattr(module, "__file__", None)
+        return Path(file) if file else None
+
+    def source_hash(self) -> str | None:
+        """A hash of the defining file's bytes: a replay notices that the scheduler changed."""
+        path = self.source_path()
+        if path is None or not path.is_file():
+            return None
+        return hashlib.blake2b(path.read_bytes(), digest_size=8).hexdigest()
+
+    def to_json(self) -> dict[str, str | None]:
+        return {"spec": self.text, "source_hash": self.source_hash()}
+
+
+def parse_spec(text: str) -> SchedulerSpec:
+    """A spec from the command line, checked for shape (not loaded). Raises UserError."""
+    text = text.strip()
+    if text == REFERENCE:
+        return SchedulerSpec()
+    where, sep, name = text.rpartition(":")
+    if not sep or not where or not name.isidentifier():
+        raise UserError(
+            f"--scheduler {text!r}: expected PATH.py:FACTORY, module:FACTORY or {REFERENCE}"
+        )
+    return SchedulerSpec(text)
+
+
+@cache
+def _module(text: str) -> ModuleType:
+    where = text.rpartition(":")[0]
+    if where.endswith(".py") or "/" in where or "\\" in where:
+        path = Path(where)
+        if not path.is_file():
+            raise UserError(f"--scheduler {text}: no such file {where}")
+        name = (
+            "overlapcheck_plugin_"
+            + hashlib.blake2b(str(path.resolve()).encode(), digest_size=6).hexdigest()
+        )
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise UserError(f"--scheduler {text}: cannot load {where} as Python")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses and pickling look modules up by name
+        try:
+            spec.loader.exec_module(module)
+        except Exception as err:
+            del sys.modules[name]
+            raise UserError(
+                f"--scheduler {text}: importing {where} failed: {type(err).__name__}: {err}"
+            ) from None
+        return module
+    try:
+        return importlib.import_module(where)
+    except ImportError as err:
+        raise UserError(f"--scheduler {text}: cannot import {where}: {err}") from None
+    except Exception as err:
+        raise UserError(
+            f"--scheduler {text}: importing {where} failed: {type(err).__name__}: {err}"
+        ) from None
+
+
+@cache
+def _load(text: str) -> SchedulerFactory:
+    if text == REFERENCE:
+        from overlapcheck.reference.scheduler import Scheduler
+
+        return Scheduler
+    module = _module(text)
+    name = text.rpartition(":")[2]
+    factory = getattr(module, name, None)
+    if factory is None:
+        raise UserError(f"--scheduler {text}: {module.__name__} has no {name}")
+    if not callable(factory):
+        raise UserError(f"--scheduler {text}: {name} is not callable")
+    return factory  # type: ignore[no-any-return]

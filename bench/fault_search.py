@@ -1,39 +1,49 @@
-"""Time to first failure and shrunk size for each named fault (median of 5 seeds)."""
+"""Time to first failure and shrunk size for each named fault (median of 5 seeds).
+
+`--workers N` runs each search as N streams in processes (`explore --workers N`): the time to the
+first failure is then the time until any stream finds one.
+"""
 
 from __future__ import annotations
 
+import argparse
 import statistics
 
-from overlapcheck.explore.search import search
+from overlapcheck.explore.parallel import search_streams
+from overlapcheck.explore.search import SearchSpec
 from overlapcheck.reference.faults import FAULTS
 
 SEEDS = range(5)
 
 
-def main() -> None:
-    print("fault search: explore from an empty database, all invariants on, median of 5 seeds")
+def main(workers: int = 1, seeds: range = SEEDS) -> None:
+    n = len(seeds)
+    print(
+        f"fault search: explore from an empty database, all invariants on, median of {n} seeds, "
+        f"{workers} worker(s)"
+    )
     print(
         f"{'fault':<24}{'found':>6}{'first fail s':>13}{'examples':>9}{'total s':>9}"
         f"{'requests':>9}{'iterations':>11}  invariants"
     )
     for name in FAULTS:
         firsts, examples, totals, reqs, iters, invs = [], [], [], [], [], set()
-        for seed in SEEDS:
-            result = search(faults=frozenset([name]), budget=120, max_examples=20_000, seed=seed)
-            if result.found is None:
+        for seed in seeds:
+            spec = SearchSpec(faults=frozenset([name]), budget=120, max_examples=20_000, seed=seed)
+            outcome = search_streams(spec, workers)
+            if outcome.found is None:
                 continue
-            firsts.append(result.stats.first_failure or 0.0)
-            examples.append(result.stats.examples_to_failure or 0)
-            totals.append(result.stats.seconds)
-            run = result.found.result
-            reqs.append(len(run.scenario.requests))
-            iters.append(run.iterations)
-            invs.add(run.violations[0].invariant)
+            firsts.append(outcome.stats.first_failure or 0.0)
+            examples.append(outcome.stats.examples_to_failure or 0)
+            totals.append(outcome.stats.seconds)
+            reqs.append(outcome.found["size"]["requests"])
+            iters.append(outcome.found["size"]["iterations"])
+            invs.add(outcome.found["invariant"])
         if not firsts:
-            print(f"{name:<24}{'0/5':>6}")
+            print(f"{name:<24}{f'0/{n}':>6}")
             continue
         print(
-            f"{name:<24}{len(firsts):>4}/5{statistics.median(firsts):>13.2f}"
+            f"{name:<24}{len(firsts):>4}/{n}{statistics.median(firsts):>13.2f}"
             f"{statistics.median(examples):>9.0f}{statistics.median(totals):>9.2f}"
             f"{statistics.median(reqs):>9.0f}{statistics.median(iters):>11.0f}"
             f"  {', '.join(sorted(invs))}"
@@ -41,4 +51,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=1)
+    main(parser.parse_args().workers)

@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 
 from overlapcheck.backends.sim.timing import Profile
-from overlapcheck.explore.search import search
+from overlapcheck.explore.search import SearchSpec, search
 from overlapcheck.formats import counterexample
 from overlapcheck.reference.faults import FAULTS
 
@@ -39,7 +39,8 @@ def phase_search(out: Path, budget: float, faults: list[str]) -> None:
     profile = Profile.load(profile_path) if profile_path.exists() else Profile()
     for name in faults:
         skip = frozenset({"no-race"}) if name in RACE_FAULTS else frozenset()
-        result = search(faults=frozenset([name]), budget=budget, seed=0, profile=profile, skip=skip)
+        spec = SearchSpec(faults=frozenset([name]), budget=budget, profile=profile, skip=skip)
+        result = search(spec)
         if result.found is None:
             print(f"{name}: not found in {result.stats.examples} examples")
             continue

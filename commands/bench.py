@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import argparse
 
+from overlapcheck.commands.common import positive_int
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="measure the simulator's speed (and more, by flag)")
     p.add_argument("--faults", action="store_true", help="time to first failure per named fault")
+    p.add_argument(
+        "--workers",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="--faults: each search as N streams in processes (like explore --workers)",
+    )
     p.add_argument(
         "--policies",
         action="store_true",
@@ -23,7 +32,7 @@ def main(args: argparse.Namespace) -> int:
     if args.faults:
         from overlapcheck.bench import fault_search
 
-        fault_search.main()
+        fault_search.main(args.workers)
     if args.policies:
         from overlapcheck.bench import policies
 

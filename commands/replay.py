@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import sys
 
 import networkx as nx
 
 from overlapcheck.commands.common import positive_int
+from overlapcheck.commands.explore import add_scheduler_option, scheduler_from_args
 from overlapcheck.errors import UserError
 from overlapcheck.formats import counterexample
 from overlapcheck.invariants.base import Violation
@@ -30,6 +32,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--preset", help="(cpu/cuda) model preset (default tiny)")
     p.add_argument("--model", help="(cpu/cuda) a Hugging Face checkpoint directory")
     p.add_argument("--json", action="store_true")
+    add_scheduler_option(p, default=None)
+    p.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="(cpu/cuda) spread the repeats over a Ray cluster, one engine per GPU (cuda) or "
+        "per CPU (cpu); `local` starts a local Ray instance",
+    )
     p.add_argument(
         "--hb-graph",
         metavar="OUT.graphml",
@@ -40,6 +49,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def main(args: argparse.Namespace) -> int:
     cex = counterexample.load(args.file)
+    scheduler = scheduler_from_args(args)  # overrides the one the file records
+    change = cex.scheduler_change(scheduler)
+    if change is not None:
+        print(change, file=sys.stderr)
+    if args.ray is not None and args.backend == "sim":
+        raise UserError("--ray spreads the repeats of a device replay: use it with --backend cuda")
+    if args.ray is not None:
+        from overlapcheck.commands.ray_replay import replay_on_cluster
+
+        return replay_on_cluster(cex, args)
     if args.backend != "sim":
         try:
             from overlapcheck.backends.gpu.replay import replay_on_device
@@ -48,8 +67,19 @@ def main(args: argparse.Namespace) -> int:
                 f"--backend {args.backend} needs torch and transformers ({err.name} is missing): "
                 "pip install 'overlapcheck[real]'"
             ) from None
-        return replay_on_device(cex, args.backend, args.repeat, args.json, args.preset, args.model)
-    result = cex.replay()
+        extra: dict[str, object] = {}
+        spec = scheduler or cex.scheduler
+        if not spec.is_reference:
+            if "scheduler" not in inspect.signature(replay_on_device).parameters:
+                raise UserError(
+                    f"--backend {args.backend} replays the reference scheduler only so far "
+                    f"(this counterexample ran {spec.text})"
+                )
+            extra["scheduler"] = spec
+        return replay_on_device(
+            cex, args.backend, args.repeat, args.json, args.preset, args.model, **extra
+        )
+    result = cex.replay(scheduler)
     hit = cex.reproduced(result)
     if args.hb_graph:
         _write_hb_graph(result, hit, args.hb_graph)

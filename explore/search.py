@@ -7,22 +7,24 @@ examples, each round with its own seed.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field, replace
 
 from hypothesis import HealthCheck, Phase, given, settings, target
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
-from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
+from hypothesis.database import DirectoryBasedExampleDatabase
 
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.backends.sim.timing import Profile, Timing
 from overlapcheck.core.trace import Trace
 from overlapcheck.invariants.registry import INVARIANTS
 from overlapcheck.runner import RunResult, run_scenario
-from overlapcheck.scenarios.strategies import HypothesisDelay, scenarios
+from overlapcheck.scenarios.scenario import Scenario
+from overlapcheck.scenarios.strategies import HypothesisDelay, scenarios, variations
+from overlapcheck.scheduler_spec import SchedulerSpec
 
 
 class Found(Exception):
@@ -42,6 +44,12 @@ def _found_class(invariant: str) -> type[Found]:
         name = "Found_" + invariant.replace("-", "_")
         _FOUND[invariant] = type(name, (Found,), {})
     return _FOUND[invariant]
+
+
+class _Stopped(BaseException):
+    """Raised at the end of an example to end the search: Hypothesis lets a BaseException through
+    without shrinking or replaying it. (Raised any earlier, or an example cut short, the run
+    draws less than the same prefix did before: Hypothesis calls that flaky data generation.)"""
 
 
 @dataclass
@@ -83,51 +91,122 @@ def check_list(skip: frozenset[str], extra: tuple[str, ...]) -> list[str] | None
     return [i for i in INVARIANTS if i not in skip] + list(extra)
 
 
+@dataclass(frozen=True, slots=True)
+class SearchSpec:
+    """What to search: one picklable value, so that worker processes and Ray tasks get the same.
+
+    `scenario`: `all` (generated workloads), a named scenario, or a `Scenario` (from a user's
+    file): variations of it are explored. `skip`: invariants not to check; `extra_checks`: opt-in
+    ones (`bounded-wait=K`); `policy` pins the queue policy (else it is drawn with the rest of
+    the configuration); `database`: a Hypothesis example database directory (None: in memory);
+    `scheduler`: the scheduler under test; `round_size`: examples per Hypothesis run (the budget
+    and the progress are checked between rounds).
+    """
+
+    scenario: str | Scenario = "all"
+    faults: frozenset[str] = frozenset()
+    budget: float = 60.0
+    max_examples: int = 1000
+    seed: int = 0
+    profile: Profile = field(default_factory=Profile)
+    database: str | None = None
+    skip: frozenset[str] = frozenset()
+    policy: str | None = None
+    extra_checks: tuple[str, ...] = ()
+    scheduler: SchedulerSpec = field(default_factory=SchedulerSpec)
+    round_size: int = 25
+
+    @property
+    def checks(self) -> list[str] | None:
+        # Skipping `no-race` makes the search look for races that corrupt data (an oracle
+        # failure), which needs the right timing: the counterexamples worth replaying on a GPU.
+        return check_list(self.skip, self.extra_checks)
+
+    def strategy(self) -> st.SearchStrategy[Scenario]:
+        if isinstance(self.scenario, Scenario):
+            base = self.scenario
+            if self.policy is not None:
+                base = base.with_config(policy=self.policy)
+            return variations(base, self.faults)
+        return scenarios(self.scenario, self.faults, self.policy)
+
+    def stream(self, index: int, streams: int) -> SearchSpec:
+        """The spec of search stream `index` of `streams`: its own seed, its share of examples."""
+        share = self.max_examples // streams + (index < self.max_examples % streams)
+        return replace(self, seed=stream_seed(self.seed, index), max_examples=max(1, share))
+
+
+def stream_seed(seed: int, index: int) -> int:
+    """Stream 0 keeps `seed` (one stream searches as a single process does); the others get
+    seeds far from it and from each other."""
+    if index == 0:
+        return seed
+    digest = hashlib.blake2b(f"{seed}/{index}".encode(), digest_size=6).digest()
+    return int.from_bytes(digest, "big")
+
+
+def run_example(
+    scenario: Scenario, backend: SimBackend, checks: list[str] | None, scheduler: SchedulerSpec
+) -> RunResult:
+    """One run of the scheduler under test."""
+    factory = None if scheduler.is_reference else scheduler.factory()
+    return run_scenario(scenario, backend, checks, scheduler=factory)
+
+
 def search(
-    scenario: str = "all",
-    faults: frozenset[str] = frozenset(),
-    budget: float = 60.0,
-    max_examples: int = 1000,
-    seed: int = 0,
-    profile: Profile | None = None,
-    database: ExampleDatabase | str | None = None,
+    spec: SearchSpec,
     on_round: Callable[[SearchStats], None] | None = None,
-    round_size: int = 25,
-    skip: frozenset[str] = frozenset(),
-    policy: str | None = None,
-    extra_checks: tuple[str, ...] = (),
+    on_failure: Callable[[Found], bool] | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> SearchResult:
     """Search until a violation, `max_examples` examples, or `budget` seconds (checked per round).
 
-    `skip`: invariants not to check (see below); `extra_checks`: opt-in ones (`bounded-wait=K`);
-    `policy` pins the queue policy (else it is drawn with the rest of the configuration).
+    `on_round` sees the running totals after each round. `on_failure` is called once, with the
+    first failing example before shrinking starts (save it: a kill during shrinking must not lose
+    it); returning False drops the failure (another search stream already has one). `should_stop`
+    is polled before each example: once it says so, the search winds down without running more.
     """
-    prof = profile or Profile()
+    prof = spec.profile
     stats = SearchStats()
     started = time.perf_counter()
-    db = DirectoryBasedExampleDatabase(database) if isinstance(database, str | Path) else database
-    strategy = scenarios(scenario, faults, policy)
-    # Skipping `no-race` makes the search look for races that corrupt data (an oracle failure),
-    # which needs the right timing: the counterexamples worth replaying on a GPU.
-    checks = check_list(skip, extra_checks)
+    db = DirectoryBasedExampleDatabase(spec.database) if spec.database is not None else None
+    strategy = spec.strategy()
+    checks = spec.checks
+    if not spec.scheduler.is_reference:
+        spec.scheduler.factory()  # a bad spec fails here, with one line, not inside Hypothesis
+    dropped = False
+
+    def stopped() -> bool:
+        return dropped or (should_stop is not None and should_stop())
 
     def example(data: st.DataObject) -> None:
+        nonlocal dropped
         sc = data.draw(strategy, label="scenario")
         timing = Timing(prof, HypothesisDelay(data, prof.forward))
-        result = run_scenario(sc, SimBackend(timing), checks)
+        result = run_example(sc, SimBackend(timing), checks, spec.scheduler)
         stats.examples += 1
         stats.iterations += result.iterations
         gap = near_race_gap(result.trace)
         if gap is not None:
             target(-gap, label="near-race gap (-µs)")
+        if stopped():
+            raise _Stopped
         if result.violations:
+            found = _found_class(result.violations[0].invariant)(result, dict(timing.draws))
             if stats.first_failure is None:
                 stats.first_failure = time.perf_counter() - started
                 stats.examples_to_failure = stats.examples
-            raise _found_class(result.violations[0].invariant)(result, dict(timing.draws))
+                if on_failure is not None and not on_failure(found):
+                    dropped = True  # another stream found one first: end this one
+                    raise _Stopped
+            raise found
 
-    while stats.examples < max_examples and time.perf_counter() - started < budget:
-        n = min(round_size, max_examples - stats.examples)
+    while (
+        stats.examples < spec.max_examples
+        and time.perf_counter() - started < spec.budget
+        and not stopped()
+    ):
+        n = min(spec.round_size, spec.max_examples - stats.examples)
         test = settings(
             max_examples=n,
             deadline=None,
@@ -138,13 +217,15 @@ def search(
             phases=[Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
             print_blob=False,
         )(given(st.data())(example))
-        test = hypothesis_seed(seed * 100_003 + stats.rounds)(test)
+        test = hypothesis_seed(spec.seed * 100_003 + stats.rounds)(test)
         stats.rounds += 1
         try:
             test()
         except Found as found:
             stats.seconds = time.perf_counter() - started
             return SearchResult(stats, found)
+        except _Stopped:
+            break
         finally:
             stats.seconds = time.perf_counter() - started
             if on_round is not None:

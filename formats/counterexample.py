@@ -19,6 +19,7 @@ from overlapcheck.reference.faults import UnknownFaultError, parse_faults
 from overlapcheck.runner import RunResult, run_scenario
 from overlapcheck.scenarios.loader import ScenarioError, scenario_from_dict
 from overlapcheck.scenarios.scenario import Scenario
+from overlapcheck.scheduler_spec import SchedulerSpec, parse_spec
 
 FORMAT = "overlapcheck-counterexample"
 VERSION = 1
@@ -44,13 +45,17 @@ def to_json(
     draws: dict[int, float],
     skip: frozenset[str] = frozenset(),
     extra_checks: tuple[str, ...] = (),
+    scheduler: SchedulerSpec | None = None,
 ) -> dict[str, Any]:
     violation = result.violations[0]
+    spec = scheduler or SchedulerSpec()
     return {
         "format": FORMAT,
         "version": VERSION,
         "overlapcheck": __version__,
         "git": git_revision(),
+        # Which scheduler ran, and a hash of its source: a replay says when it has changed.
+        "scheduler": spec.to_json(),
         "scenario": result.scenario.to_json(),
         "faults": sorted(result.config.faults),
         "skip": sorted(skip),  # invariants the search did not check
@@ -75,12 +80,25 @@ def save(
     out_dir: str | Path,
     skip: frozenset[str] = frozenset(),
     extra_checks: tuple[str, ...] = (),
+    scheduler: SchedulerSpec | None = None,
 ) -> Path:
-    data = to_json(result, profile, draws, skip, extra_checks)
+    return save_data(to_json(result, profile, draws, skip, extra_checks, scheduler), out_dir)
+
+
+UNSHRUNK = "unshrunk-"
+
+
+def save_data(data: dict[str, Any], out_dir: str | Path, unshrunk: bool = False) -> Path:
+    """Write a counterexample (`to_json`'s value) as `<invariant>-<hash>.json` in `out_dir`, or
+    as `unshrunk-<invariant>-<hash>.json`: a failure saved before shrinking, which the shrunk
+    one replaces. Written whole, then renamed: a reader never sees half a file."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{data['invariant']}-{result.trace_hash[:8]}.json"
-    path.write_text(json.dumps(data, indent=1) + "\n")
+    name = f"{UNSHRUNK if unshrunk else ''}{data['invariant']}-{data['trace_hash'][:8]}.json"
+    path = out / name
+    tmp = out / f".{name}.tmp"
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    tmp.replace(path)
     return path
 
 
@@ -106,7 +124,10 @@ class Counterexample:
             self.extra_checks = tuple(str(c) for c in data.get("checks", []))
             for spec in self.extra_checks:
                 make_invariant(spec)  # validates: ValueError names the problem
-        except (UnknownFaultError, ScenarioError) as err:
+            recorded = data.get("scheduler") or {}
+            self.scheduler: SchedulerSpec = parse_spec(str(recorded.get("spec", "reference")))
+            self.scheduler_hash: str | None = recorded.get("source_hash")
+        except (UnknownFaultError, ScenarioError, UserError) as err:
             raise UserError(f"{where}: {err}") from None
         except (TypeError, ValueError, AttributeError) as err:
             raise UserError(f"{where}: malformed timing: {err}") from None
@@ -120,8 +141,28 @@ class Counterexample:
             return None
         return [i for i in INVARIANTS if i not in self.skip] + list(self.extra_checks)
 
-    def replay(self) -> RunResult:
-        return run_scenario(self.scenario, SimBackend(self.timing()), self.checks)
+    def scheduler_change(self, scheduler: SchedulerSpec | None = None) -> str | None:
+        """One line when the recorded scheduler's source differs from the file on disk now (None
+        when it is the same, or when `scheduler` overrides the recorded one)."""
+        if scheduler is not None and scheduler != self.scheduler:
+            return None
+        if self.scheduler.is_reference or self.scheduler_hash is None:
+            return None
+        now = self.scheduler.source_hash()
+        if now == self.scheduler_hash:
+            return None
+        return (
+            f"note: the scheduler {self.scheduler.text} changed since this counterexample was "
+            f"saved (source {self.scheduler_hash} -> {now}); replaying the code as it is now"
+        )
+
+    def replay(self, scheduler: SchedulerSpec | None = None) -> RunResult:
+        """On the simulator, with the recorded scheduler unless `scheduler` overrides it."""
+        spec = scheduler or self.scheduler
+        factory = None if spec.is_reference else spec.factory()
+        return run_scenario(
+            self.scenario, SimBackend(self.timing()), self.checks, scheduler=factory
+        )
 
     def reproduced(self, result: RunResult) -> Violation | None:
         return next((v for v in result.violations if v.invariant == self.invariant), None)

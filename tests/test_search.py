@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from overlapcheck.backends.sim.timing import Profile
-from overlapcheck.explore.search import search
+from overlapcheck.explore.search import SearchSpec, search
 from overlapcheck.formats import counterexample
 from overlapcheck.reference.faults import FAULTS
 from overlapcheck.scenarios.named import NAMED
@@ -16,7 +16,7 @@ from overlapcheck.scenarios.named import NAMED
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_search_finds_shrinks_and_replays_each_fault(fault: str, tmp_path: Path) -> None:
-    result = search(faults=frozenset([fault]), budget=120, max_examples=5000, seed=1)
+    result = search(SearchSpec(faults=frozenset([fault]), budget=120, max_examples=5000, seed=1))
     assert result.found is not None, f"{fault} not found in {result.stats.examples} examples"
     run = result.found.result
     violation = run.violations[0]
@@ -32,7 +32,7 @@ def test_search_finds_shrinks_and_replays_each_fault(fault: str, tmp_path: Path)
 def test_the_fault_is_what_breaks_it(tmp_path: Path) -> None:
     """The same counterexample with the fault switched off is clean."""
     result = search(
-        faults=frozenset(["staging-buffer-reuse"]), budget=60, max_examples=2000, seed=2
+        SearchSpec(faults=frozenset(["staging-buffer-reuse"]), budget=60, max_examples=2000, seed=2)
     )
     assert result.found is not None
     path = counterexample.save(result.found.result, Profile(), result.found.draws, tmp_path)
@@ -43,13 +43,14 @@ def test_the_fault_is_what_breaks_it(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("scenario", ["all", *NAMED])
 def test_the_default_scheduler_survives_generated_examples(scenario: str) -> None:
-    result = search(scenario, budget=120, max_examples=200 if scenario == "all" else 60, seed=3)
+    n = 200 if scenario == "all" else 60
+    result = search(SearchSpec(scenario, budget=120, max_examples=n, seed=3))
     assert result.found is None, result.found and result.found.result.violations[0].line()
-    assert result.stats.examples >= (200 if scenario == "all" else 60)
+    assert result.stats.examples >= n
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", range(4))
 def test_long_search_of_the_default_scheduler(seed: int) -> None:
-    result = search("all", budget=600, max_examples=5000, seed=100 + seed)
+    result = search(SearchSpec("all", budget=600, max_examples=5000, seed=100 + seed))
     assert result.found is None, result.found and result.found.result.violations[0].line()

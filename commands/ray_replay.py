@@ -1,0 +1,61 @@
+"""`replay --backend cuda --ray ADDRESS`: a GPU replay's repeats spread over a Ray cluster's GPUs,
+one engine per GPU, each warmed up before its judged repeats (as a single-GPU replay is)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from overlapcheck.errors import UserError
+from overlapcheck.formats.counterexample import Counterexample
+
+
+def replay_on_cluster(cex: Counterexample, args: argparse.Namespace) -> int:
+    """Exit status: 1 if the counterexample reproduced in any repeat, 0 if never."""
+    from overlapcheck.explore.ray_search import replay_shares
+
+    spec = args.scheduler and args.scheduler != "reference"
+    if spec or not cex.scheduler.is_reference:
+        raise UserError("--ray replays the reference scheduler only so far")
+    shares = replay_shares(
+        cex.data, cex.where, args.backend, args.repeat, args.ray, args.preset, args.model
+    )
+    verdicts = []
+    for i, share in enumerate(shares):
+        for v in share["verdicts"]:
+            verdicts.append({**v, "repeat": len(verdicts), "engine": i, "node": share["node"]})
+    plan = shares[0]["plan"] if shares else []
+    hits = sum(bool(v["reproduced"]) for v in verdicts)
+    out = sys.stderr if args.json else sys.stdout
+    print(f"delay plan ({len(plan)} delays), {len(shares)} engine(s) on the cluster:", file=out)
+    for line in plan:
+        print(f"  {line}", file=out)
+    if args.json:
+        json.dump(
+            {
+                "invariant": cex.invariant,
+                "backend": args.backend,
+                "repeats": len(verdicts),
+                "engines": len(shares),
+                "reproduced": hits,
+                "plan": plan,
+                "verdicts": verdicts,
+            },
+            sys.stdout,
+        )
+        print()
+    else:
+        for v in verdicts:
+            what = ", ".join(v["manifested"]) or "clean"
+            print(
+                f"repeat {v['repeat'] + 1:>2} (engine {v['engine']} on {v['node']}): "
+                f"{'REPRODUCED' if v['reproduced'] else 'not reproduced'}"
+                f"  invariants: {what}  race: {v['race'] or 'none'}"
+                f"  delays applied {v['applied']}/{v['applied'] + v['missed']}"
+            )
+        print(
+            f"{cex.invariant}: reproduced in {hits}/{len(verdicts)} repeats on {args.backend} "
+            f"({len(shares)} engine(s))"
+        )
+    return 1 if hits else 0

@@ -1,0 +1,406 @@
+"""Search streams side by side: N worker processes (or Ray tasks, see `explore/ray_search.py`),
+one driver.
+
+Each stream is an ordinary `search()` with its own seed (`SearchSpec.stream`), all of them over
+one Hypothesis example database. Streams talk to the driver in messages (plain tuples, so that a
+process queue and a Ray queue carry the same):
+
+    ("progress", index, examples, iterations)      after every round
+    ("unshrunk", index, cex)                        the first failing example, before shrinking
+    ("done", index, examples, iterations, cex)      the end: the shrunk counterexample, or None
+    ("error", index, line)                          it failed (then ends without "done")
+
+The driver adds them up, hands the unshrunk counterexample to the caller at once (it goes to
+disk before shrinking starts), stops the other streams on the first violation, and reports a
+stream that died without saying "done" in one line while the rest carry on.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue as queue_module
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from overlapcheck.explore.search import Found, SearchSpec, SearchStats, search
+from overlapcheck.formats import counterexample
+
+Message = tuple[Any, ...]
+NOBODY = -1  # no stream has found a violation yet
+EVERYBODY = -2  # stop every stream (the budget ran out)
+
+
+def available_cores() -> int:
+    """The cores this process may run on (affinity and cgroup-pinned CPUs count, not the box's)."""
+    count = getattr(os, "process_cpu_count", None)  # Python 3.13+
+    if count is not None:
+        return int(count() or 1)
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def cex_data(found: Found, spec: SearchSpec) -> dict[str, Any]:
+    """A found violation as a counterexample file's JSON value (what crosses process lines)."""
+    return counterexample.to_json(
+        found.result, spec.profile, found.draws, spec.skip, spec.extra_checks, spec.scheduler
+    )
+
+
+def run_stream(
+    spec: SearchSpec,
+    index: int,
+    report: Callable[[Message], None],
+    claim: Callable[[], bool] = lambda: True,
+    should_stop: Callable[[], bool] | None = None,
+) -> Message:
+    """One search stream: reports progress, the unshrunk failure (if `claim` says this stream is
+    the first to find one) and its end; returns the "done" message too."""
+
+    def on_round(stats: SearchStats) -> None:
+        report(("progress", index, stats.examples, stats.iterations))
+
+    def on_failure(found: Found) -> bool:
+        if not claim():
+            return False
+        report(("unshrunk", index, cex_data(found, spec)))
+        return True
+
+    result = search(spec, on_round, on_failure, should_stop)
+    data = cex_data(result.found, spec) if result.found is not None else None
+    done: Message = ("done", index, result.stats.examples, result.stats.iterations, data)
+    report(done)
+    return done
+
+
+class Pool(Protocol):
+    """The streams as the driver sees them, whatever runs them."""
+
+    size: int
+
+    def get(self, timeout: float) -> Message | None: ...
+
+    def ended(self) -> list[tuple[int, str | None]]:
+        """Streams found ended since the last call: (index, None) or (index, why it died)."""
+        ...
+
+    def stop(self, keep: int | None) -> None:
+        """Stop every stream but `keep` (None: all of them)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class Outcome:
+    """What the streams found, added up."""
+
+    stats: SearchStats
+    found: dict[str, Any] | None = None  # the shrunk counterexample (file JSON)
+    unshrunk: dict[str, Any] | None = None  # the first failing example, before shrinking
+    winner: int | None = None
+    deaths: list[str] = field(default_factory=list)
+    workers: int = 1
+
+
+@dataclass
+class Live:
+    """The running totals a progress display shows."""
+
+    examples: int
+    iterations: int
+    seconds: float
+    alive: int
+    workers: int
+
+
+class _Driver:
+    def __init__(
+        self,
+        pool: Pool,
+        spec: SearchSpec,
+        on_progress: Callable[[Live], None] | None,
+        on_unshrunk: Callable[[dict[str, Any]], None] | None,
+        on_notice: Callable[[str], None] | None,
+    ) -> None:
+        self.pool = pool
+        self.spec = spec
+        self.on_progress = on_progress
+        self.on_unshrunk = on_unshrunk
+        self.on_notice = on_notice
+        self.examples = [0] * pool.size
+        self.iterations = [0] * pool.size
+        self.running = set(range(pool.size))
+        self.errors: dict[int, str] = {}
+        self.outcome = Outcome(SearchStats(), workers=pool.size)
+        self.started = time.perf_counter()
+        self.stopped_all = False
+
+    def notice(self, line: str) -> None:
+        if self.on_notice is not None:
+            self.on_notice(line)
+
+    def handle(self, msg: Message) -> None:
+        kind, index = msg[0], msg[1]
+        if kind == "error":
+            self.errors[index] = msg[2]
+        elif kind == "progress":
+            self.examples[index], self.iterations[index] = msg[2], msg[3]
+        elif kind == "unshrunk":
+            if self.outcome.winner is None:
+                self.outcome.winner = index
+                self.outcome.unshrunk = msg[2]
+                stats = self.outcome.stats
+                stats.first_failure = time.perf_counter() - self.started
+                stats.examples_to_failure = sum(self.examples) + 1
+                self.pool.stop(keep=index)
+                if self.on_unshrunk is not None:
+                    self.on_unshrunk(msg[2])
+        elif kind == "done":
+            self.examples[index], self.iterations[index] = msg[2], msg[3]
+            if index == self.outcome.winner and msg[4] is not None:
+                self.outcome.found = msg[4]
+            elif msg[4] is not None and self.outcome.winner is None:  # no "unshrunk" came first
+                self.outcome.winner, self.outcome.found = index, msg[4]
+                self.pool.stop(keep=index)
+
+    def drain(self, timeout: float) -> None:
+        msg = self.pool.get(timeout)
+        while msg is not None:
+            self.handle(msg)
+            msg = self.pool.get(0.0)
+
+    def run(self) -> Outcome:
+        last_progress = 0.0
+        while self.running:
+            self.drain(0.1)
+            for index, death in self.pool.ended():
+                self.drain(0.2)  # its last messages may still be in flight
+                self.running.discard(index)
+                if index in self.errors:
+                    death = self.errors[index]
+                if death is not None:
+                    line = (
+                        f"worker {index} died ({death}) after {self.examples[index]} examples; "
+                        f"{len(self.running)} of {self.pool.size} still running"
+                    )
+                    if index == self.outcome.winner and self.outcome.found is None:
+                        line += "; its unshrunk counterexample is kept"
+                    self.outcome.deaths.append(line)
+                    self.notice(line)
+            elapsed = time.perf_counter() - self.started
+            # A stream checks its budget between rounds; the driver stops them all a little later.
+            if (
+                not self.stopped_all
+                and self.outcome.winner is None
+                and elapsed > self.spec.budget + 2.0
+            ):
+                self.stopped_all = True
+                self.pool.stop(keep=None)
+            now = time.perf_counter()
+            if self.on_progress is not None and now - last_progress > 0.25:
+                last_progress = now
+                self.on_progress(self.live())
+        stats = self.outcome.stats
+        stats.examples, stats.iterations = sum(self.examples), sum(self.iterations)
+        stats.seconds = time.perf_counter() - self.started
+        return self.outcome
+
+    def live(self) -> Live:
+        return Live(
+            sum(self.examples),
+            sum(self.iterations),
+            time.perf_counter() - self.started,
+            len(self.running),
+            self.pool.size,
+        )
+
+
+def drive(
+    pool: Pool,
+    spec: SearchSpec,
+    on_progress: Callable[[Live], None] | None = None,
+    on_unshrunk: Callable[[dict[str, Any]], None] | None = None,
+    on_notice: Callable[[str], None] | None = None,
+) -> Outcome:
+    try:
+        return _Driver(pool, spec, on_progress, on_unshrunk, on_notice).run()
+    finally:
+        pool.close()
+
+
+# --- worker processes -------------------------------------------------------------------------
+
+
+def _process_main(spec: SearchSpec, index: int, channel: Any, winner: Any) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
+
+    def claim() -> bool:
+        with winner.get_lock():
+            if winner.value == NOBODY:
+                winner.value = index
+            return bool(winner.value == index)
+
+    def should_stop() -> bool:
+        return winner.value not in (NOBODY, index)
+
+    try:
+        run_stream(spec, index, channel.put, claim, should_stop)
+    except Exception as err:  # a bug of ours, or the scheduler's import: one line, not a trace
+        channel.put(("error", index, f"{type(err).__name__}: {err}"))
+        raise SystemExit(1) from None
+
+
+class ProcessPool:
+    """Streams in worker processes (forkserver where there is one, else spawn: never a fork of a
+    driver that may hold threads)."""
+
+    GRACE = 5.0  # seconds a stopped stream gets to finish its example and say "done"
+
+    def __init__(self, spec: SearchSpec, workers: int) -> None:
+        methods = mp.get_all_start_methods()
+        ctx = mp.get_context("forkserver" if "forkserver" in methods else "spawn")
+        if "forkserver" in methods:
+            ctx.set_forkserver_preload(["overlapcheck.explore.parallel"])
+        self.size = workers
+        self.channel = ctx.Queue()
+        self.winner = ctx.Value("i", NOBODY)
+        self.procs = [
+            ctx.Process(
+                target=_process_main,
+                args=(spec.stream(i, workers), i, self.channel, self.winner),
+                name=f"overlapcheck-worker-{i}",
+                daemon=True,
+            )
+            for i in range(workers)
+        ]
+        for proc in self.procs:
+            proc.start()
+        self.reported: set[int] = set()
+        self.stop_at: float | None = None
+
+    def get(self, timeout: float) -> Message | None:
+        try:
+            msg: Message = (
+                self.channel.get(timeout=timeout) if timeout else self.channel.get_nowait()
+            )
+        except queue_module.Empty:
+            return None
+        return msg
+
+    def ended(self) -> list[tuple[int, str | None]]:
+        if self.stop_at is not None and time.perf_counter() > self.stop_at + self.GRACE:
+            for proc in self.procs:  # stopped, yet still in an example after the grace period
+                if proc.is_alive():
+                    proc.terminate()
+        out: list[tuple[int, str | None]] = []
+        for i, proc in enumerate(self.procs):
+            if i in self.reported or proc.is_alive():
+                continue
+            self.reported.add(i)
+            code = proc.exitcode
+            terminated_by_us = self.stop_at is not None and code == -signal.SIGTERM
+            out.append((i, None if code == 0 or terminated_by_us else _exit_reason(code)))
+        return out
+
+    def stop(self, keep: int | None) -> None:
+        with self.winner.get_lock():
+            if keep is None and self.winner.value == NOBODY:
+                self.winner.value = EVERYBODY
+        if keep is None:
+            self.stop_at = time.perf_counter()
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.is_alive():
+                proc.terminate()
+        for proc in self.procs:
+            proc.join(timeout=5)
+        self.channel.close()
+        self.channel.cancel_join_thread()
+
+
+def _exit_reason(code: int | None) -> str:
+    if code is None:
+        return "no exit status"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"
+
+
+@contextmanager
+def shared_database(spec: SearchSpec) -> Iterator[SearchSpec]:
+    """The spec with a database directory every stream can open: `spec.database`, or a temporary
+    one (removed afterwards) when none was given."""
+    if spec.database is not None:
+        yield spec
+        return
+    tmp = tempfile.mkdtemp(prefix="overlapcheck-db-")
+    try:
+        yield replace(spec, database=tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def search_processes(
+    spec: SearchSpec,
+    workers: int,
+    on_progress: Callable[[Live], None] | None = None,
+    on_unshrunk: Callable[[dict[str, Any]], None] | None = None,
+    on_notice: Callable[[str], None] | None = None,
+) -> Outcome:
+    """`workers` search streams in processes over one example database."""
+    if not spec.scheduler.is_reference:
+        spec.scheduler.factory()  # a bad --scheduler fails here, once, not in every worker
+    with shared_database(spec) as shared:
+        return drive(ProcessPool(shared, workers), shared, on_progress, on_unshrunk, on_notice)
+
+
+def search_here(
+    spec: SearchSpec,
+    on_progress: Callable[[Live], None] | None = None,
+    on_unshrunk: Callable[[dict[str, Any]], None] | None = None,
+) -> Outcome:
+    """One stream in this process (`--workers 1`), reported like the parallel ones."""
+
+    def on_round(stats: SearchStats) -> None:
+        if on_progress is not None:
+            on_progress(Live(stats.examples, stats.iterations, stats.seconds, 1, 1))
+
+    unshrunk: list[dict[str, Any]] = []
+
+    def on_failure(found: Found) -> bool:
+        unshrunk.append(cex_data(found, spec))
+        if on_unshrunk is not None:
+            on_unshrunk(unshrunk[0])
+        return True
+
+    result = search(spec, on_round, on_failure)
+    outcome = Outcome(result.stats, unshrunk=unshrunk[0] if unshrunk else None)
+    if result.found is not None:
+        outcome.found, outcome.winner = cex_data(result.found, spec), 0
+    return outcome
+
+
+def search_streams(
+    spec: SearchSpec,
+    workers: int,
+    on_progress: Callable[[Live], None] | None = None,
+    on_unshrunk: Callable[[dict[str, Any]], None] | None = None,
+    on_notice: Callable[[str], None] | None = None,
+) -> Outcome:
+    """`workers` streams: in this process for 1, else in worker processes."""
+    if workers == 1:
+        return search_here(spec, on_progress, on_unshrunk)
+    return search_processes(spec, workers, on_progress, on_unshrunk, on_notice)

@@ -1,0 +1,224 @@
+"""The search streams as Ray tasks (`explore --ray ADDRESS|local`), and a GPU replay's repeats
+spread over a cluster's GPUs (`replay --backend cuda --ray ADDRESS`).
+
+Ray is an optional extra (`pip install 'overlapcheck[cluster]'`); nothing on the default path
+imports this module. Every node needs overlapcheck (and a plugged-in scheduler's file, at the
+same path) installed; `--db` should then name a directory on a filesystem all nodes share.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from overlapcheck.errors import UserError
+from overlapcheck.explore.parallel import (
+    Live,
+    Message,
+    Outcome,
+    drive,
+    run_stream,
+    shared_database,
+)
+from overlapcheck.explore.search import SearchSpec
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise UserError("--ray needs Ray: pip install 'overlapcheck[cluster]'") from None
+    return ray
+
+
+def _reachable(address: str) -> None:
+    """`host:port` and `ray://host:port` are tried with a plain TCP connect first: Ray itself
+    retries an unreachable address for a long while before it gives up."""
+    rest = address.removeprefix("ray://")
+    host, sep, port = rest.rpartition(":")
+    if not sep or not host:
+        if address == "auto":
+            return
+        raise UserError(f"--ray {address}: expected local, auto, HOST:PORT or ray://HOST:PORT")
+    if not port.isdigit():
+        raise UserError(f"--ray {address}: the port {port!r} is not a number")
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as err:
+        reason = err.strerror or str(err) or type(err).__name__
+        raise UserError(f"--ray {address}: cannot reach the Ray cluster ({reason})") from None
+
+
+@contextmanager
+def connected(address: str, cpus: int | None = None) -> Iterator[Any]:
+    """Ray, connected: `local` starts a local instance with `cpus` CPUs (shut down afterwards);
+    anything else joins that cluster. One-line UserErrors for every way this can fail."""
+    ray = _ray()
+    if address != "local":
+        _reachable(address)
+    try:
+        if address == "local":
+            ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
+        else:
+            ray.init(address=address, log_to_driver=False)
+    except Exception as err:  # Ray raises ConnectionError, RuntimeError, ValueError, ...
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise UserError(f"--ray {address}: cannot start or join Ray ({first})") from None
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def _ray_stream(spec: SearchSpec, index: int, channel: Any) -> Message:
+    return run_stream(spec, index, channel.put)
+
+
+class RayPool:
+    """Streams as Ray tasks (one CPU each); a progress queue actor carries their messages."""
+
+    def __init__(self, ray: Any, spec: SearchSpec, workers: int) -> None:
+        from ray.util.queue import Empty, Queue
+
+        self.ray = ray
+        self.empty = Empty
+        self.size = workers
+        self.channel = Queue()
+        task = ray.remote(num_cpus=1, max_retries=0)(_ray_stream)
+        self.refs = [task.remote(spec.stream(i, workers), i, self.channel) for i in range(workers)]
+        self.index = {ref: i for i, ref in enumerate(self.refs)}
+        self.pending = list(self.refs)
+        self.cancelled: set[int] = set()
+
+    def get(self, timeout: float) -> Message | None:
+        try:
+            if timeout:
+                msg: Message = self.channel.get(block=True, timeout=timeout)
+            else:
+                msg = self.channel.get_nowait()
+        except self.empty:
+            return None
+        return msg
+
+    def ended(self) -> list[tuple[int, str | None]]:
+        if not self.pending:
+            return []
+        ready, self.pending = self.ray.wait(self.pending, num_returns=len(self.pending), timeout=0)
+        out: list[tuple[int, str | None]] = []
+        for ref in ready:
+            i = self.index[ref]
+            try:
+                self.ray.get(ref)
+                out.append((i, None))
+            except Exception as err:
+                if i in self.cancelled:
+                    out.append((i, None))
+                else:
+                    line = (str(err).strip().splitlines() or [""])[0]
+                    out.append((i, f"{type(err).__name__}: {line}"[:200]))
+        return out
+
+    def stop(self, keep: int | None) -> None:
+        for ref in self.pending:
+            i = self.index[ref]
+            if i != keep and i not in self.cancelled:
+                self.cancelled.add(i)
+                self.ray.cancel(ref, force=True)
+
+    def close(self) -> None:
+        self.stop(keep=None)
+        self.channel.shutdown()
+
+
+def search_ray(
+    spec: SearchSpec,
+    address: str,
+    workers: int | None,
+    on_progress: Callable[[Live], None] | None = None,
+    on_unshrunk: Callable[[dict[str, Any]], None] | None = None,
+    on_notice: Callable[[str], None] | None = None,
+) -> Outcome:
+    """Search streams as Ray tasks: `workers` of them (None: one per CPU of the cluster)."""
+    if not spec.scheduler.is_reference:
+        spec.scheduler.factory()
+    with connected(address, workers) as ray:
+        n = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
+        if on_notice is not None:
+            on_notice(f"ray: {n} search streams on {_where(ray, address)}")
+        with shared_database(spec) as shared:
+            return drive(RayPool(ray, shared, n), shared, on_progress, on_unshrunk, on_notice)
+
+
+def _where(ray: Any, address: str) -> str:
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    cpus = int(ray.cluster_resources().get("CPU", 0))
+    kind = "a local Ray instance" if address == "local" else f"the cluster at {address}"
+    return f"{kind} ({len(nodes)} node(s), {cpus} CPUs)"
+
+
+# --- a GPU replay's repeats over the cluster ------------------------------------------------
+
+
+def _replay_share(
+    data: dict[str, Any],
+    where: str,
+    backend_name: str,
+    repeats: int,
+    preset: str | None,
+    model: str | None,
+) -> dict[str, Any]:
+    """One engine (one GPU) runs `repeats` of the replay; runs inside a Ray task."""
+    from overlapcheck.backends.gpu.backend import make_torch_backend
+    from overlapcheck.backends.gpu.replay import replay_verdicts, sleep_cycles_per_second
+    from overlapcheck.formats.counterexample import Counterexample
+
+    cex = Counterexample(data, where)
+    backend = make_torch_backend(backend_name, model=model, preset=preset)
+    if backend_name == "cuda":
+        backend.sleep_rate = sleep_cycles_per_second()
+    plan, verdicts = replay_verdicts(cex, backend, repeats)
+    return {
+        "node": socket.gethostname(),
+        "plan": [d.line() for d in plan],
+        "verdicts": [v.to_json() for v in verdicts],
+    }
+
+
+def split(total: int, parts: int) -> list[int]:
+    """`total` repeats over `parts` engines, as even as can be (no empty share)."""
+    parts = max(1, min(parts, total))
+    return [total // parts + (i < total % parts) for i in range(parts)]
+
+
+def replay_shares(
+    data: dict[str, Any],
+    where: str,
+    backend_name: str,
+    repeat: int,
+    address: str,
+    preset: str | None = None,
+    model: str | None = None,
+    engines: int | None = None,
+) -> list[dict[str, Any]]:
+    """Run a device replay's repeats as Ray tasks, one engine per GPU (`cuda`) or per CPU
+    (`cpu`); `engines` caps how many. Returns each task's plan and verdicts, in task order."""
+    with connected(address, engines) as ray:
+        resources = ray.cluster_resources()
+        if backend_name == "cuda":
+            have = int(resources.get("GPU", 0))
+            if have == 0:
+                raise UserError(f"--ray {address}: the cluster has no GPUs for --backend cuda")
+            task = ray.remote(num_gpus=1, max_retries=0)(_replay_share)
+        else:
+            have = max(1, int(resources.get("CPU", 1)))
+            task = ray.remote(num_cpus=1, max_retries=0)(_replay_share)
+        shares = split(repeat, min(have, engines or have))
+        refs = [task.remote(data, where, backend_name, n, preset, model) for n in shares]
+        try:
+            results: list[dict[str, Any]] = ray.get(refs)
+        except Exception as err:
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise UserError(f"--ray {address}: a replay task failed ({first})") from None
+        return results

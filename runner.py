@@ -1,22 +1,31 @@
-"""Run a scenario on a backend with the invariants on, and collect what happened."""
+"""The harness: run a scenario with a scheduler under test on a backend, invariants on, and report.
+
+The harness owns what it can see for any scheduler: it wraps the message source (every message
+handed over is recorded with its iteration) and the sink (every message sent is recorded and
+checked), counts iterations, and tells a crash of the scheduler (a finding, `no-crash`) from a
+crash of overlapcheck itself (`CheckerBug`).
+"""
 
 from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
+from overlapcheck.backends.base import Backend, Reference
 from overlapcheck.core.config import SchedulerConfig
-from overlapcheck.core.device import Device
 from overlapcheck.core.errors import InvariantError
-from overlapcheck.core.rules import max_output, rejection
-from overlapcheck.core.trace import Trace
+from overlapcheck.core.messages import InMsg, OutMsg, TokenMsg, UserMsg
+from overlapcheck.core.protocol import MessageSource, SchedulerFactory, SchedulerUnderTest
+from overlapcheck.core.trace import Message, Trace
+from overlapcheck.crash import CheckerBug, crash_violation
+from overlapcheck.errors import UserError
 from overlapcheck.invariants.base import Invariant, InvariantViolated, Violation
+from overlapcheck.invariants.context import Request, RunContext
 from overlapcheck.invariants.registry import make_invariants
-from overlapcheck.reference.scheduler import MessageSource, Scheduler
 from overlapcheck.scenarios.scenario import RequestSpec, Scenario
 from overlapcheck.scenarios.source import (
     IterationSource,
@@ -24,40 +33,6 @@ from overlapcheck.scenarios.source import (
     delivery_schedule,
     user_msg,
 )
-
-
-class Backend(Protocol):
-    """What the runner needs from a backend: a device and a sequential reference."""
-
-    name: str
-
-    def prepare(self, scenario: Scenario) -> Scenario:
-        """The scenario as this backend runs it (the real engine fits it to its model)."""
-        ...
-
-    def make_device(self, scenario: Scenario) -> Device: ...
-
-    def reference(self, spec: RequestSpec, max_tokens: int) -> list[int]: ...
-
-    def token_matches(self, uid: int, position: int, token: int) -> bool: ...
-
-
-@dataclass
-class RunContext:
-    """What invariants may read about the run besides the scheduler."""
-
-    scenario: Scenario
-    scheduler: Scheduler
-    backend: Backend
-    max_output: dict[int, int]
-    ignore_eos: dict[int, bool]
-    references: dict[int, list[int]]
-
-    def reference_tokens(self, uid: int) -> list[int] | None:
-        return self.references.get(uid)
-
-    def token_matches(self, uid: int, position: int, token: int) -> bool:
-        return self.backend.token_matches(uid, position, token)
 
 
 @dataclass
@@ -83,7 +58,10 @@ class RunResult:
     simulated_seconds: float
     wall_seconds: float
     extra: dict[str, Any] = field(default_factory=dict)
-    scheduler: Scheduler | None = None  # its final state, for tests and tools
+    scheduler: Any = None  # its final state, for tests and tools
+    notices: list[str] = field(default_factory=list)  # checks skipped, and why
+    requests: list[Request] = field(default_factory=list)  # every request instance received
+    checks: list[Invariant] = field(default_factory=list)  # the invariants, with what they saw
 
     @property
     def ok(self) -> bool:
@@ -108,6 +86,7 @@ class RunResult:
             "ok": self.ok,
             "requests": [o.to_json() for o in self.outcomes],
             "violations": [v.to_json() for v in self.violations],
+            "notices": self.notices,
             "trace_hash": self.trace_hash,
             "stats": {
                 "iterations": self.iterations,
@@ -128,57 +107,186 @@ def step_bound(scenario: Scenario) -> int:
     return 4 * work + 64
 
 
+class _Checks:
+    """The invariants of one run, and what happens when one fails: stop, or record and go on."""
+
+    def __init__(self, checks: list[Invariant], keep_going: bool) -> None:
+        self.checks = checks
+        self.keep_going = keep_going
+        self.violations: list[Violation] = []
+        self._seen: set[tuple[str, tuple[int, ...]]] = set()
+        self.stopped: Violation | None = None  # stop mode: survives a scheduler that swallows it
+
+    def call(self, hook: Callable[[Invariant], None]) -> None:
+        for inv in self.checks:
+            try:
+                hook(inv)
+            except InvariantViolated as err:
+                self.record(err.violation)
+
+    def record(self, violation: Violation) -> None:
+        key = (violation.invariant, violation.uids)
+        if key not in self._seen:
+            self._seen.add(key)
+            self.violations.append(violation)
+        if not self.keep_going:
+            if self.stopped is None:
+                self.stopped = violation
+            raise InvariantViolated(violation)
+
+
+class _Harness:
+    """Wraps the scheduler's source and sink; counts iterations."""
+
+    def __init__(
+        self,
+        ctx: RunContext,
+        checks: _Checks,
+        source: MessageSource,
+        reference: Callable[[UserMsg, int], Reference | None],
+    ) -> None:
+        self.ctx = ctx
+        self.checks = checks
+        self.inner = source
+        self.reference = reference
+
+    # the MessageSource the scheduler sees
+    def poll(self, now: float) -> list[InMsg]:
+        msgs = self.inner.poll(now)
+        ctx = self.ctx
+        for msg in msgs:
+            kind = "user" if isinstance(msg, UserMsg) else "abort"
+            ctx.trace.received.append(Message(ctx.now(), ctx.step, msg.uid, kind))
+            req = ctx.book.receive(msg, ctx.step, self.reference)
+            self.checks.call(lambda inv, m=msg, r=req: inv.on_receive(m, r))  # type: ignore[misc]
+        return msgs
+
+    def next_arrival(self) -> float | None:
+        return self.inner.next_arrival()
+
+    # the sink the scheduler sends to
+    def send(self, msg: OutMsg) -> None:
+        ctx = self.ctx
+        if isinstance(msg, TokenMsg):
+            record = Message(ctx.now(), ctx.step, msg.uid, "token", msg.token, msg.finished)
+        else:
+            record = Message(ctx.now(), ctx.step, msg.uid, "reject", reason=msg.reason)
+        ctx.trace.messages.append(record)
+        req = ctx.book.answer(msg, ctx.step)
+        self.checks.call(lambda inv: inv.on_message(msg, req))
+
+
 def run_scenario(
     scenario: Scenario,
     backend: Backend,
     invariants: Iterable[str] | None = None,
     deliveries: list[tuple[int, int, str]] | None = None,
+    scheduler: SchedulerFactory | None = None,
+    keep_going: bool = False,
 ) -> RunResult:
-    """Run until idle (or the first violation) and report.
+    """Run until idle (or the first violation; every violation with `keep_going`) and report.
 
+    `scheduler`: the factory of the scheduler under test (None: the reference scheduler).
     `deliveries` ((iteration, uid, "user" | "abort") as another run received them) replaces the
     workload's arrival times: a real device replays a simulated run's message order that way.
     """
     started = time.perf_counter()
     scenario = backend.prepare(scenario)
     device = backend.make_device(scenario)
+    cfg = scenario.config
     source: MessageSource
     if deliveries is None:
         source = WorkloadSource(scenario.requests)
     else:
         source = IterationSource(delivery_schedule(scenario.requests, deliveries))
-    scheduler = Scheduler(scenario.config, device, source)
+    checks = _Checks(make_invariants(invariants), keep_going)
+    factory = scheduler if scheduler is not None else _reference_factory()
+    ctx = RunContext(scenario, device, backend.name, None)
+    harness = _Harness(ctx, checks, source, _references(scenario, backend))
     if isinstance(source, IterationSource):
-        source.bind(lambda: scheduler.step_no)
-    cfg = scenario.config
-    live = {s.uid: s for s in scenario.requests if rejection(cfg, user_msg(s), live=False) is None}
-    ctx = RunContext(
-        scenario,
-        scheduler,
-        backend,
-        max_output={u: max_output(cfg, user_msg(s)) for u, s in live.items()},
-        ignore_eos={u: s.ignore_eos for u, s in live.items()},
-        references={u: backend.reference(s, max_output(cfg, user_msg(s))) for u, s in live.items()},
-    )
-    checks = make_invariants(invariants)
-    for inv in checks:
+        source.bind(lambda: ctx.step)
+    sched = _build(factory, cfg, device, harness)
+    ctx.scheduler = sched
+    for inv in checks.checks:
         inv.bind(ctx)
-        scheduler.listeners.append(inv)
+    skipped = [inv.id for inv in checks.checks if inv.needs_books and not ctx.has_books]
+    if skipped:
+        ctx.notices.append(
+            f"skipped {', '.join(skipped)}: the scheduler has no books() "
+            "(see core/protocol.py); the black-box checks still run"
+        )
+        checks.checks = [
+            inv for inv in checks.checks if not (inv.needs_books and not ctx.has_books)
+        ]
     with _fewer_collections():
-        violations = _drive(scheduler, checks, step_bound(scenario))
+        _drive(sched, ctx, checks, step_bound(scenario))
     return RunResult(
         scenario=scenario,
         backend=backend.name,
         config=cfg,
-        outcomes=outcomes(scenario, device.trace),
-        violations=violations,
+        outcomes=outcomes(ctx),
+        violations=checks.violations,
         trace=device.trace,
         trace_hash=device.trace.digest(),
-        iterations=scheduler.step_no,
+        iterations=ctx.step,
         simulated_seconds=device.now(),
         wall_seconds=time.perf_counter() - started,
-        scheduler=scheduler,
+        scheduler=sched,
+        notices=ctx.notices,
+        requests=ctx.book.requests,
+        checks=checks.checks,
     )
+
+
+def _reference_factory() -> SchedulerFactory:
+    from overlapcheck.reference.scheduler import Scheduler
+
+    return Scheduler
+
+
+def _references(scenario: Scenario, backend: Backend) -> Callable[[UserMsg, int], Reference | None]:
+    """References for the workload's requests, computed before the run (a real engine's oracle
+    must not run between iterations); a message the workload did not list gets one on receipt."""
+    by_msg: dict[UserMsg, list[RequestSpec]] = {}
+    for spec in scenario.requests:
+        by_msg.setdefault(user_msg(spec), []).append(spec)
+    ready: dict[tuple[int, int], Reference] = {}
+
+    def reference(msg: UserMsg, limit: int) -> Reference | None:
+        specs = by_msg.get(msg)
+        spec = (
+            specs[0]
+            if specs
+            else RequestSpec(
+                msg.uid,
+                msg.input_ids,
+                msg.sampling_params.max_tokens,
+                ignore_eos=msg.sampling_params.ignore_eos,
+            )
+        )
+        key = (id(spec), limit)
+        if key not in ready:
+            ready[key] = backend.reference(spec, limit)
+        return ready[key]
+
+    return reference
+
+
+def _build(
+    factory: SchedulerFactory, cfg: SchedulerConfig, device: Any, harness: _Harness
+) -> SchedulerUnderTest:
+    try:
+        sched = factory(cfg, device, harness, harness.send)
+    except UserError:
+        raise
+    except Exception as err:
+        raise UserError(f"the scheduler factory failed: {type(err).__name__}: {err}") from None
+    if not isinstance(sched, SchedulerUnderTest):
+        raise UserError(
+            f"the scheduler factory returned {type(sched).__name__}, which has no step() "
+            "(see core/protocol.py)"
+        )
+    return sched
 
 
 @contextmanager
@@ -193,51 +301,64 @@ def _fewer_collections() -> Iterator[None]:
         gc.set_threshold(*old)
 
 
-def _drive(scheduler: Scheduler, checks: list[Invariant], bound: int) -> list[Violation]:
+def _drive(sched: SchedulerUnderTest, ctx: RunContext, checks: _Checks, bound: int) -> None:
+    device = ctx.device
     try:
-        while scheduler.step():
-            if scheduler.step_no > bound:
-                stuck = tuple(sorted(scheduler.reqs))
-                return [
+        while True:
+            device.set_step(ctx.step)
+            more = sched.step()
+            if checks.stopped is not None:
+                return  # the scheduler swallowed the violation: it still stands
+            if not more:
+                break
+            checks.call(lambda inv: inv.on_step_end())
+            ctx.step += 1
+            if ctx.step > bound:
+                stuck = tuple(sorted(r.uid for r in ctx.book.live.values()))
+                checks.record(
                     Violation(
                         "liveness",
-                        scheduler.step_no,
-                        scheduler.device.now(),
+                        ctx.step,
+                        ctx.now(),
                         stuck,
                         f"not idle after {bound} iterations; requests {list(stuck)} remain",
                     )
-                ]
-        for inv in checks:
-            inv.finish()
-    except InvariantViolated as err:
-        return [err.violation]
-    except InvariantError as err:  # the scheduler's own integrity checks
-        return [Violation(err.invariant, scheduler.step_no, scheduler.device.now(), (), err.detail)]
-    return []
+                )
+                return
+        checks.call(lambda inv: inv.finish())
+    except InvariantViolated:
+        return  # recorded already
+    except InvariantError as err:  # the scheduler's own integrity checks, or a device deadlock
+        _record_quietly(checks, Violation(err.invariant, ctx.step, ctx.now(), (), err.detail))
+    except CheckerBug:
+        raise
+    except Exception as err:
+        if checks.stopped is not None:
+            return  # an exception after a violation unwound the scheduler: the violation stands
+        violation = crash_violation(err, ctx.step, ctx.now())
+        if violation is None:
+            raise CheckerBug(err, ctx.scenario) from err
+        _record_quietly(checks, violation)
 
 
-def outcomes(scenario: Scenario, trace: Trace) -> list[RequestOutcome]:
-    """Each request's tokens and finish reason, from the messages (uids in workload order)."""
-    tokens: dict[int, list[int]] = {}
-    reason: dict[int, str] = {}
-    eos = scenario.config.eos_token_id
-    specs = {s.uid: s for s in scenario.requests}
-    for m in trace.messages:
-        if m.kind == "reject":
-            reason[m.uid] = "rejected"
-            continue
-        tokens.setdefault(m.uid, []).append(m.token)
-        if m.finished and m.uid not in reason:
-            hit_eos = m.token == eos and not specs[m.uid].ignore_eos
-            reason[m.uid] = "eos" if hit_eos else "length"
+def _record_quietly(checks: _Checks, violation: Violation) -> None:
+    with suppress(InvariantViolated):
+        checks.record(violation)
+
+
+def outcomes(ctx: RunContext) -> list[RequestOutcome]:
+    """Each request instance's tokens and finish reason, in arrival order."""
+    eos = ctx.config.eos_token_id
     out = []
-    seen: set[int] = set()
-    for spec in scenario.requests:
-        if spec.uid in seen:
-            continue
-        seen.add(spec.uid)
-        r = reason.get(spec.uid)
-        if r is None:
-            r = "abort" if spec.abort_at is not None else "unfinished"
-        out.append(RequestOutcome(spec.uid, tokens.get(spec.uid, []), r))
+    for req in ctx.book.requests:
+        if req.rejected or req.rejection is not None:
+            reason = "rejected" if req.rejected else "unfinished"
+        elif req.finished_step is not None:
+            hit_eos = bool(req.tokens) and req.tokens[-1] == eos
+            reason = "eos" if hit_eos and not req.msg.sampling_params.ignore_eos else "length"
+        elif req.aborted_step is not None:
+            reason = "abort"
+        else:
+            reason = "unfinished"
+        out.append(RequestOutcome(req.uid, list(req.tokens), reason))
     return out

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from overlapcheck.backends.base import Backend
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.backends.sim.timing import Timing
 from overlapcheck.errors import UserError
-from overlapcheck.runner import Backend
 
 BACKENDS = ("sim", "cpu", "cuda")
 

@@ -55,7 +55,7 @@ def checked_run(scenario: Scenario, policy: str, **config: object) -> RunResult:
 
 def fairness(result: RunResult) -> BoundedWait:
     assert result.scheduler is not None
-    return next(c for c in result.scheduler.listeners if isinstance(c, BoundedWait))
+    return next(c for c in result.checks if isinstance(c, BoundedWait))
 
 
 def measure(scenario: Scenario, policy: str, **config: object) -> PolicyRow:

@@ -1,14 +1,18 @@
-"""The invariant protocol: listeners that check online and once more at the end of a run."""
+"""The invariant protocol: hooks the harness calls as the run goes, and an end-of-run check.
+
+Hooks see the run as any scheduler produces it (messages in and out, the trace). Checks that need
+a scheduler's books ask `self.run.books()`, which is None for a scheduler without them.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from overlapcheck.reference.listener import SchedulerListener
+from overlapcheck.core.messages import InMsg, OutMsg
 
 if TYPE_CHECKING:
-    from overlapcheck.runner import RunContext
+    from overlapcheck.invariants.context import Request, RunContext
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,13 +49,31 @@ class InvariantViolated(Exception):
         self.violation = violation
 
 
-class Invariant(SchedulerListener):
-    """One invariant. `bind` gives it the run; `finish` runs the end-of-run check."""
+class Invariant:
+    """One invariant. `bind` gives it the run; `finish` runs the end-of-run check.
+
+    `needs_books`: the check reads the scheduler's books; without them it is skipped (one notice).
+    """
 
     id: str = ""
+    needs_books: bool = False
 
     def bind(self, run: RunContext) -> None:
         self.run = run
+
+    def on_receive(self, msg: InMsg, req: Request | None) -> None:
+        """A message handed to the scheduler; `req` is the request it creates or targets."""
+        return None
+
+    def on_message(self, msg: OutMsg, req: Request | None) -> None:
+        """A message the scheduler sent; `req` is the request it belongs to (None: unknown uid)."""
+        return None
+
+    def on_step_end(self) -> None:
+        return None
+
+    def finish(self) -> None:
+        return None
 
     def fail(self, message: str, uids: tuple[int, ...] = (), **details: Any) -> None:
         self.fail_as(self.id, message, uids, **details)
@@ -59,10 +81,6 @@ class Invariant(SchedulerListener):
     def fail_as(
         self, invariant: str, message: str, uids: tuple[int, ...] = (), **details: Any
     ) -> None:
-        sched = self.run.scheduler
         raise InvariantViolated(
-            Violation(invariant, sched.step_no, sched.device.now(), uids, message, details)
+            Violation(invariant, self.run.step, self.run.now(), uids, message, details)
         )
-
-    def finish(self) -> None:
-        return None

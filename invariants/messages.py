@@ -1,10 +1,10 @@
-"""Invariants over the messages the scheduler sends."""
+"""Invariants over the messages the scheduler sends, judged per request instance."""
 
 from __future__ import annotations
 
-from overlapcheck.core.messages import AbortMsg, InMsg, OutMsg, TokenMsg, UserMsg
+from overlapcheck.core.messages import OutMsg, RejectMsg, TokenMsg
 from overlapcheck.invariants.base import Invariant
-from overlapcheck.reference.scheduler import Scheduler
+from overlapcheck.invariants.context import Request
 
 
 class NoPostEos(Invariant):
@@ -12,70 +12,78 @@ class NoPostEos(Invariant):
 
     id = "no-post-eos"
 
-    def __init__(self) -> None:
-        self.finished: set[int] = set()
-
-    def on_message(self, sched: Scheduler, msg: OutMsg) -> None:
+    def on_message(self, msg: OutMsg, req: Request | None) -> None:
         if not isinstance(msg, TokenMsg):
             return
-        if msg.uid in self.finished:
-            self.fail(f"token {msg.token} sent after the finished message", (msg.uid,))
-        if msg.finished:
-            self.finished.add(msg.uid)
+        if req is None:
+            self.fail(f"token {msg.token} sent for uid {msg.uid}, which never arrived", (msg.uid,))
+        elif req.late and req.finished_step is not None:
+            self.fail(
+                f"token {msg.token} sent after the finished message (step {req.finished_step})",
+                (msg.uid,),
+            )
 
 
 class ExactLength(Invariant):
-    """A request that stops on length gets exactly `max_tokens` tokens, `finished` on the last;
-    one that stops earlier stops at EOS."""
+    """A served request gets exactly `max_tokens` tokens with `finished` on the last, or stops
+    earlier at EOS; a request the rules reject is rejected, and only such a request."""
 
     id = "exact-length"
 
-    def __init__(self) -> None:
-        self.counts: dict[int, int] = {}
-
-    def on_message(self, sched: Scheduler, msg: OutMsg) -> None:
-        if not isinstance(msg, TokenMsg):
+    def on_message(self, msg: OutMsg, req: Request | None) -> None:
+        if req is None:
             return
-        n = self.counts[msg.uid] = self.counts.get(msg.uid, 0) + 1
-        limit = self.run.max_output.get(msg.uid)
-        if limit is None:
+        if isinstance(msg, RejectMsg):
+            if req.rejection is None:
+                self.fail(f"rejected ({msg.reason}), but the request can be served", (msg.uid,))
             return
+        if req.rejection is not None:
+            self.fail(
+                f"token sent for a request that must be rejected ({req.rejection})", (msg.uid,)
+            )
+        if not req.live and req.finished_step is None:
+            return  # aborted or rejected: abort-silent and the reject check judge it
+        n = len(req.tokens)
+        limit = req.max_output
         if n > limit:
             self.fail(f"token {n} sent, max_tokens allows {limit}", (msg.uid,))
-        at_eos = msg.token == sched.config.eos_token_id and not self.run.ignore_eos.get(
-            msg.uid, False
+        at_eos = (
+            msg.token == self.run.config.eos_token_id and not req.msg.sampling_params.ignore_eos
         )
         if msg.finished and n < limit and not at_eos:
             self.fail(f"finished after {n} of {limit} tokens, not at EOS", (msg.uid,))
         if n == limit and not msg.finished:
             self.fail(f"token {n} of {limit} sent without `finished`", (msg.uid,))
+        if at_eos and not msg.finished:
+            self.fail(f"token {n} is EOS but not `finished`", (msg.uid,))
+
+    def finish(self) -> None:
+        owed = self.run.book.owed_rejections()
+        if owed:
+            uids = tuple(r.uid for r in owed)
+            self.fail(f"never rejected though the rules reject them: uids {list(uids)}", uids)
 
 
 class AbortSilent(Invariant):
-    """After an abort is processed, no more messages for that uid, and its resources come back."""
+    """After an abort is delivered, no more messages for that request; with books, its
+    resources come back."""
 
     id = "abort-silent"
 
-    def __init__(self) -> None:
-        self.aborted: dict[int, int] = {}
-
-    def on_receive(self, sched: Scheduler, msg: InMsg) -> None:
-        if isinstance(msg, AbortMsg):
-            req = sched.reqs.get(msg.uid)
-            if req is not None and not req.done:
-                self.aborted[msg.uid] = sched.step_no
-        elif isinstance(msg, UserMsg) and msg.uid in self.aborted and msg.uid not in sched.reqs:
-            del self.aborted[msg.uid]  # the uid was reused by a new request
-
-    def on_message(self, sched: Scheduler, msg: OutMsg) -> None:
-        if msg.uid in self.aborted:
-            step = self.aborted[msg.uid]
+    def on_message(self, msg: OutMsg, req: Request | None) -> None:
+        if req is not None and req.aborted_step is not None and not req.rejected:
             self.fail(
-                f"{type(msg).__name__} sent after the abort processed at step {step}", (msg.uid,)
+                f"{type(msg).__name__} sent after the abort delivered at step {req.aborted_step}",
+                (msg.uid,),
             )
 
     def finish(self) -> None:
-        sched = self.run.scheduler
-        held = sorted(uid for uid in self.aborted if uid in sched.reqs)
+        books = self.run.books()
+        if books is None:
+            return
+        aborted = {r.uid for r in self.run.book.requests if r.aborted_step is not None}
+        held = sorted(
+            h.uid for h in books.live if h.uid in aborted and h.uid not in self.run.book.live
+        )
         if held:
             self.fail(f"aborted requests {held} still hold resources at the end", tuple(held))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from overlapcheck.core.messages import OutMsg
 from overlapcheck.invariants.base import Invariant
+from overlapcheck.invariants.context import Request
 from overlapcheck.invariants.hbgraph import explain
 from overlapcheck.invariants.races import RaceDetector
-from overlapcheck.reference.scheduler import Scheduler
 
 
 class NoRace(Invariant):
@@ -15,17 +15,17 @@ class NoRace(Invariant):
     def __init__(self) -> None:
         self.detector = RaceDetector()
 
-    def on_step_end(self, sched: Scheduler) -> None:
+    def on_step_end(self) -> None:
         self.check()
 
-    def on_message(self, sched: Scheduler, msg: OutMsg) -> None:
+    def on_message(self, msg: OutMsg, req: Request | None) -> None:
         self.check()  # a race that corrupted this message is the better report than the oracle's
 
     def finish(self) -> None:
         self.check()
 
     def check(self) -> None:
-        trace = self.run.scheduler.device.trace
+        trace = self.run.trace
         race = self.detector.check(trace)
         if race is None:
             return

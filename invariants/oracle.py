@@ -4,33 +4,28 @@ from __future__ import annotations
 
 from overlapcheck.core.messages import OutMsg, TokenMsg
 from overlapcheck.invariants.base import Invariant
-from overlapcheck.reference.scheduler import Scheduler
+from overlapcheck.invariants.context import Request
 
 
 class Oracle(Invariant):
     id = "oracle"
 
-    def __init__(self) -> None:
-        self.seen: dict[int, int] = {}
-
-    def on_message(self, sched: Scheduler, msg: OutMsg) -> None:
-        if not isinstance(msg, TokenMsg):
+    def on_message(self, msg: OutMsg, req: Request | None) -> None:
+        if not isinstance(msg, TokenMsg) or req is None or req.late or req.reference is None:
             return
-        k = self.seen.get(msg.uid, 0)
-        self.seen[msg.uid] = k + 1
-        expected = self.run.reference_tokens(msg.uid)
-        if expected is None:
-            return
-        if k >= len(expected):
+        k = len(req.tokens) - 1  # the book appended this token already
+        expected = req.reference.tokens
+        if k >= len(expected) and expected:
             self.fail(
                 f"token #{k + 1} = {msg.token}, the reference ends after {len(expected)}",
                 (msg.uid,),
             )
-        if not self.run.token_matches(msg.uid, k, msg.token):
+        if not req.reference.matches(k, msg.token):
             self.fail(
-                f"token #{k + 1} = {msg.token}, the reference says {expected[k]}",
+                f"token #{k + 1} = {msg.token}, the reference says "
+                f"{expected[k] if k < len(expected) else 'nothing'}",
                 (msg.uid,),
                 position=k,
                 got=msg.token,
-                expected=expected[k],
+                expected=expected[k] if k < len(expected) else None,
             )

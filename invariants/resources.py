@@ -1,72 +1,143 @@
-"""Invariants over slots, pages and progress."""
+"""Invariants over slots, pages and progress.
+
+`slot-not-in-flight` is judged from footprints for any scheduler (a forward that uses a row for
+one request while an earlier forward that used it for another is still unobserved by the host),
+and also from the books when the scheduler has them. `pages-conserved` needs the books.
+`liveness` is judged from the messages, and from the books when there are any.
+"""
 
 from __future__ import annotations
 
-from overlapcheck.core.errors import InvariantError
+from collections import Counter
+
+import numpy as np
+
+from overlapcheck.core.protocol import Books
+from overlapcheck.core.trace import HOST, PAGE_TABLE
 from overlapcheck.invariants.base import Invariant
-from overlapcheck.reference.req import Req, ReqState
-from overlapcheck.reference.scheduler import Scheduler
+from overlapcheck.invariants.races import HappensBefore
 
 
 class SlotNotInFlight(Invariant):
-    """A slot is never handed out while an in-flight batch holds a request using it."""
+    """A slot is never handed to a request while an in-flight batch still uses it for another."""
 
     id = "slot-not-in-flight"
 
-    def on_admit(self, sched: Scheduler, req: Req) -> None:
-        inflight = sched.inflight
-        if inflight is not None:
-            for other in inflight.reqs:
-                if other is not req and other.slot == req.slot:
+    def __init__(self) -> None:
+        self.hb = HappensBefore()
+        self.seen = 0
+        self.owner: dict[int, tuple[int, int, int, int]] = {}  # row -> uid, agent, clock, op seq
+
+    def on_step_end(self) -> None:
+        self._check_forwards()
+        books = self.run.books()
+        if books is not None:
+            self._check_books(books)
+
+    def finish(self) -> None:
+        self._check_forwards()
+
+    def _check_forwards(self) -> None:
+        ops = self.run.trace.ops
+        width = self.run.config.max_seq_len
+        while self.seen < len(ops):
+            op = ops[self.seen]
+            self.seen += 1
+            host_knows = self.hb.clocks[0].copy() if op.kind == "forward" else None
+            agent, vc = self.hb.advance(op)
+            if host_knows is None or op.agent == HOST:
+                continue
+            table = next((a for a in op.accesses if a.buffer == PAGE_TABLE), None)
+            if table is None or len(table.cells) == 0:
+                continue
+            rows = table.cells[table.cells % width == 0] // width  # each sequence starts at col 0
+            for uid, row in zip(op.uids, rows.tolist(), strict=False):
+                prev = self.owner.get(row)
+                if prev is not None and prev[0] != uid and host_knows[prev[1]] < prev[2]:
+                    first = ops[prev[3]]
                     self.fail(
-                        f"slot {req.slot} handed to request {req.uid} while in-flight batch "
-                        f"{inflight.batch.label} still uses it for request {other.uid}",
-                        (req.uid, other.uid),
-                        batch=inflight.batch.batch_id,
+                        f"slot {row} used by {op.label} for request {uid} while {first.label} "
+                        f"(step {first.step}), which uses it for request {prev[0]}, is still in "
+                        "flight: the host has not waited for it",
+                        (uid, prev[0]),
+                        row=row,
                     )
-        for other in sched.reqs.values():
-            if other is not req and other.state is not ReqState.PENDING and other.slot == req.slot:
-                self.fail(
-                    f"slot {req.slot} handed to request {req.uid} "
-                    f"while request {other.uid} holds it",
-                    (req.uid, other.uid),
-                )
+                self.owner[row] = (uid, agent, int(vc[agent]), op.seq)
+
+    def _check_books(self, books: Books) -> None:
+        slots = Counter(h.slot for h in books.live if h.slot is not None)
+        twice = sorted(s for s, n in slots.items() if n > 1)
+        if twice:
+            self.fail(f"slots {twice} held by two live requests at once")
+        both = sorted(set(slots) & set(books.free_slots))
+        if both:
+            self.fail(f"slots {both} are both free and held")
 
 
 class PagesConserved(Invariant):
-    """free + cached + held by live requests = all pages; no page twice (checked every step)."""
+    """free + cached + held by live requests = all pages; no page free twice, free and used, or
+    held by two requests unless the prefix cache shares it (checked every step, from the books)."""
 
     id = "pages-conserved"
+    needs_books = True
 
-    def on_step_end(self, sched: Scheduler) -> None:
-        try:
-            sched.check_integrity()
-        except InvariantError as err:  # the scheduler's own books name the broken invariant
-            self.fail_as(err.invariant, err.detail)
+    def on_step_end(self) -> None:
+        books = self.run.books()  # the reference raises its own InvariantError here
+        if books is not None:
+            self._check(books)
 
     def finish(self) -> None:
-        self.on_step_end(self.run.scheduler)
+        self.on_step_end()
+
+    def _check(self, books: Books) -> None:
+        n = self.run.config.num_pages
+        free = np.asarray(books.free_pages, dtype=np.int64)
+        cached = np.asarray(books.cached_pages, dtype=np.int64)
+        held = np.concatenate(
+            [np.asarray(h.pages, dtype=np.int64) for h in books.live] or [np.empty(0, np.int64)]
+        )
+        everything = np.concatenate([free, cached, held])
+        if len(everything) and (everything.min() < 0 or everything.max() >= n):
+            self.fail(f"a page number outside 0..{n - 1}")
+        counts_free = np.bincount(free, minlength=n)
+        if (counts_free > 1).any():
+            self.fail(f"pages {np.flatnonzero(counts_free > 1)[:8].tolist()} are free twice")
+        used = np.zeros(n, dtype=bool)
+        used[cached] = True
+        used[held] = True
+        clash = np.flatnonzero(used & (counts_free > 0))
+        if len(clash):
+            self.fail(f"pages {clash[:8].tolist()} are both free and in use (cached or held)")
+        shared = np.bincount(held, minlength=n) > 1
+        is_cached = np.zeros(n, dtype=bool)
+        is_cached[cached] = True
+        double = np.flatnonzero(shared & ~is_cached)
+        if len(double):
+            self.fail(f"pages {double[:8].tolist()} held by two requests and not cached")
+        lost = np.flatnonzero(~used & (counts_free == 0))
+        if len(lost):
+            self.fail(f"pages {lost[:8].tolist()} are lost: neither free, cached nor held")
 
 
 class Liveness(Invariant):
-    """Every admitted request finishes; once idle the scheduler holds nothing. (The step bound and
-    deadlocks are enforced by the runner, which reports them under this id.)"""
+    """Every accepted request finishes (or is aborted); once idle the scheduler holds nothing.
+    (The step bound and deadlocks are enforced by the runner, under this id.)"""
 
     id = "liveness"
 
     def finish(self) -> None:
-        sched = self.run.scheduler
-        stuck = sorted(uid for uid, req in sched.reqs.items() if not req.done)
+        stuck = sorted(self.run.book.live)
         if stuck:
             self.fail(f"requests {stuck} never finished", tuple(stuck))
-        held = sorted(sched.reqs)
+        books = self.run.books()
+        if books is None:
+            return
+        held = sorted(h.uid for h in books.live)
         if held:
             self.fail(f"idle scheduler still holds requests {held}", tuple(held))
-        if sched.table.num_free != sched.config.num_slots:
-            self.fail(
-                f"idle scheduler holds slots "
-                f"{sorted(set(range(sched.config.num_slots)) - set(sched.table.free_slots()))}"
-            )
-        cache = sched.cache
-        if cache.allocator.num_free + cache.prefix.num_cached_pages != sched.config.num_pages:
+        cfg = self.run.config
+        if len(books.free_slots) != cfg.num_slots:
+            busy = sorted(set(range(cfg.num_slots)) - set(books.free_slots))
+            self.fail(f"idle scheduler holds slots {busy}")
+        if len(set(books.free_pages) | set(books.cached_pages)) != cfg.num_pages:
             self.fail("idle scheduler holds pages outside the free list and the cache")

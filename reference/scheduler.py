@@ -5,22 +5,24 @@ stream -> the engine stream waits for the scheduler stream -> launch forward N+1
 (wait for its copy-done event, append tokens, decide finished, free, reply). The normal loop does
 the same with "process" right after "launch".
 
-Every fix of a known upstream bug sits at one spot guarded by `self._fault(NAME)`, so that one named
-fault re-enables it (see `reference/faults.py`).
+Every fix of a known upstream bug sits at a spot guarded by `self._fault(NAME)` (two for the faults
+whose upstream behaviour also changed what a later result does), so that one named fault re-enables
+it, message stream included (see `reference/faults.py`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 from overlapcheck.core.batch import BatchInput, Phase, RowWrite, SeqWork
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.device import Device, Event, ForwardOutput
 from overlapcheck.core.errors import InvariantError
-from overlapcheck.core.messages import AbortMsg, InMsg, OutMsg, RejectMsg, TokenMsg, UserMsg
+from overlapcheck.core.messages import AbortMsg, OutMsg, RejectMsg, TokenMsg, UserMsg
+from overlapcheck.core.protocol import Books, Holding, MessageSource
 from overlapcheck.core.rules import max_output, rejection
-from overlapcheck.core.trace import PAGE_TABLE, TOKEN_POOL, Message
+from overlapcheck.core.trace import PAGE_TABLE, TOKEN_POOL
 from overlapcheck.reference import faults as F
 from overlapcheck.reference.cache.manager import CacheManager
 from overlapcheck.reference.decode import DecodeManager
@@ -28,14 +30,6 @@ from overlapcheck.reference.listener import SchedulerListener
 from overlapcheck.reference.prefill import Chunk, PrefillManager
 from overlapcheck.reference.req import Req, ReqState
 from overlapcheck.reference.table import TableManager
-
-
-class MessageSource(Protocol):
-    """Where requests come from: messages that have arrived by `now`, and when the next one will."""
-
-    def poll(self, now: float) -> list[InMsg]: ...
-
-    def next_arrival(self) -> float | None: ...
 
 
 class Launched(NamedTuple):
@@ -75,6 +69,29 @@ class Scheduler:
     @property
     def has_work(self) -> bool:
         return self.prefill.has_work or bool(self.decode.running) or self.inflight is not None
+
+    def books(self) -> Books:
+        """The resource books (the protocol's optional capability), after checking them.
+
+        Raises InvariantError where the books contradict themselves (a lock count gone negative).
+        """
+        self.check_integrity()
+        holdings = tuple(
+            Holding(
+                r.uid,
+                None if r.state is ReqState.PENDING else r.slot,
+                tuple(r.own_pages),
+                r.done,
+            )
+            for r in self.reqs.values()
+        )
+        return Books(
+            live=holdings,
+            free_slots=tuple(self.table.free_slots()),
+            free_pages=tuple(self.cache.allocator.free_pages()),
+            cached_pages=tuple(self.cache.prefix.cached_pages()),
+            pending=tuple(r.uid for r in self.prefill.pending),
+        )
 
     def check_integrity(self) -> None:
         """The scheduler's own books: pages conserved, slots owned once. Raises InvariantError."""
@@ -132,10 +149,6 @@ class Scheduler:
             if arrival > self.device.now():
                 self.device.sleep_until(arrival)
         for msg in self.source.poll(self.device.now()):
-            kind = "user" if isinstance(msg, UserMsg) else "abort"
-            self.device.trace.received.append(
-                Message(self.device.now(), self.step_no, msg.uid, kind)
-            )
             for listener in self.listeners:
                 listener.on_receive(self, msg)
             if isinstance(msg, UserMsg):
@@ -171,9 +184,15 @@ class Scheduler:
             req.released = True
             del self.reqs[req.uid]
             return
-        if self._fault(F.ABORT_INFLIGHT_PREFILL) and was is ReqState.PREFILLING and req.inflight:
+        if self._fault(F.ABORT_INFLIGHT_PREFILL) and self._final_prefill_in_flight(req, was):
             self.cache.release(req, forget=False)  # upstream: cached now, and again on the result
         self._maybe_release(req)
+
+    @staticmethod
+    def _final_prefill_in_flight(req: Req, was: ReqState) -> bool:
+        """The request's last prefill batch (a one-batch prompt or its final chunk) is launched
+        and unprocessed: it is running, nothing came back yet, and a batch holds it."""
+        return was is ReqState.RUNNING and req.inflight > 0 and not req.outputs
 
     # -- schedule and launch ------------------------------------------------------------------
 
@@ -269,10 +288,19 @@ class Scheduler:
                 req.inflight -= 1
                 if seq.end < req.prompt_len:
                     pass  # a non-final chunk: nothing to report
-                elif req.done:
-                    if req.state is ReqState.FINISHED and self._fault(F.REPLY_AFTER_FINISH):
-                        self._send(TokenMsg(req.uid, token, True))
-                    # else: the extra round of a finished or aborted request: dropped
+                elif req.state is ReqState.ABORTED:
+                    if launched.batch.phase == "prefill" and self._fault(F.ABORT_INFLIGHT_PREFILL):
+                        # upstream cached a prefilled request here (a second time, after the
+                        # abort did), then replied with the prefill's token
+                        self._maybe_release(req)
+                        self._send(TokenMsg(req.uid, token, self._is_last(req, 1, token)))
+                    # else: the extra round of an aborted request: dropped
+                elif req.done and not self._owed_round(req):
+                    if self._fault(F.REPLY_AFTER_FINISH):
+                        # upstream replied like to any result: `finished` as if still running
+                        stale = self._is_last(req, len(req.outputs) + 1, token)
+                        self._send(TokenMsg(req.uid, token, stale))
+                    # else: the extra round of a finished request: dropped
                 else:
                     self._append(req, token)
                 self._maybe_release(req)
@@ -281,16 +309,33 @@ class Scheduler:
 
     def _append(self, req: Req, token: int) -> None:
         req.outputs.append(token)
-        if self._fault(F.FINISH_BY_CAN_DECODE):
-            finished = not req.can_decode
-        else:
-            finished = len(req.outputs) >= req.max_output
-        if token == self.config.eos_token_id and not req.params.ignore_eos:
-            finished = True
+        finished = self._is_last(req, len(req.outputs), token)
         self._send(TokenMsg(req.uid, token, finished))
         if finished:
             req.state = ReqState.FINISHED
             self.decode.remove(req)
+
+    def _is_last(self, req: Req, count: int, token: int) -> bool:
+        """Whether `token`, the request's `count`-th output, ends it (length or EOS)."""
+        if self._fault(F.FINISH_BY_CAN_DECODE):
+            # upstream's `not req.can_decode`: counts the rounds launched, one ahead under overlap
+            last = req.launched_outputs >= req.max_output
+        else:
+            last = count >= req.max_output
+        return last or self._is_eos(req, token)
+
+    def _is_eos(self, req: Req, token: int) -> bool:
+        return token == self.config.eos_token_id and not req.params.ignore_eos
+
+    def _owed_round(self, req: Req) -> bool:
+        """A request judged finished by `finish-by-can-decode` a round early: upstream still
+        processed that last round, so its token is delivered (marked finished once more)."""
+        return (
+            self._fault(F.FINISH_BY_CAN_DECODE)
+            and req.state is ReqState.FINISHED
+            and 0 < len(req.outputs) < req.max_output
+            and not self._is_eos(req, req.outputs[-1])
+        )
 
     def _maybe_release(self, req: Req) -> None:
         # NOTE: a finished request may sit in the in-flight batch (its extra round): its slot and
@@ -312,15 +357,6 @@ class Scheduler:
         return name in self.config.faults
 
     def _send(self, msg: OutMsg) -> None:
-        dev = self.device
-        if isinstance(msg, TokenMsg):
-            dev.trace.messages.append(
-                Message(dev.now(), self.step_no, msg.uid, "token", msg.token, msg.finished)
-            )
-        else:
-            dev.trace.messages.append(
-                Message(dev.now(), self.step_no, msg.uid, "reject", reason=msg.reason)
-            )
         for listener in self.listeners:
             listener.on_message(self, msg)
         if self.sink is not None:

@@ -356,7 +356,7 @@ def test_policies_are_deterministic() -> None:
 
 def fairness(result: RunResult) -> BoundedWait:
     assert result.scheduler is not None
-    return next(c for c in result.scheduler.listeners if isinstance(c, BoundedWait))
+    return next(c for c in result.checks if isinstance(c, BoundedWait))
 
 
 def overtaken(result: RunResult, uid: int) -> list[int]:

@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from overlapcheck.runner import Backend, RunResult, run_scenario
+from overlapcheck.backends.base import Backend
+from overlapcheck.runner import RunResult, run_scenario
 from overlapcheck.scenarios.scenario import Scenario
 from overlapcheck.timeline.model import Interval, Panel, Rendered
 from overlapcheck.timeline.render import render_panels, result_title

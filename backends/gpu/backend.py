@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from transformers import PretrainedConfig
 
+from overlapcheck.backends.base import ExactReference, Reference
 from overlapcheck.backends.gpu.device import TorchDevice
 from overlapcheck.backends.gpu.engine import Engine
 from overlapcheck.backends.gpu.model import DecoderModel
@@ -30,6 +31,30 @@ from overlapcheck.explore.delay_plan import Delay, DelayInjector
 from overlapcheck.scenarios.scenario import RequestSpec, Scenario
 
 DEFAULT_PRESET = "tiny"
+
+
+class _AnyToken:
+    """No reference (benchmarks without the oracle): every token matches."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+
+    def matches(self, position: int, token: int) -> bool:
+        return True
+
+
+class _ForcedReference:
+    """bf16: each token within a logit margin of the reference's argmax under teacher forcing."""
+
+    def __init__(self, tokens: list[int], forcing: TeacherForcing, margin: float) -> None:
+        self.tokens = tokens
+        self.forcing = forcing
+        self.margin = margin
+
+    def matches(self, position: int, token: int) -> bool:
+        if position != len(self.forcing.deficits):
+            return False  # tokens arrive in order; a gap is a lost or repeated message
+        return self.forcing.accept(token) <= self.margin
 
 
 class TorchBackend:
@@ -66,9 +91,7 @@ class TorchBackend:
         self.sleep_rate = 0.0
         self.hold: dict[str, float] = {}  # calibration holds by op kind (TorchDevice.hold)
         self.device: TorchDevice | None = None
-        self._refs: dict[int, list[int]] = {}
-        self._prompts: dict[int, tuple[int, ...]] = {}
-        self._forcing: dict[int, TeacherForcing] = {}
+        self._forcing: list[TeacherForcing] = []  # this run's, for `max_deficit`
         self._eos = self.spec.eos_token_id
 
     def prepare(self, scenario: Scenario) -> Scenario:
@@ -87,40 +110,27 @@ class TorchBackend:
             self.device.injector = DelayInjector(self.delays)
         self.device.hold = dict(self.hold)
         self.device.sleep_rate = self.sleep_rate
-        self._refs, self._forcing = {}, {}
-        self._prompts = {s.uid: s.prompt for s in scenario.requests}
+        self._forcing = []
         self._eos = cfg.eos_token_id
         return self.device
 
-    def reference(self, spec: RequestSpec, max_tokens: int) -> list[int]:
+    def reference(self, spec: RequestSpec, max_tokens: int) -> Reference:
         if self.oracle is None:
-            return []
+            return _AnyToken()
         ref = list(self.oracle.greedy(spec.prompt, max_tokens))
         # Exact (CPU): the request ends where the reference says EOS. bf16 (CUDA): tokens are
         # judged one by one under teacher forcing, so the engine may end elsewhere (within margin).
-        if self.exact and not spec.ignore_eos and self._eos in ref:
-            ref = ref[: ref.index(self._eos) + 1]
-        self._refs[spec.uid] = ref
-        return ref
-
-    def token_matches(self, uid: int, position: int, token: int) -> bool:
-        if self.oracle is None:
-            return True
-        ref = self._refs.get(uid)
-        if ref is None:
-            return False
         if self.exact:
-            return position < len(ref) and ref[position] == token
-        forcing = self._forcing.get(uid)
-        if forcing is None:
-            forcing = self._forcing[uid] = self.oracle.forcing(self._prompts[uid])
-        if position != len(forcing.deficits):
-            return False  # tokens arrive in order; a gap is a lost or repeated message
-        return forcing.accept(token) <= self.margin
+            if not spec.ignore_eos and self._eos in ref:
+                ref = ref[: ref.index(self._eos) + 1]
+            return ExactReference(ref)
+        forcing = self.oracle.forcing(spec.prompt)
+        self._forcing.append(forcing)
+        return _ForcedReference(ref, forcing, self.margin)
 
     def max_deficit(self) -> float:
         """The largest logit deficit seen under teacher forcing in the last run (CUDA)."""
-        return max((max(f.deficits, default=0.0) for f in self._forcing.values()), default=0.0)
+        return max((max(f.deficits, default=0.0) for f in self._forcing), default=0.0)
 
     def close(self) -> None:
         if self.sanitizer is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from overlapcheck.backends.base import ExactReference
 from overlapcheck.backends.sim.device import SimDevice
 from overlapcheck.backends.sim.timing import Timing
 from overlapcheck.backends.sim.toy_model import ToyModel
@@ -15,7 +16,6 @@ class SimBackend:
         self.timing = timing if timing is not None else Timing()
         self.model: ToyModel | None = None
         self.device: SimDevice | None = None
-        self._refs: dict[int, list[int]] = {}
 
     def prepare(self, scenario: Scenario) -> Scenario:
         return scenario  # the toy model runs any scenario as written
@@ -29,12 +29,6 @@ class SimBackend:
         self.device = SimDevice(cfg, self.model, self.timing)
         return self.device
 
-    def reference(self, spec: RequestSpec, max_tokens: int) -> list[int]:
+    def reference(self, spec: RequestSpec, max_tokens: int) -> ExactReference:
         assert self.model is not None, "make_device first"
-        ref = self.model.generate(spec.prompt, max_tokens, spec.ignore_eos)
-        self._refs[spec.uid] = ref
-        return ref
-
-    def token_matches(self, uid: int, position: int, token: int) -> bool:
-        ref = self._refs.get(uid)
-        return ref is not None and position < len(ref) and ref[position] == token
+        return ExactReference(self.model.generate(spec.prompt, max_tokens, spec.ignore_eos))

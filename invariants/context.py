@@ -1,0 +1,141 @@
+"""What invariants read about a run: the harness's view of every request, and the run itself.
+
+The harness sees requests as the messages show them, so every check here works for any scheduler.
+Requests are instances, not uids: a uid may come back after its request finished (a new request),
+or while it is live (a duplicate the scheduler must reject).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from overlapcheck.core.config import SchedulerConfig
+from overlapcheck.core.device import Device
+from overlapcheck.core.messages import AbortMsg, InMsg, OutMsg, RejectMsg, UserMsg
+from overlapcheck.core.protocol import Books, HasBooks
+from overlapcheck.core.rules import max_output, rejection
+from overlapcheck.core.trace import Trace
+
+if TYPE_CHECKING:
+    from overlapcheck.backends.base import Reference
+    from overlapcheck.scenarios.scenario import Scenario
+
+
+@dataclass(eq=False, slots=True)
+class Request:
+    """One request instance, as received and answered."""
+
+    index: int  # order of arrival among user messages
+    msg: UserMsg
+    received_step: int
+    max_output: int
+    rejection: str | None  # why the rules say it must be rejected; None: it must be served
+    reference: Reference | None = None
+    tokens: list[int] = field(default_factory=list)
+    finished_step: int | None = None
+    aborted_step: int | None = None
+    rejected: bool = False
+    late: bool = False  # the last message for it came after it ended (finished or aborted)
+
+    @property
+    def uid(self) -> int:
+        return self.msg.uid
+
+    @property
+    def live(self) -> bool:
+        """Accepted and not yet ended by a finished message or an abort."""
+        return (
+            self.rejection is None
+            and not self.rejected
+            and self.finished_step is None
+            and self.aborted_step is None
+        )
+
+
+class RequestBook:
+    """Every request instance, and which one a uid's message belongs to."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self.requests: list[Request] = []
+        self.live: dict[int, Request] = {}  # uid -> its live request
+        self.latest: dict[int, Request] = {}  # uid -> its most recent request
+        self._to_reject: dict[int, list[Request]] = {}  # uid -> requests owed a RejectMsg
+
+    def receive(
+        self, msg: InMsg, step: int, reference: Callable[[UserMsg, int], Reference | None]
+    ) -> Request | None:
+        """Book an incoming message; the request it creates (user) or targets (abort)."""
+        if isinstance(msg, AbortMsg):
+            req = self.live.pop(msg.uid, None)
+            if req is not None:
+                req.aborted_step = step
+            return req
+        reason = rejection(self.config, msg, live=msg.uid in self.live)
+        limit = max_output(self.config, msg)
+        req = Request(len(self.requests), msg, step, limit, reason)
+        self.requests.append(req)
+        self.latest[msg.uid] = req
+        if reason is None:
+            req.reference = reference(msg, limit)
+            self.live[msg.uid] = req
+        else:
+            self._to_reject.setdefault(msg.uid, []).append(req)
+        return req
+
+    def answer(self, msg: OutMsg, step: int) -> Request | None:
+        """Book an outgoing message; the request it belongs to (None: a uid never received)."""
+        if isinstance(msg, RejectMsg):
+            owed = self._to_reject.get(msg.uid)
+            req = owed.pop(0) if owed else self.live.pop(msg.uid, None) or self.latest.get(msg.uid)
+            if req is not None:
+                req.rejected = True
+            return req
+        req = self.live.get(msg.uid) or self.latest.get(msg.uid)
+        if req is None:
+            return None
+        req.late = not req.live
+        if req.live:
+            req.tokens.append(msg.token)
+            if msg.finished:
+                req.finished_step = step
+                del self.live[msg.uid]
+        return req
+
+    def owed_rejections(self) -> list[Request]:
+        return [r for owed in self._to_reject.values() for r in owed]
+
+
+class RunContext:
+    """The run as invariants see it: configuration, device, trace, requests, current iteration."""
+
+    def __init__(
+        self, scenario: Scenario, device: Device, backend_name: str, scheduler: object
+    ) -> None:
+        self.scenario = scenario
+        self.config = scenario.config
+        self.device = device
+        self.backend_name = backend_name
+        self.scheduler = scheduler
+        self.book = RequestBook(scenario.config)
+        self.step = 0
+        self.notices: list[str] = []
+
+    @property
+    def trace(self) -> Trace:
+        return self.device.trace
+
+    def now(self) -> float:
+        return self.device.now()
+
+    @property
+    def has_books(self) -> bool:
+        return isinstance(self.scheduler, HasBooks)
+
+    def books(self) -> Books | None:
+        """The scheduler's resource books, if it offers them (see `core/protocol.py`)."""
+        if isinstance(self.scheduler, HasBooks):
+            return self.scheduler.books()
+        return None

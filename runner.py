@@ -173,6 +173,9 @@ class _Harness:
             record = Message(ctx.now(), ctx.step, msg.uid, "reject", reason=msg.reason)
         ctx.trace.messages.append(record)
         req = ctx.book.answer(msg, ctx.step)
+        observe = getattr(self.inner, "observe", None)
+        if observe is not None:  # a workload that reacts to replies (a multi-turn follow-up)
+            observe(msg, ctx.now())
         self.checks.call(lambda inv: inv.on_message(msg, req))
 
 
@@ -203,8 +206,9 @@ def run_scenario(
     factory = scheduler if scheduler is not None else _reference_factory()
     ctx = RunContext(scenario, device, backend.name, None)
     harness = _Harness(ctx, checks, source, _references(scenario, backend))
-    if isinstance(source, IterationSource):
-        source.bind(lambda: ctx.step)
+    bind = getattr(source, "bind", None)
+    if bind is not None:  # a source that delivers by iteration reads the harness's count
+        bind(lambda: ctx.step)
     sched = _build(factory, cfg, device, harness)
     ctx.scheduler = sched
     for inv in checks.checks:

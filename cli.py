@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import NoReturn
 
 from overlapcheck import __version__
 from overlapcheck.commands import bench, calibrate, explore, faults, replay, run, timeline
+from overlapcheck.crash import CheckerBug
 from overlapcheck.errors import UserError
+from overlapcheck.formats.bug_report import save_checker_bug
 
 COMMANDS = [run, explore, replay, timeline, faults, bench, calibrate]
 
@@ -37,12 +40,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as err:
         print(f"overlapcheck: error: {err}", file=sys.stderr)
         return 2
+    except CheckerBug as bug:
+        return _report_bug(bug, Path(getattr(args, "out", None) or "."))
     except BrokenPipeError:  # `overlapcheck run --json | head`: the reader left, not an error
         sys.stderr.close()
         return 0
     except KeyboardInterrupt:
         print("overlapcheck: interrupted", file=sys.stderr)
         return 130
+
+
+def _report_bug(bug: CheckerBug, folder: Path) -> int:
+    """An exception inside overlapcheck (not the scheduler's): save the input, exit 3."""
+    try:
+        path = save_checker_bug(bug, folder)
+    except OSError as err:
+        print(f"overlapcheck bug: {bug} (could not save the input: {err})", file=sys.stderr)
+        return 3
+    print(
+        f"overlapcheck bug: {bug}; input saved to {path} (traceback in "
+        f"{path.with_suffix('.txt')}); please report it",
+        file=sys.stderr,
+    )
+    return 3
 
 
 if __name__ == "__main__":

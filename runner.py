@@ -40,9 +40,17 @@ class RequestOutcome:
     uid: int
     tokens: list[int]
     finish_reason: str  # length | eos | abort | rejected | unfinished
+    reason: str = ""  # why it was rejected
 
     def to_json(self) -> dict[str, Any]:
-        return {"uid": self.uid, "tokens": self.tokens, "finish_reason": self.finish_reason}
+        out: dict[str, Any] = {
+            "uid": self.uid,
+            "tokens": self.tokens,
+            "finish_reason": self.finish_reason,
+        }
+        if self.reason:
+            out["reason"] = self.reason
+        return out
 
 
 @dataclass
@@ -364,5 +372,5 @@ def outcomes(ctx: RunContext) -> list[RequestOutcome]:
             reason = "abort"
         else:
             reason = "unfinished"
-        out.append(RequestOutcome(req.uid, list(req.tokens), reason))
+        out.append(RequestOutcome(req.uid, list(req.tokens), reason, req.reject_reason))
     return out

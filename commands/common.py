@@ -15,6 +15,7 @@ from overlapcheck.reference.faults import UnknownFaultError, parse_faults
 from overlapcheck.scenarios.loader import ScenarioError, load_scenario_file
 from overlapcheck.scenarios.named import NAMED, named_scenario
 from overlapcheck.scenarios.scenario import Scenario
+from overlapcheck.scheduler_spec import REFERENCE, SchedulerSpec, parse_spec
 
 
 def _int_at_least(minimum: int, name: str) -> Callable[[str], int]:
@@ -134,3 +135,22 @@ def make_timing(args: argparse.Namespace) -> Timing:
     profile = load_profile(args.timing) if getattr(args, "timing", None) else Profile()
     seed = getattr(args, "seed", None)
     return Timing(profile, SeededDelay(seed)) if seed is not None else Timing(profile)
+
+
+def add_scheduler_option(parser: argparse.ArgumentParser, default: str | None = REFERENCE) -> None:
+    parser.add_argument(
+        "--scheduler",
+        default=default,
+        metavar="SPEC",
+        help="the scheduler under test: PATH.py:FACTORY, module:FACTORY or reference "
+        "(default: " + (default or "the one the file records") + ")",
+    )
+
+
+def scheduler_from_args(args: argparse.Namespace) -> SchedulerSpec | None:
+    """`--scheduler`, parsed and loaded (a bad spec is one line here, before any search)."""
+    if args.scheduler is None:
+        return None
+    spec = parse_spec(args.scheduler)
+    spec.factory()
+    return spec

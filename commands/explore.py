@@ -14,10 +14,12 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from overlapcheck.backends.sim.timing import Profile
 from overlapcheck.commands.common import (
     add_check_option,
+    add_scheduler_option,
     load_profile,
     nonneg_int,
     positive_int,
     resolve_scenario,
+    scheduler_from_args,
 )
 from overlapcheck.core.config import POLICIES
 from overlapcheck.errors import UserError
@@ -34,26 +36,7 @@ from overlapcheck.reference.faults import UnknownFaultError, parse_faults
 from overlapcheck.runner import RunResult
 from overlapcheck.scenarios.named import NAMED
 from overlapcheck.scenarios.scenario import Scenario
-from overlapcheck.scheduler_spec import REFERENCE, SchedulerSpec, parse_spec
-
-
-def add_scheduler_option(parser: argparse.ArgumentParser, default: str | None = REFERENCE) -> None:
-    parser.add_argument(
-        "--scheduler",
-        default=default,
-        metavar="SPEC",
-        help="the scheduler under test: PATH.py:FACTORY, module:FACTORY or reference "
-        "(default: " + (default or "the one the file records") + ")",
-    )
-
-
-def scheduler_from_args(args: argparse.Namespace) -> SchedulerSpec | None:
-    """`--scheduler`, parsed and loaded (a bad spec is one line here, before any search)."""
-    if args.scheduler is None:
-        return None
-    spec = parse_spec(args.scheduler)
-    spec.factory()
-    return spec
+from overlapcheck.scheduler_spec import SchedulerSpec
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

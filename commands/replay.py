@@ -9,8 +9,7 @@ import sys
 
 import networkx as nx
 
-from overlapcheck.commands.common import positive_int
-from overlapcheck.commands.explore import add_scheduler_option, scheduler_from_args
+from overlapcheck.commands.common import add_scheduler_option, positive_int, scheduler_from_args
 from overlapcheck.errors import UserError
 from overlapcheck.formats import counterexample
 from overlapcheck.invariants.base import Violation

@@ -10,13 +10,16 @@ from overlapcheck.backends.registry import BACKENDS, make_backend
 from overlapcheck.commands.common import (
     add_check_option,
     add_config_overrides,
+    add_scheduler_option,
     add_timing,
     apply_overrides,
     make_timing,
     resolve_scenario,
+    scheduler_from_args,
 )
 from overlapcheck.invariants.registry import INVARIANTS
 from overlapcheck.runner import RunResult, run_scenario
+from overlapcheck.scheduler_spec import SchedulerSpec
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -26,6 +29,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_config_overrides(p)
     add_timing(p)
     add_check_option(p)
+    add_scheduler_option(p)
+    p.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="record every violation (each invariant once per request) instead of stopping at "
+        "the first",
+    )
     p.add_argument("--model", help="(cpu/cuda) a Hugging Face checkpoint directory")
     p.add_argument("--preset", help="(cpu/cuda) a model preset when no --model is given")
     p.add_argument(
@@ -41,7 +51,14 @@ def main(args: argparse.Namespace) -> int:
     scenario = apply_overrides(resolve_scenario(args.scenario), args)
     options = {k: getattr(args, k) for k in ("model", "preset", "sanitize") if getattr(args, k)}
     backend = make_backend(args.backend, make_timing(args), **options)
-    result = run_scenario(scenario, backend, [*INVARIANTS, *args.check] if args.check else None)
+    spec = scheduler_from_args(args) or SchedulerSpec()
+    result = run_scenario(
+        scenario,
+        backend,
+        [*INVARIANTS, *args.check] if args.check else None,
+        scheduler=spec.factory(),
+        keep_going=args.keep_going,
+    )
     if args.trace:
         from overlapcheck.formats.trace_file import save_trace
 
@@ -65,15 +82,17 @@ def print_human(result: RunResult) -> None:
         f"{result.scenario.name} on {result.backend}: loop={c.loop} cache={c.cache} "
         f"page_size={c.page_size} chunk={c.max_extend_tokens} policy={c.policy}{faults}"
     )
-    reasons = {m.uid: m.reason for m in result.trace.messages if m.kind == "reject"}
     for o in result.outcomes:
         shown = " ".join(map(str, o.tokens[:12])) + (" ..." if len(o.tokens) > 12 else "")
-        if o.uid in reasons:
-            shown = f"({reasons[o.uid]})"
+        if o.reason:
+            shown = f"({o.reason})"
         print(f"  uid {o.uid:<4} {o.finish_reason:<10} {len(o.tokens):>3} tokens  {shown}")
+    for notice in result.notices:
+        print(f"notice: {notice}")
     for v in result.violations:
         print(f"VIOLATION {v.line()}")
-    status = "ok" if result.ok else f"FAILED ({len(result.violations)} violation)"
+    n = len(result.violations)
+    status = "ok" if result.ok else f"FAILED ({n} violation{'s' if n > 1 else ''})"
     print(
         f"{status}: {result.iterations} iterations, "
         f"{result.simulated_seconds * 1e3:.3f} ms simulated, "

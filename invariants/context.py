@@ -37,6 +37,7 @@ class Request:
     finished_step: int | None = None
     aborted_step: int | None = None
     rejected: bool = False
+    reject_reason: str = ""
     late: bool = False  # the last message for it came after it ended (finished or aborted)
 
     @property
@@ -92,6 +93,7 @@ class RequestBook:
             req = owed.pop(0) if owed else self.live.pop(msg.uid, None) or self.latest.get(msg.uid)
             if req is not None:
                 req.rejected = True
+                req.reject_reason = msg.reason
             return req
         req = self.live.get(msg.uid) or self.latest.get(msg.uid)
         if req is None:

@@ -8,6 +8,7 @@ same path) installed; `--db` should then name a directory on a filesystem all no
 
 from __future__ import annotations
 
+import logging
 import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -60,9 +61,14 @@ def connected(address: str, cpus: int | None = None) -> Iterator[Any]:
         _reachable(address)
     try:
         if address == "local":
-            ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
+            ray.init(
+                num_cpus=cpus,
+                include_dashboard=False,
+                log_to_driver=False,
+                logging_level=logging.ERROR,
+            )
         else:
-            ray.init(address=address, log_to_driver=False)
+            ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
     except Exception as err:  # Ray raises ConnectionError, RuntimeError, ValueError, ...
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise UserError(f"--ray {address}: cannot start or join Ray ({first})") from None

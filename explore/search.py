@@ -207,6 +207,9 @@ def search(
         and not stopped()
     ):
         n = min(spec.round_size, spec.max_examples - stats.examples)
+        # NOTE: the seed goes on first: `@seed` turns the database off for the settings it
+        # finds, and the settings applied after it keep ours (the streams share what they find).
+        seeded = hypothesis_seed(spec.seed * 100_003 + stats.rounds)(given(st.data())(example))
         test = settings(
             max_examples=n,
             deadline=None,
@@ -216,8 +219,7 @@ def search(
             report_multiple_bugs=False,
             phases=[Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
             print_blob=False,
-        )(given(st.data())(example))
-        test = hypothesis_seed(spec.seed * 100_003 + stats.rounds)(test)
+        )(seeded)
         stats.rounds += 1
         try:
             test()

@@ -3,15 +3,19 @@ counterexample replays with the same trace hash; the fixed scheduler survives ge
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from overlapcheck.backends.sim.timing import Profile
+from overlapcheck.cli import main
 from overlapcheck.explore.search import SearchSpec, search
 from overlapcheck.formats import counterexample
 from overlapcheck.reference.faults import FAULTS
+from overlapcheck.scenarios.loader import load_scenario_file
 from overlapcheck.scenarios.named import NAMED
+from overlapcheck.scheduler_spec import SchedulerSpec
 
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))
@@ -54,3 +58,58 @@ def test_the_default_scheduler_survives_generated_examples(scenario: str) -> Non
 def test_long_search_of_the_default_scheduler(seed: int) -> None:
     result = search(SearchSpec("all", budget=600, max_examples=5000, seed=100 + seed))
     assert result.found is None, result.found and result.found.result.violations[0].line()
+
+
+PLUGIN = """
+from overlapcheck.reference.scheduler import Scheduler
+
+
+def make(config, device, source, sink):
+    return Scheduler(config, device, source, sink)
+"""
+
+
+def test_a_plugged_in_scheduler_is_searched_recorded_and_replayed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plugin = tmp_path / "mine.py"
+    plugin.write_text(PLUGIN)
+    spec = SchedulerSpec(f"{plugin}:make")
+    result = search(
+        SearchSpec(faults=frozenset(["copy-done-wrong-stream"]), budget=60, scheduler=spec)
+    )
+    assert result.found is not None
+    run = result.found.result
+    path = counterexample.save(run, Profile(), result.found.draws, tmp_path, scheduler=spec)
+    data = json.loads(path.read_text())
+    assert data["scheduler"] == {"spec": spec.text, "source_hash": spec.source_hash()}
+    cex = counterexample.load(path)
+    assert cex.scheduler == spec and cex.scheduler_change() is None
+    assert cex.replay().trace_hash == run.trace_hash
+    # The source changes: replay says so in one line, and still replays.
+    plugin.write_text(PLUGIN + "\n# edited\n")
+    assert main(["replay", str(path)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "changed since this counterexample was saved" in err[0]
+    # --scheduler overrides the recorded one (no note: it is not the recorded scheduler).
+    assert main(["replay", str(path), "--scheduler", "reference"]) == 1
+    assert capsys.readouterr().err == ""
+
+
+def test_a_bad_scheduler_spec_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explore", "--scheduler", "no/such/file.py:make", "--budget", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no such file" in err[0]
+
+
+def test_explore_takes_a_scenario_file_and_explores_variations_of_it(tmp_path: Path) -> None:
+    path = tmp_path / "mine.toml"
+    path.write_text(
+        'name = "mine"\n[config]\nnum_slots = 1\n'
+        "[[requests]]\nuid = 7\nprompt = [5, 6, 7]\nmax_tokens = 3\n"
+        "[[requests]]\nuid = 8\nprompt = [5, 6, 9]\nmax_tokens = 2\n"
+    )
+    base = load_scenario_file(str(path))
+    result = search(SearchSpec(base, faults=frozenset(["copy-done-wrong-stream"]), budget=60))
+    assert result.found is not None
+    assert sorted(r.uid for r in result.found.result.scenario.requests) == [7, 8]

@@ -1,0 +1,194 @@
+"""The scheduler-under-test protocol: plug-ins, black-box checks without books, crashes as
+findings, overlapcheck's own crashes, requests as instances, keep-going runs."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from overlapcheck.backends.sim.backend import SimBackend
+from overlapcheck.cli import main
+from overlapcheck.core.config import SchedulerConfig
+from overlapcheck.core.device import Device
+from overlapcheck.core.protocol import HasBooks, MessageSink, MessageSource, SchedulerUnderTest
+from overlapcheck.crash import CheckerBug
+from overlapcheck.errors import UserError
+from overlapcheck.invariants.oracle import Oracle
+from overlapcheck.reference.scheduler import Scheduler
+from overlapcheck.runner import run_scenario
+from overlapcheck.scenarios.named import named_scenario
+from overlapcheck.scenarios.scenario import RequestSpec, Scenario
+from overlapcheck.scheduler_spec import parse_spec
+
+
+class WithoutBooks:
+    """The reference scheduler seen from outside: only `step()`."""
+
+    def __init__(
+        self, config: SchedulerConfig, device: Device, source: MessageSource, sink: MessageSink
+    ) -> None:
+        self._inner = Scheduler(config, device, source, sink)
+
+    def step(self) -> bool:
+        return self._inner.step()
+
+
+CRASHY = textwrap.dedent(
+    """
+    from overlapcheck.reference.scheduler import Scheduler
+
+
+    class Crashy(Scheduler):
+        def _append(self, req, token):
+            if len(req.outputs) == 2:
+                pages = []
+                pages[3]  # an IndexError in the scheduler's own code
+            super()._append(req, token)
+
+
+    def make(config, device, source, sink):
+        return Crashy(config, device, source, sink)
+
+
+    def not_a_scheduler(config, device, source, sink):
+        return object()
+    """
+)
+
+
+def test_the_reference_scheduler_satisfies_the_protocol_with_books() -> None:
+    sched = Scheduler(
+        SchedulerConfig(), SimBackend().make_device(named_scenario("basic")), _Empty()
+    )
+    assert isinstance(sched, SchedulerUnderTest) and isinstance(sched, HasBooks)
+    assert not isinstance(WithoutBooks.__new__(WithoutBooks), HasBooks)
+
+
+class _Empty:
+    def poll(self, now: float) -> list[object]:
+        return []
+
+    def next_arrival(self) -> float | None:
+        return None
+
+
+def test_a_scheduler_without_books_gets_the_black_box_checks_and_one_notice() -> None:
+    scenario = named_scenario("memory-pressure")
+    plain = run_scenario(scenario, SimBackend())
+    boxed = run_scenario(scenario, SimBackend(), scheduler=WithoutBooks)
+    assert boxed.ok and plain.ok
+    assert boxed.trace_hash == plain.trace_hash  # same scheduler, same run
+    assert plain.notices == []
+    assert len(boxed.notices) == 1 and "pages-conserved" in boxed.notices[0]
+    assert "no-race" not in boxed.notices[0]
+
+
+def test_black_box_checks_still_catch_a_fault_without_books() -> None:
+    scenario = named_scenario("basic").with_config(faults=frozenset({"finish-by-can-decode"}))
+    result = run_scenario(scenario, SimBackend(), scheduler=WithoutBooks)
+    assert [v.invariant for v in result.violations] in (["exact-length"], ["no-post-eos"])
+
+
+def test_a_crash_in_the_scheduler_is_a_no_crash_finding(tmp_path: Path) -> None:
+    plugin = tmp_path / "crashy.py"
+    plugin.write_text(CRASHY)
+    factory = parse_spec(f"{plugin}:make").factory()
+    result = run_scenario(named_scenario("basic"), SimBackend(), scheduler=factory)
+    [violation] = result.violations
+    assert violation.invariant == "no-crash"
+    assert violation.details["type"] == "IndexError"
+    assert violation.details["file"].endswith("crashy.py")
+    assert violation.details["function"] == "_append"
+    # deterministic: the same finding again
+    again = run_scenario(named_scenario("basic"), SimBackend(), scheduler=factory)
+    assert again.trace_hash == result.trace_hash
+
+
+def test_a_crashing_scheduler_exits_1_from_the_cli(tmp_path: Path) -> None:
+    plugin = tmp_path / "crashy.py"
+    plugin.write_text(CRASHY)
+    assert main(["run", "--scheduler", f"{plugin}:make"]) == 1
+
+
+def test_a_crash_inside_overlapcheck_exits_3_with_the_input_saved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def broken(self: Oracle, msg: object, req: object) -> None:
+        raise KeyError("a bug of ours")
+
+    monkeypatch.setattr(Oracle, "on_message", broken)
+    with pytest.raises(CheckerBug):
+        run_scenario(named_scenario("basic"), SimBackend())
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--scenario", "basic"]) == 3
+    err = capsys.readouterr().err
+    assert err.startswith("overlapcheck bug:") and "KeyError" in err
+    [saved] = tmp_path.glob("overlapcheck-bug-*.json")
+    assert json.loads(saved.read_text())["name"] == "basic"
+    assert "a bug of ours" in saved.with_suffix(".txt").read_text()
+
+
+@pytest.mark.parametrize(
+    ("spec", "needle"),
+    [
+        ("missing.py:make", "no such file"),
+        ("{plugin}:nope", "has no nope"),
+        ("{plugin}:not_a_scheduler", "has no step()"),
+        ("no_such_module_x:make", "cannot import"),
+        ("justtext", "expected PATH.py:FACTORY"),
+    ],
+)
+def test_bad_scheduler_specs_are_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], spec: str, needle: str
+) -> None:
+    plugin = tmp_path / "crashy.py"
+    plugin.write_text(CRASHY)
+    assert main(["run", "--scheduler", spec.format(plugin=plugin)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0], err
+
+
+def test_a_factory_that_builds_no_scheduler_is_a_user_error(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="has no step"):
+        run_scenario(named_scenario("basic"), SimBackend(), scheduler=lambda *args: 42)  # type: ignore[arg-type, return-value]
+
+
+def test_requests_are_instances_a_uid_may_come_back() -> None:
+    cfg = SchedulerConfig(num_slots=2, max_seq_len=32)
+    requests = (
+        RequestSpec(7, (5, 6, 7), max_tokens=3),
+        RequestSpec(7, (9, 9, 4, 3), max_tokens=2, arrival=0.000_05),  # while live: rejected
+        RequestSpec(7, (8, 4), max_tokens=4, arrival=0.01),  # after it finished: served
+    )
+    result = run_scenario(Scenario("reuse", cfg, requests), SimBackend())
+    assert result.ok, [v.line() for v in result.violations]
+    reasons = [(o.uid, o.finish_reason, len(o.tokens)) for o in result.outcomes]
+    assert reasons == [(7, "length", 3), (7, "rejected", 0), (7, "length", 4)]
+    first, second, third = result.requests
+    assert first.reference is not None and third.reference is not None
+    assert first.tokens == first.reference.tokens[:3]
+    assert third.tokens == third.reference.tokens[:4]
+
+
+def test_keep_going_records_every_violation_once_per_request() -> None:
+    scenario = named_scenario("basic").with_config(faults=frozenset({"finish-by-can-decode"}))
+    first = run_scenario(scenario, SimBackend())
+    every = run_scenario(scenario, SimBackend(), keep_going=True)
+    assert len(first.violations) == 1
+    assert len(every.violations) > 1
+    assert every.violations[0] == first.violations[0]
+    keys = [(v.invariant, v.uids) for v in every.violations]
+    assert len(keys) == len(set(keys))
+    # the run went on to the end: every request got its whole message stream
+    assert every.iterations > first.iterations
+
+
+def test_keep_going_on_a_clean_run_changes_nothing() -> None:
+    scenario = named_scenario("shared-prefix")
+    assert (
+        run_scenario(scenario, SimBackend(), keep_going=True).trace_hash
+        == run_scenario(scenario, SimBackend()).trace_hash
+    )

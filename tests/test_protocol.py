@@ -167,7 +167,8 @@ def test_requests_are_instances_a_uid_may_come_back() -> None:
     assert result.ok, [v.line() for v in result.violations]
     reasons = [(o.uid, o.finish_reason, len(o.tokens)) for o in result.outcomes]
     assert reasons == [(7, "length", 3), (7, "rejected", 0), (7, "length", 4)]
-    first, second, third = result.requests
+    first, duplicate, third = result.requests
+    assert duplicate.rejected and duplicate.reference is None
     assert first.reference is not None and third.reference is not None
     assert first.tokens == first.reference.tokens[:3]
     assert third.tokens == third.reference.tokens[:4]

@@ -10,6 +10,7 @@ what lets the race checker run online.
 from __future__ import annotations
 
 import hashlib
+import operator
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -129,28 +130,23 @@ class Trace:
         """
         h = hashlib.blake2b(digest_size=16)
         ops = self.ops
-        nan = float("nan")
-        times = np.array(
-            [
-                (op.issue, nan if op.start is None else op.start, nan if op.end is None else op.end)
-                for op in ops
-            ],
-            dtype=np.float64,
-        ).reshape(-1, 3)
+        # None becomes NaN in a float array, then -1; the integers are far below 2**53.
+        times = np.array(list(map(_TIMES, ops)), dtype=np.float64).reshape(-1, 3)
         h.update(np.nan_to_num(np.rint(times * 1e9), nan=-1.0).astype(np.int64).tobytes())
-        ints = np.array(
-            [(op.seq, op.step, _int(op.batch), _int(op.records), _int(op.waits)) for op in ops],
-            dtype=np.int64,
-        )
-        h.update(ints.tobytes())
+        ints = np.array(list(map(_INTS, ops)), dtype=np.float64).reshape(-1, 5)
+        h.update(np.nan_to_num(ints, nan=-1.0).astype(np.int64).tobytes())
         h.update(
             "\x1f".join(
                 f"{op.agent}|{op.kind}|{op.phase}|{op.label}|{op.uids}|"
-                + ",".join(f"{a.buffer}:{a.mode}:{len(a.cells)}" for a in op.accesses)
+                + (
+                    ",".join(f"{a.buffer}:{a.mode}:{len(a.cells)}" for a in op.accesses)
+                    if op.accesses
+                    else ""
+                )
                 for op in ops
             ).encode()
         )
-        cells = [a.cells for op in ops for a in op.accesses]
+        cells = [a.cells for op in ops if op.accesses for a in op.accesses]
         if cells:
             h.update(np.concatenate(cells).astype(np.int64, copy=False).tobytes())
         h.update(
@@ -164,8 +160,8 @@ class Trace:
         return h.hexdigest()
 
 
-def _int(value: int | None) -> int:
-    return -1 if value is None else value
+_TIMES = operator.attrgetter("issue", "start", "end")
+_INTS = operator.attrgetter("seq", "step", "batch", "records", "waits")
 
 
 def _t(value: float | None) -> str:

@@ -2,10 +2,10 @@
 
 Agents are the host and the streams. Edges: program order per agent, host issue -> stream operation,
 event record -> stream wait / host wait. Operations are checked in issue order, a linearisation of
-happens-before, so the check runs online. Per buffer, each cell keeps its last writer (agent, clock,
-op) and each agent's last read (clock, op); an access checks and updates its whole cell set in one
-vectorised step. Two accesses to a cell, one a write, unordered by happens-before, are a race even
-when this run's timing made them harmless.
+happens-before, so the check runs online. Each cell keeps its last writer (agent, clock) and each
+agent's last read clock, in one shadow table for all buffers; an operation's reads (then its writes)
+check and update their whole cell set in one vectorised step. Two accesses to a cell, one a write,
+unordered by happens-before, are a race even when this run's timing made them harmless.
 """
 
 from __future__ import annotations
@@ -29,31 +29,43 @@ class Race:
 
 
 class _Shadow:
-    """Shadow state of one buffer; grows with the largest cell index seen."""
+    """Shadow cells of all buffers in one cell space, a region per buffer, so that an operation's
+    accesses of one mode are checked and updated in one gather and one scatter, whatever buffers
+    they touch. A region grows (moves to the end) with the largest cell index seen.
+
+    `writer[cell]` is the last write as `clock * MAX_AGENTS + agent` (0: never written: clocks
+    start at 1); `reads[agent, cell]` the agent's clock at its last read since (0: none). The ops
+    behind a race are found again from (agent, clock) (`HappensBefore.op_of`).
+    """
 
     def __init__(self) -> None:
-        self.size = 0
-        self.w_agent = np.empty(0, dtype=np.int8)  # 0 with clock 0: never written
-        self.w_clock = np.empty(0, dtype=np.int64)
-        self.w_op = np.empty(0, dtype=np.int64)
-        self.r_clock = np.empty((MAX_AGENTS, 0), dtype=np.int64)
-        self.r_op = np.empty((MAX_AGENTS, 0), dtype=np.int64)
+        self.writer = np.zeros(1024, dtype=np.int64)
+        self.reads = np.zeros((MAX_AGENTS, 1024), dtype=np.int64)
+        self.used = 0
+        self.regions: dict[str, tuple[int, int]] = {}  # buffer -> (first cell, cells)
 
-    def ensure(self, top: int) -> None:
-        if top < self.size:
-            return
-        new = max(top + 1, 2 * self.size, 64)
-        grow = new - self.size
-        self.w_agent = np.concatenate([self.w_agent, np.zeros(grow, dtype=np.int8)])
-        self.w_clock = np.concatenate([self.w_clock, np.zeros(grow, dtype=np.int64)])
-        self.w_op = np.concatenate([self.w_op, np.full(grow, -1, dtype=np.int64)])
-        self.r_clock = np.concatenate(
-            [self.r_clock, np.zeros((MAX_AGENTS, grow), dtype=np.int64)], axis=1
-        )
-        self.r_op = np.concatenate(
-            [self.r_op, np.full((MAX_AGENTS, grow), -1, dtype=np.int64)], axis=1
-        )
-        self.size = new
+    def base(self, buffer: str, cells: np.ndarray) -> int:
+        """Where `buffer`'s region starts, grown to hold `cells` (non-negative indices)."""
+        top = int(cells.max())
+        region = self.regions.get(buffer)
+        if region is not None and top < region[1]:
+            return region[0]
+        size = max(top + 1, 8) if region is None else max(top + 1, 2 * region[1])
+        base = self.used
+        self.used += size
+        if self.used > len(self.writer):
+            capacity = max(self.used, 2 * len(self.writer))
+            writer = np.zeros(capacity, dtype=np.int64)
+            reads = np.zeros((MAX_AGENTS, capacity), dtype=np.int64)
+            writer[:base] = self.writer[:base]
+            reads[:, :base] = self.reads[:, :base]
+            self.writer, self.reads = writer, reads
+        if region is not None:
+            old, cells_before = region
+            self.writer[base : base + cells_before] = self.writer[old : old + cells_before]
+            self.reads[:, base : base + cells_before] = self.reads[:, old : old + cells_before]
+        self.regions[buffer] = (base, size)
+        return base
 
 
 class HappensBefore:
@@ -97,7 +109,7 @@ class HappensBefore:
 class RaceDetector:
     def __init__(self) -> None:
         self.hb = HappensBefore()
-        self.shadows: dict[str, _Shadow] = {}
+        self.shadow = _Shadow()
         self.checked = 0
 
     def check(self, trace: Trace) -> Race | None:
@@ -107,43 +119,82 @@ class RaceDetector:
             op = ops[self.checked]
             self.checked += 1
             a, vc = self.hb.advance(op)
-            for acc in op.accesses:
-                race = self._access(op, a, vc, acc)
+            if op.accesses:
+                race = self._op(op, a, vc)
                 if race is not None:
                     return race
         return None
 
-    def _access(self, op: Op, a: int, vc: np.ndarray, acc: Access) -> Race | None:
-        cells = acc.cells
-        if len(cells) == 0:
+    def _op(self, op: Op, a: int, vc: np.ndarray) -> Race | None:
+        """All of an op's accesses in one vectorised check and one update, when its reads come
+        before its writes (as in every op the recorder makes): then its reads see the state before
+        the op, as do its writes but for its own reads, which never race with them. Otherwise, or
+        on a race, access by access as issued, which names the first racing access."""
+        accesses = [acc for acc in op.accesses if len(acc.cells)]
+        reads = sum(1 for acc in accesses if acc.mode == "r")
+        if any(acc.mode != "r" for acc in accesses[:reads]):
+            return self._one_by_one(op, a, vc, accesses)
+        if not accesses:
             return None
-        shadow = self.shadows.get(acc.buffer)
-        if shadow is None:
-            shadow = self.shadows[acc.buffer] = _Shadow()
-        shadow.ensure(int(cells.max()))
-        # The last write races unless this agent's clock already covers it. Clocks start at 1, so
-        # a cell never written (clock 0) never races.
-        unordered = shadow.w_clock[cells] > vc[shadow.w_agent[cells]]
+        shadow = self.shadow
+        for acc in accesses:  # grow the regions first: a later access may move a region
+            shadow.base(acc.buffer, acc.cells)
+        parts = [acc.cells + shadow.regions[acc.buffer][0] for acc in accesses]
+        cells = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        split = sum(len(part) for part in parts[:reads])
+        # The last write races unless this agent's clock covers it: with writes kept as
+        # clock * MAX_AGENTS + agent, unless it is at most vc[agent] * MAX_AGENTS + MAX_AGENTS - 1.
+        covered = vc * MAX_AGENTS + (MAX_AGENTS - 1)
+        last = shadow.writer[cells]
+        if (last > covered[last & (MAX_AGENTS - 1)]).any():
+            return self._one_by_one(op, a, vc, accesses)
+        written = cells[split:]
+        n = len(self.hb.agents)
+        if len(written):
+            # A write also races with another agent's read since the last write, if not covered.
+            late = shadow.reads[:n, written] > vc[:n, None]
+            late[a] = False
+            if late.any():
+                return self._one_by_one(op, a, vc, accesses)
+        if split:
+            shadow.reads[a][cells[:split]] = vc[a]
+        if len(written):
+            shadow.writer[written] = vc[a] * MAX_AGENTS + a
+            shadow.reads[:n, written] = 0
+        return None
+
+    def _one_by_one(self, op: Op, a: int, vc: np.ndarray, accesses: list[Access]) -> Race | None:
+        for acc in accesses:
+            race = self._access(op, a, vc, acc)
+            if race is not None:
+                return race
+        return None
+
+    def _access(self, op: Op, a: int, vc: np.ndarray, acc: Access) -> Race | None:
+        shadow = self.shadow
+        cells = acc.cells
+        at = cells + shadow.base(acc.buffer, cells)
+        last = shadow.writer[at]
+        w_agent, w_clock = last % MAX_AGENTS, last // MAX_AGENTS
+        unordered = w_clock > vc[w_agent]
         if unordered.any():
             kind = "RAW" if acc.mode == "r" else "WAW"
-            return self._race(
-                kind, acc, cells[unordered], int(shadow.w_op[cells[unordered][0]]), op
-            )
+            i = int(np.argmax(unordered))
+            first = self.hb.op_of(int(w_agent[i]), int(w_clock[i]))
+            return self._race(kind, acc, cells[unordered], first, op)
         if acc.mode == "r":
-            shadow.r_clock[a, cells] = vc[a]
-            shadow.r_op[a, cells] = op.seq
+            shadow.reads[a][at] = vc[a]
             return None
         n = len(self.hb.agents)
-        reads = shadow.r_clock[:n, cells] > vc[:n, None]
+        reads = shadow.reads[:n, at] > vc[:n, None]
         reads[a] = False
         if reads.any():
             agent, idx = np.argwhere(reads)[0]
             conflicting = cells[reads[agent]]
-            return self._race("WAR", acc, conflicting, int(shadow.r_op[agent, cells[idx]]), op)
-        shadow.w_agent[cells] = a
-        shadow.w_clock[cells] = vc[a]
-        shadow.w_op[cells] = op.seq
-        shadow.r_clock[:n, cells] = 0
+            first = self.hb.op_of(int(agent), int(shadow.reads[agent, at[idx]]))
+            return self._race("WAR", acc, conflicting, first, op)
+        shadow.writer[at] = vc[a] * MAX_AGENTS + a
+        shadow.reads[:n, at] = 0
         return None
 
     @staticmethod

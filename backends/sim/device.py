@@ -273,9 +273,11 @@ class SimDevice(Device):
                 # Launch-bound: the last kernels run only once the host has enqueued them.
                 yield self.env.timeout(enqueued_by - self.now())
                 self.compute.free_at = max(self.compute.free_at, self.now())
-            for cells, ids, out_row, out_col, token in plan:
-                self.kv[cells] = ids
-                self.token_pool[out_row, out_col] = token
+            # One assignment per buffer; where two sequences write one cell, the later one wins,
+            # as when they were written one after the other.
+            cells, ids, out_rows, out_cols, tokens = plan
+            self.kv[cells] = ids
+            self.token_pool[out_rows, out_cols] = tokens
             kernel.end = self.now()
 
         def run_copy() -> Generator[simpy.Event, Any, None]:
@@ -298,28 +300,38 @@ class SimDevice(Device):
 
     def _read_inputs(
         self, parity: int, n: int
-    ) -> list[tuple[np.ndarray, np.ndarray, int, int, int]]:
-        """What the kernel reads when it starts, and the token each sequence samples."""
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """What the kernel reads when it starts: the KV cells it will write and their ids, and
+        where each sequence's sampled token goes, and the token."""
         meta = self.metadata[parity, : n * METADATA_FIELDS].reshape(n, METADATA_FIELDS)
-        plan = []
         width = self.token_pool.shape[1]
         # Whatever the metadata says (a race may have garbled it), indices wrap into the buffers,
         # as an out-of-bounds read on hardware returns some other cell rather than stopping.
         slots = meta[:, 0] % self.config.num_slots
-        starts = np.clip(meta[:, 1], 0, width)
-        ends = np.clip(meta[:, 2], 0, width)
+        starts = np.clip(meta[:, 1], 0, width).tolist()
+        ends = np.clip(meta[:, 2], 0, width).tolist()
         tables = self.page_table[slots] % len(self.kv)  # one gather for the whole batch
         pool_rows = self.token_pool[slots]
         cached = self.kv[tables]
+        next_token_of = self.model.next_token_of
+        cells, ids, tokens = [], [], []
+        for i in range(n):
+            start, end = starts[i], ends[i]
+            new = pool_rows[i, start:end]
+            # The context is the cached prefix then the new ids (both DTYPE): its bytes are theirs.
+            key = cached[i, :start].tobytes() + new.tobytes()
+            tokens.append(next_token_of(key) if key else -1)
+            cells.append(tables[i, start:end])
+            ids.append(new)
         out_rows = meta[:, 3] % len(self.token_pool)
         out_cols = meta[:, 4] % width
-        for i in range(n):
-            start, end = int(starts[i]), int(ends[i])
-            ids = pool_rows[i, start:end]
-            context = np.concatenate([cached[i, :start], ids])
-            token = self.model.next_token(context) if len(context) else -1
-            plan.append((tables[i, start:end], ids, int(out_rows[i]), int(out_cols[i]), token))
-        return plan
+        return (
+            np.concatenate(cells) if n else np.empty(0, dtype=np.int64),
+            np.concatenate(ids) if n else np.empty(0, dtype=DTYPE),
+            out_rows,
+            out_cols,
+            np.array(tokens, dtype=DTYPE),
+        )
 
     def __repr__(self) -> str:
         return f"SimDevice(t={self.now():.6f}s, ops={len(self.trace.ops)})"

@@ -30,7 +30,10 @@ class ToyModel:
             context.append(int(token))
 
     def next_token(self, context: np.ndarray) -> int:
-        key = np.ascontiguousarray(context, dtype=DTYPE).tobytes()
+        return self.next_token_of(np.ascontiguousarray(context, dtype=DTYPE).tobytes())
+
+    def next_token_of(self, key: bytes) -> int:
+        """The next token after the context whose DTYPE bytes are `key`."""
         scripted = self.script.get(key)
         if scripted is not None:
             return scripted
@@ -40,12 +43,15 @@ class ToyModel:
 
     def generate(self, prompt: Sequence[int], max_tokens: int, ignore_eos: bool) -> list[int]:
         """The sequential reference: the request run alone, token by token."""
-        context = list(prompt)
+        context = np.empty(len(prompt) + max_tokens, dtype=DTYPE)
+        context[: len(prompt)] = prompt
+        n = len(prompt)
         out: list[int] = []
         while len(out) < max_tokens:
-            token = self.next_token(np.asarray(context, dtype=DTYPE))
+            token = self.next_token_of(context[:n].tobytes())
             out.append(token)
-            context.append(token)
+            context[n] = token
+            n += 1
             if token == self.eos and not ignore_eos:
                 break
         return out

@@ -25,7 +25,7 @@ RACE_FAULTS = {"chunk-sample-overwrite", "staging-buffer-reuse", "copy-done-wron
 
 def phase_calibrate(out: Path, backend_name: str, preset: str | None) -> None:
     from overlapcheck.backends.gpu.backend import make_torch_backend
-    from overlapcheck.backends.gpu.calibrate import calibrate, check
+    from overlapcheck.orchestrate.calibrate_gpu import calibrate, check
 
     backend = make_torch_backend(backend_name, preset=preset)  # reference: maps scripted EOS
     fitted = calibrate(backend, out / "profile.json")
@@ -54,7 +54,8 @@ def phase_search(out: Path, budget: float, faults: list[str]) -> None:
 
 def phase_replay(out: Path, repeat: int, backend_name: str, preset: str | None) -> None:
     from overlapcheck.backends.gpu.backend import make_torch_backend
-    from overlapcheck.backends.gpu.replay import replay_verdicts, sleep_cycles_per_second
+    from overlapcheck.backends.gpu.sleep import sleep_cycles_per_second
+    from overlapcheck.orchestrate.gpu_replay import replay_verdicts
 
     backend = make_torch_backend(backend_name, preset=preset)
     if backend_name == "cuda":

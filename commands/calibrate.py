@@ -31,7 +31,7 @@ def main(args: argparse.Namespace) -> int:
         raise UserError("--traces goes with --check PROFILE")
     try:
         from overlapcheck.backends.gpu.backend import make_torch_backend
-        from overlapcheck.backends.gpu.calibrate import calibrate, check
+        from overlapcheck.orchestrate.calibrate_gpu import calibrate, check
     except ImportError as err:
         raise UserError(
             f"calibrate needs torch and transformers ({err.name} is missing): "

@@ -60,7 +60,7 @@ def main(args: argparse.Namespace) -> int:
         return replay_on_cluster(cex, args)
     if args.backend != "sim":
         try:
-            from overlapcheck.backends.gpu.replay import replay_on_device
+            from overlapcheck.orchestrate.gpu_replay import replay_on_device
         except ImportError as err:
             raise UserError(
                 f"--backend {args.backend} needs torch and transformers ({err.name} is missing): "

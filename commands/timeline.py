@@ -6,7 +6,6 @@ import argparse
 from pathlib import Path
 
 from overlapcheck.backends.registry import make_backend
-from overlapcheck.backends.sim.calibrate import as_ran
 from overlapcheck.commands.common import add_timing, make_timing, resolve_scenario
 from overlapcheck.errors import UserError
 from overlapcheck.formats import counterexample
@@ -14,6 +13,7 @@ from overlapcheck.formats.counterexample import FORMAT as COUNTEREXAMPLE
 from overlapcheck.formats.jsonfile import read_json_file
 from overlapcheck.formats.trace_file import FORMAT as TRACE_FORMAT
 from overlapcheck.formats.trace_file import trace_file_from_json
+from overlapcheck.orchestrate.calibrate_fit import as_ran
 from overlapcheck.runner import run_scenario
 from overlapcheck.timeline.model import Interval, Rendered
 from overlapcheck.timeline.render import output_path, render_result, render_trace

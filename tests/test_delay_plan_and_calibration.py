@@ -8,8 +8,10 @@ from dataclasses import replace
 
 import pytest
 
+from overlapcheck.backends.delays import DelayInjector, delay_plan
 from overlapcheck.backends.sim.backend import SimBackend
-from overlapcheck.backends.sim.calibrate import (
+from overlapcheck.backends.sim.timing import Profile, ReplayDelay, Timing
+from overlapcheck.orchestrate.calibrate_fit import (
     Sample,
     as_ran,
     device_samples,
@@ -19,8 +21,6 @@ from overlapcheck.backends.sim.calibrate import (
     lead_samples,
     tail_samples,
 )
-from overlapcheck.backends.sim.timing import Profile, ReplayDelay, Timing
-from overlapcheck.explore.delay_plan import DelayInjector, delay_plan
 from overlapcheck.runner import RunResult, run_scenario
 from overlapcheck.scenarios.named import named_scenario
 

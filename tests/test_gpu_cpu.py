@@ -218,8 +218,8 @@ def test_teacher_forcing_fails_a_non_token_without_feeding_it_to_the_reference(
 
 
 def test_calibration_measures_a_real_backend(cpu: TorchBackend) -> None:
-    from overlapcheck.backends.gpu.calibrate import measure
     from overlapcheck.backends.sim.timing import Profile
+    from overlapcheck.orchestrate.calibrate_gpu import measure
 
     base = Profile()
     got = measure(cpu, [named_scenario("basic"), named_scenario("chunked-long")], base)
@@ -235,9 +235,9 @@ def test_calibration_measures_a_real_backend(cpu: TorchBackend) -> None:
 def test_calibration_check_compares_every_named_scenario(
     cpu: TorchBackend, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from overlapcheck.backends.gpu.calibrate import check
     from overlapcheck.backends.sim.timing import Profile
     from overlapcheck.formats.trace_file import load_trace
+    from overlapcheck.orchestrate.calibrate_gpu import check
 
     rows = check(cpu, Profile(), repeats=1, traces=tmp_path)
     assert len(rows) == 4 * len(NAMED)

@@ -17,12 +17,12 @@ if not torch.cuda.is_available():
 pytest.importorskip("flashinfer")
 
 from overlapcheck.backends.gpu.backend import TorchBackend, make_torch_backend  # noqa: E402
-from overlapcheck.backends.gpu.calibrate import TOLERANCE, calibrate, check  # noqa: E402
-from overlapcheck.backends.gpu.replay import (  # noqa: E402
+from overlapcheck.formats import counterexample  # noqa: E402
+from overlapcheck.orchestrate.calibrate_gpu import TOLERANCE, calibrate, check  # noqa: E402
+from overlapcheck.orchestrate.gpu_replay import (  # noqa: E402
     replay_verdicts,
     sleep_cycles_per_second,
 )
-from overlapcheck.formats import counterexample  # noqa: E402
 from overlapcheck.reference.faults import FAULTS  # noqa: E402
 
 pytestmark = pytest.mark.cuda

@@ -13,6 +13,7 @@ import torch
 from transformers import PretrainedConfig
 
 from overlapcheck.backends.base import ExactReference, Reference
+from overlapcheck.backends.delays import Delay, DelayInjector
 from overlapcheck.backends.gpu.device import TorchDevice
 from overlapcheck.backends.gpu.engine import Engine
 from overlapcheck.backends.gpu.model import DecoderModel
@@ -27,7 +28,6 @@ from overlapcheck.backends.gpu.weights import (
 )
 from overlapcheck.core.messages import SamplingParams
 from overlapcheck.errors import UserError
-from overlapcheck.explore.delay_plan import Delay, DelayInjector
 from overlapcheck.scenarios.scenario import RequestSpec, Scenario
 
 DEFAULT_PRESET = "tiny"

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 import torch
 
+from overlapcheck.backends.delays import DelayInjector
 from overlapcheck.backends.gpu.engine import Engine
 from overlapcheck.backends.gpu.sanitizer import Sanitizer
 from overlapcheck.core.batch import BatchInput, RowWrite
@@ -27,7 +28,6 @@ from overlapcheck.core.device import HOST_WORK_BEFORE_ISSUE, Device, Event, Forw
 from overlapcheck.core.footprints import FootprintRecorder
 from overlapcheck.core.messages import SamplingParams
 from overlapcheck.core.trace import HOST, PAGE_TABLE, TOKEN_POOL, Op, Trace
-from overlapcheck.explore.delay_plan import DelayInjector
 
 
 class TorchEvent(Event):
@@ -81,7 +81,7 @@ class TorchDevice(Device):
     ) -> None:
         self.config, self.engine, self.sanitizer = config, engine, sanitizer
         self.sampling = sampling or {}
-        # Delays of a replayed simulator counterexample (see backends/gpu/replay.py).
+        # Delays of a replayed simulator counterexample (see orchestrate/gpu_replay.py).
         self.injector: DelayInjector | None = None
         self.sleep_rate = 0.0  # torch.cuda._sleep cycles per second
         # Calibration: stream ops of these kinds first hold their stream this long, so that the

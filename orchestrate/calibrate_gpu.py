@@ -11,9 +11,12 @@ from pathlib import Path
 from typing import NamedTuple
 
 from overlapcheck.backends.gpu.backend import TorchBackend
-from overlapcheck.backends.gpu.replay import sleep_cycles_per_second
+from overlapcheck.backends.gpu.sleep import sleep_cycles_per_second
 from overlapcheck.backends.sim.backend import SimBackend
-from overlapcheck.backends.sim.calibrate import (
+from overlapcheck.backends.sim.timing import Profile, Timing
+from overlapcheck.core.trace import HOST, Trace
+from overlapcheck.formats.trace_file import save_trace
+from overlapcheck.orchestrate.calibrate_fit import (
     Sample,
     as_ran,
     device_samples,
@@ -22,9 +25,6 @@ from overlapcheck.backends.sim.calibrate import (
     lead_samples,
     tail_samples,
 )
-from overlapcheck.backends.sim.timing import Profile, Timing
-from overlapcheck.core.trace import HOST, Trace
-from overlapcheck.formats.trace_file import save_trace
 from overlapcheck.runner import RequestOutcome, RunResult, run_scenario
 from overlapcheck.scenarios.named import NAMED, named_scenario
 from overlapcheck.scenarios.scenario import Scenario

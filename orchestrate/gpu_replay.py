@@ -15,10 +15,9 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
+from overlapcheck.backends.delays import Delay, delay_plan
 from overlapcheck.backends.gpu.backend import TorchBackend, make_torch_backend
-from overlapcheck.explore.delay_plan import Delay, delay_plan
+from overlapcheck.backends.gpu.sleep import sleep_cycles_per_second
 from overlapcheck.formats.counterexample import Counterexample
 from overlapcheck.invariants.no_race import NoRace
 from overlapcheck.invariants.races import RaceDetector
@@ -49,18 +48,6 @@ class Verdict:
             "applied": self.applied,
             "missed": self.missed,
         }
-
-
-def sleep_cycles_per_second() -> float:
-    """How many `torch.cuda._sleep` cycles make a second on this GPU (measured once)."""
-    torch.cuda._sleep(1_000)  # warm up
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    cycles = 20_000_000
-    start.record()
-    torch.cuda._sleep(cycles)
-    end.record()
-    end.synchronize()
-    return cycles / (start.elapsed_time(end) / 1e3)
 
 
 def replay_once(

@@ -26,7 +26,6 @@ from overlapcheck.core.trace import PAGE_TABLE, TOKEN_POOL
 from overlapcheck.reference import faults as F
 from overlapcheck.reference.cache.manager import CacheManager
 from overlapcheck.reference.decode import DecodeManager
-from overlapcheck.reference.listener import SchedulerListener
 from overlapcheck.reference.prefill import Chunk, PrefillManager
 from overlapcheck.reference.req import Req, ReqState
 from overlapcheck.reference.table import TableManager
@@ -53,7 +52,6 @@ class Scheduler:
         self.device = device
         self.source = source
         self.sink = sink
-        self.listeners: list[SchedulerListener] = []
         self.table = TableManager(config.num_slots)
         self.cache = CacheManager(config)
         self.prefill = PrefillManager(config, self.cache, self.table)
@@ -115,8 +113,6 @@ class Scheduler:
             self.overlap_step()
         else:
             self.normal_step()
-        for listener in self.listeners:
-            listener.on_step_end(self)
         self.step_no += 1
         return True
 
@@ -149,8 +145,6 @@ class Scheduler:
             if arrival > self.device.now():
                 self.device.sleep_until(arrival)
         for msg in self.source.poll(self.device.now()):
-            for listener in self.listeners:
-                listener.on_receive(self, msg)
             if isinstance(msg, UserMsg):
                 self._add_request(msg)
             else:
@@ -210,8 +204,6 @@ class Scheduler:
                 dev.scheduler_stream if self._fault(F.COPY_DONE_WRONG_STREAM) else dev.engine_stream
             )
             launched = Launched(batch, reqs, output, dev.record(done_on))
-        for listener in self.listeners:
-            listener.on_launch(self, launched)
         return launched
 
     def _reserved_pages(self) -> int:
@@ -223,10 +215,7 @@ class Scheduler:
 
     def _schedule(self) -> tuple[BatchInput | None, tuple[Req, ...]]:
         # The policy measures waiting in passes: this iteration's number is the clock.
-        chunks, admitted = self.prefill.schedule(self._reserved_pages(), step=self.step_no)
-        for req in admitted:
-            for listener in self.listeners:
-                listener.on_admit(self, req)
+        chunks, _ = self.prefill.schedule(self._reserved_pages(), step=self.step_no)
         phase: Phase = "prefill"
         if not chunks:
             phase = "decode"
@@ -304,8 +293,6 @@ class Scheduler:
                 else:
                     self._append(req, token)
                 self._maybe_release(req)
-        for listener in self.listeners:
-            listener.on_processed(self, launched)
 
     def _append(self, req: Req, token: int) -> None:
         req.outputs.append(token)
@@ -348,8 +335,6 @@ class Scheduler:
         self.cache.release(req)
         self.table.free(req.slot)
         del self.reqs[req.uid]
-        for listener in self.listeners:
-            listener.on_release(self, req)
 
     # -- helpers ------------------------------------------------------------------------------
 
@@ -357,7 +342,5 @@ class Scheduler:
         return name in self.config.faults
 
     def _send(self, msg: OutMsg) -> None:
-        for listener in self.listeners:
-            listener.on_message(self, msg)
         if self.sink is not None:
             self.sink(msg)

@@ -6,36 +6,19 @@ import pytest
 
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.core.config import SchedulerConfig
-from overlapcheck.reference.listener import SchedulerListener
-from overlapcheck.reference.scheduler import Launched, Scheduler
 from overlapcheck.runner import run_scenario
 from overlapcheck.scenarios.scenario import RequestSpec, Scenario
 
 
-class EventLog(SchedulerListener):
-    def __init__(self) -> None:
-        self.log: list[tuple[str, int]] = []
-
-    def on_launch(self, sched: Scheduler, launched: Launched) -> None:
-        self.log.append(("launch", launched.batch.batch_id))
-
-    def on_processed(self, sched: Scheduler, launched: Launched) -> None:
-        self.log.append(("process", launched.batch.batch_id))
-
-
 def one_request_log(loop: str) -> list[tuple[str, int]]:
+    """Launches (forwards issued) and processing (the host reading a batch's tokens), in the
+    order the host issued them."""
     scenario = Scenario(
         "three", SchedulerConfig(loop=loop), (RequestSpec(0, (5, 6, 7), max_tokens=3),)
     )
-    log = EventLog()
-    backend = SimBackend()
-    device = backend.make_device(scenario)
-    from overlapcheck.scenarios.source import WorkloadSource
-
-    sched = Scheduler(scenario.config, device, WorkloadSource(scenario.requests))
-    sched.listeners.append(log)
-    sched.run_until_idle()
-    return log.log
+    trace = run_scenario(scenario, SimBackend()).trace
+    names = {"forward": "launch", "read_output": "process"}
+    return [(names[op.kind], op.batch or 0) for op in trace.ops if op.kind in names]
 
 
 @pytest.mark.parametrize(

@@ -24,10 +24,11 @@ def main(workers: int = 1, seeds: range = SEEDS) -> None:
     )
     print(
         f"{'fault':<24}{'found':>6}{'first fail s':>13}{'examples':>9}{'total s':>9}"
-        f"{'requests':>9}{'iterations':>11}  invariants"
+        f"{'shrink s':>9}{'requests':>9}{'iterations':>11}  invariants"
     )
+    all_shrinks: list[float] = []
     for name in FAULTS:
-        firsts, examples, totals, reqs, iters, invs = [], [], [], [], [], set()
+        firsts, examples, totals, shrinks, reqs, iters, invs = [], [], [], [], [], [], set()
         for seed in seeds:
             spec = SearchSpec(faults=frozenset([name]), budget=120, max_examples=20_000, seed=seed)
             outcome = search_streams(spec, workers)
@@ -36,6 +37,7 @@ def main(workers: int = 1, seeds: range = SEEDS) -> None:
             firsts.append(outcome.stats.first_failure or 0.0)
             examples.append(outcome.stats.examples_to_failure or 0)
             totals.append(outcome.stats.seconds)
+            shrinks.append(outcome.stats.seconds - (outcome.stats.first_failure or 0.0))
             reqs.append(outcome.found["size"]["requests"])
             iters.append(outcome.found["size"]["iterations"])
             invs.add(outcome.found["invariant"])
@@ -45,8 +47,15 @@ def main(workers: int = 1, seeds: range = SEEDS) -> None:
         print(
             f"{name:<24}{len(firsts):>4}/{n}{statistics.median(firsts):>13.2f}"
             f"{statistics.median(examples):>9.0f}{statistics.median(totals):>9.2f}"
+            f"{statistics.median(shrinks):>9.2f}"
             f"{statistics.median(reqs):>9.0f}{statistics.median(iters):>11.0f}"
             f"  {', '.join(sorted(invs))}"
+        )
+        all_shrinks += shrinks
+    if all_shrinks:
+        print(
+            "median shrink time over every found fault and seed: "
+            f"{statistics.median(all_shrinks):.2f} s"
         )
 
 

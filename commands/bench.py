@@ -22,6 +22,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="queue policies on shared-prefix workloads: cache hits, latency, fairness",
     )
+    p.add_argument(
+        "--mutants",
+        nargs="*",
+        metavar="ID",
+        help="mutation score: search each one-spot mutant of the reference scheduler "
+        "(bench/mutants.py; all of them, or the ids given)",
+    )
+    p.add_argument(
+        "--mutant-budget",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="--mutants: search seconds per mutant (default 60)",
+    )
     p.set_defaults(main=main)
 
 
@@ -37,4 +51,8 @@ def main(args: argparse.Namespace) -> int:
         from overlapcheck.bench import policies
 
         policies.main()
+    if args.mutants is not None:
+        from overlapcheck.bench import mutation_score
+
+        mutation_score.main(args.mutants, args.mutant_budget)
     return 0

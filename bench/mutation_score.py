@@ -1,0 +1,170 @@
+"""The mutation score: each one-spot mutant of the reference scheduler (`bench/mutants.py`),
+searched like a user's plugged-in scheduler, one core, a fixed budget per mutant.
+
+A mutant is built as a copy of `reference/` under a fresh package name in a temporary directory,
+with its patch applied, and exposed through a `PATH.py:FACTORY` scheduler spec: the search runs
+it exactly as it runs `explore --scheduler`. Per mutant: found or not, time to the first failure,
+the invariant, the shrunk size (requests, iterations) and the shrink time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import statistics
+import tempfile
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from overlapcheck.bench.mutants import BY_ID, MUTANTS, Mutant
+from overlapcheck.errors import UserError
+from overlapcheck.explore.search import SearchSpec, search
+from overlapcheck.scheduler_spec import SchedulerSpec
+
+REFERENCE = Path(__file__).resolve().parent.parent / "reference"
+PACKAGE = "overlapcheck.reference"
+BUDGET = 60.0  # seconds of search per mutant (one core)
+
+
+class PatchError(ValueError):
+    """A mutant's `old` text does not occur exactly once in its file."""
+
+
+def patched_source(mutant: Mutant, root: Path = REFERENCE) -> str:
+    """The mutated text of the mutant's file. Raises PatchError unless `old` occurs once."""
+    text = (root / mutant.file).read_text()
+    count = text.count(mutant.old)
+    if count != 1:
+        raise PatchError(
+            f"mutant {mutant.id}: its patch matches {count} times in reference/{mutant.file}"
+        )
+    return text.replace(mutant.old, mutant.new)
+
+
+def materialize(mutant: Mutant, into: Path, root: Path = REFERENCE) -> SchedulerSpec:
+    """Write the mutated reference package under `into`; return the spec of its scheduler.
+
+    The package gets a name unique to the patched text, so that several mutants (and the same
+    mutant twice) can be loaded in one process side by side.
+    """
+    mutated = patched_source(mutant, root)
+    digest = hashlib.blake2b(mutated.encode(), digest_size=5).hexdigest()
+    name = f"overlapcheck_mutant_{mutant.id.replace('-', '_')}_{digest}"
+    pkg = into / name
+    for src in sorted(root.rglob("*.py")):
+        rel = src.relative_to(root)
+        text = mutated if rel.as_posix() == mutant.file else src.read_text()
+        dst = pkg / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        dst.write_text(text.replace(PACKAGE, name))
+    plugin = into / f"{name}_plugin.py"
+    plugin.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(into)!r})\n"
+        f"from {name}.scheduler import Scheduler  # noqa: E402\n"
+    )
+    return SchedulerSpec(f"{plugin}:Scheduler")
+
+
+@dataclass
+class Score:
+    mutant: Mutant
+    found: bool
+    invariant: str | None = None
+    first_failure: float | None = None  # seconds, before shrinking
+    examples: int = 0
+    shrink: float | None = None  # seconds from the first failure to the shrunk counterexample
+    requests: int | None = None
+    iterations: int | None = None
+    line: str = ""  # the violation, shrunk
+
+    @property
+    def ok(self) -> bool:
+        """Found when it should be; silent when it is equivalent."""
+        return self.found != self.mutant.equivalent
+
+
+def score(
+    mutant: Mutant, budget: float = BUDGET, seed: int = 0, max_examples: int = 50_000
+) -> Score:
+    """Search one mutant from an empty example database."""
+    with tempfile.TemporaryDirectory(prefix="overlapcheck-mutant-") as tmp:
+        spec = SearchSpec(
+            scheduler=materialize(mutant, Path(tmp)),
+            budget=budget,
+            max_examples=max_examples,
+            seed=seed,
+        )
+        result = search(spec)
+    stats = result.stats
+    if result.found is None:
+        return Score(mutant, False, examples=stats.examples)
+    run = result.found.result
+    first = stats.first_failure or 0.0
+    return Score(
+        mutant,
+        True,
+        invariant=run.violations[0].invariant,
+        first_failure=first,
+        examples=stats.examples_to_failure or 0,
+        shrink=stats.seconds - first,
+        requests=len(run.scenario.requests),
+        iterations=run.iterations,
+        line=run.violations[0].line(),
+    )
+
+
+def main(ids: Iterable[str] | None = None, budget: float = BUDGET, seed: int = 0) -> list[Score]:
+    ids = list(ids or ())
+    unknown = [i for i in ids if i not in BY_ID]
+    if unknown:
+        raise UserError(f"unknown mutant {', '.join(unknown)} (known: {', '.join(BY_ID)})")
+    chosen = [BY_ID[i] for i in ids] if ids else list(MUTANTS)
+    print(
+        f"mutation score: {len(chosen)} one-spot mutants of the reference scheduler, "
+        f"explore from an empty database, all invariants on, seed {seed}, {budget:.0f} s each"
+    )
+    print(
+        f"{'mutant':<28}{'kind':<7}{'found':>6}{'first s':>9}{'examples':>9}{'shrink s':>9}"
+        f"{'requests':>9}{'iterations':>11}  invariant"
+    )
+    scores = []
+    started = time.perf_counter()
+    for mutant in chosen:
+        s = score(mutant, budget, seed)
+        scores.append(s)
+        kind = "equiv" if mutant.equivalent else "bug"
+        if s.found:
+            print(
+                f"{mutant.id:<28}{kind:<7}{'yes':>6}{s.first_failure or 0:>9.2f}{s.examples:>9}"
+                f"{s.shrink or 0:>9.2f}{s.requests:>9}{s.iterations:>11}  {s.invariant}"
+                + ("" if s.ok else "  <- an equivalent mutant must stay silent"),
+                flush=True,
+            )
+        else:
+            print(
+                f"{mutant.id:<28}{kind:<7}{'no':>6}{'':>9}{s.examples:>9}"
+                + ("" if s.ok else "  <- missed"),
+                flush=True,
+            )
+    bugs = [s for s in scores if not s.mutant.equivalent]
+    equivalent = [s for s in scores if s.mutant.equivalent]
+    shrinks = [s.shrink for s in bugs if s.shrink is not None]
+    print(
+        f"score: {sum(s.found for s in bugs)}/{len(bugs)} mutants found, "
+        f"{sum(not s.found for s in equivalent)}/{len(equivalent)} equivalent ones silent; "
+        f"median shrink {statistics.median(shrinks) if shrinks else 0:.2f} s; "
+        f"{time.perf_counter() - started:.0f} s in all"
+    )
+    return scores
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("ids", nargs="*", help="mutant ids (default: all)")
+    parser.add_argument("--budget", type=float, default=BUDGET)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    main(args.ids, args.budget, args.seed)

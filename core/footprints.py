@@ -124,7 +124,7 @@ class FootprintRecorder:
 
     def _forward_accesses(self, batch: BatchInput) -> list[Access]:
         # One numpy call per array for the whole batch, not per sequence: this runs every
-        # simulated iteration (see DESIGN: never loop over cells in Python).
+        # simulated iteration (never loop over cells in Python: see docs/architecture.md).
         w = self.width
         seqs = batch.seqs
         rows = np.fromiter((s.slot for s in seqs), np.int64, len(seqs)) * w

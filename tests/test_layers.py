@@ -99,3 +99,10 @@ def test_no_import_circles_between_packages() -> None:
 
 def test_no_import_circles_between_modules() -> None:
     assert list(nx.simple_cycles(_graph())) == []
+
+
+def test_the_public_api_resolves() -> None:
+    import overlapcheck
+
+    missing = [name for name in overlapcheck.__all__ if not hasattr(overlapcheck, name)]
+    assert missing == []

@@ -23,18 +23,17 @@ from __future__ import annotations
 
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from fractions import Fraction
 
-from overlapcheck.core.config import POLICIES, PolicyKind, SchedulerConfig
+from overlapcheck.core.config import POLICIES, ConfigError, PolicyKind, SchedulerConfig
 from overlapcheck.reference.cache.base import PrefixCache
 from overlapcheck.reference.cache.prompt_tree import PromptTree
 from overlapcheck.reference.cache.radix import RadixCache, RadixNode
 from overlapcheck.reference.req import Req
 
-__all__ = ["CACHE_AWARE", "POLICIES", "QueuePolicy", "make_policy"]
-
-CACHE_AWARE: tuple[PolicyKind, ...] = ("lpm", "dfs-weight", "hrrn", "lpm-aging")
+__all__ = ["CACHE_AWARE", "POLICIES", "REGISTRY", "QueuePolicy", "make_policy", "register"]
 
 
 def cacheable(req: Req) -> tuple[int, ...]:
@@ -197,22 +196,45 @@ class DfsWeight(QueuePolicy):
         return [queue[i] for i in out]
 
 
+PolicyFactory = Callable[[SchedulerConfig, PrefixCache], QueuePolicy]
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyEntry:
+    factory: PolicyFactory
+    cache_aware: bool  # needs the radix tree; runs as fcfs on the naive cache
+
+
+# The registry: a new policy is its class plus one `register` call.
+REGISTRY: dict[str, PolicyEntry] = {}
+
+
+def register(name: str, factory: PolicyFactory, cache_aware: bool = False) -> None:
+    if name in REGISTRY:
+        raise ValueError(f"policy {name!r} registered twice")
+    REGISTRY[name] = PolicyEntry(factory, cache_aware)
+
+
+def _tree(prefix: PrefixCache) -> RadixCache:
+    assert isinstance(prefix, RadixCache)
+    return prefix
+
+
+register("fcfs", lambda config, prefix: Fcfs())
+register("lof", lambda config, prefix: LongestOutputFirst())
+register("random", lambda config, prefix: RandomOrder(config.seed))
+register("lpm", lambda config, prefix: LongestPrefixMatch(config, _tree(prefix)), True)
+register("dfs-weight", lambda config, prefix: DfsWeight(_tree(prefix)), True)
+register("hrrn", lambda config, prefix: Hrrn(config, _tree(prefix)), True)
+register("lpm-aging", lambda config, prefix: LpmAging(config, _tree(prefix)), True)
+
+CACHE_AWARE: tuple[str, ...] = tuple(n for n, e in REGISTRY.items() if e.cache_aware)
+
+
 def make_policy(config: SchedulerConfig, prefix: PrefixCache) -> QueuePolicy:
-    name = config.policy
-    if name == "fcfs":
-        return Fcfs()
-    if name == "lof":
-        return LongestOutputFirst()
-    if name == "random":
-        return RandomOrder(config.seed)
-    if not isinstance(prefix, RadixCache):
+    entry = REGISTRY.get(config.policy)
+    if entry is None:
+        raise ConfigError(f"policy must be one of {', '.join(REGISTRY)}, got {config.policy!r}")
+    if entry.cache_aware and not isinstance(prefix, RadixCache):
         return Fcfs()  # a cache-aware policy on the naive cache: nothing to match, arrival order
-    if name == "dfs-weight":
-        return DfsWeight(prefix)
-    if name == "lpm":
-        return LongestPrefixMatch(config, prefix)
-    if name == "lpm-aging":
-        return LpmAging(config, prefix)
-    if name == "hrrn":
-        return Hrrn(config, prefix)
-    raise AssertionError(f"policy {name!r} passed config validation but has no implementation")
+    return entry.factory(config, prefix)

@@ -444,3 +444,11 @@ def test_cli_policy_and_check(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
         cli_main(["run", "--check", "bounded-wait=x"])
     assert exit_.value.code == 2
+
+
+def test_the_registry_implements_exactly_the_policies_the_config_names() -> None:
+    from overlapcheck.reference.policy import REGISTRY, register
+
+    assert tuple(REGISTRY) == POLICIES
+    with pytest.raises(ValueError, match="registered twice"):
+        register("fcfs", REGISTRY["fcfs"].factory)

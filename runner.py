@@ -27,12 +27,7 @@ from overlapcheck.invariants.base import Invariant, InvariantViolated, Violation
 from overlapcheck.invariants.context import Request, RunContext
 from overlapcheck.invariants.registry import make_invariants
 from overlapcheck.scenarios.scenario import RequestSpec, Scenario
-from overlapcheck.scenarios.source import (
-    IterationSource,
-    WorkloadSource,
-    delivery_schedule,
-    user_msg,
-)
+from overlapcheck.scenarios.source import WorkloadSource, user_msg
 
 
 @dataclass
@@ -110,9 +105,10 @@ def step_bound(scenario: Scenario) -> int:
     """Iterations after which a run that has not finished counts as a liveness violation."""
     cfg = scenario.config
     work = sum(
-        -(-len(r.prompt) // cfg.max_extend_tokens) + r.max_tokens + 2 for r in scenario.requests
+        -(-scenario.prompt_bound(i) // cfg.max_extend_tokens) + r.max_tokens + 2
+        for i, r in enumerate(scenario.requests)
     )
-    return 4 * work + 64
+    return 4 * work + 64 + scenario.last_iteration()
 
 
 class _Checks:
@@ -205,11 +201,7 @@ def run_scenario(
     scenario = backend.prepare(scenario)
     device = backend.make_device(scenario)
     cfg = scenario.config
-    source: MessageSource
-    if deliveries is None:
-        source = WorkloadSource(scenario.requests)
-    else:
-        source = IterationSource(delivery_schedule(scenario.requests, deliveries))
+    source: MessageSource = WorkloadSource(scenario.requests, deliveries)
     checks = _Checks(make_invariants(invariants), keep_going)
     factory = scheduler if scheduler is not None else _reference_factory()
     ctx = RunContext(scenario, device, backend.name, None)
@@ -261,8 +253,9 @@ def _references(scenario: Scenario, backend: Backend) -> Callable[[UserMsg, int]
     must not run between iterations); a message the workload did not list gets one on receipt."""
     by_msg: dict[UserMsg, list[RequestSpec]] = {}
     for spec in scenario.requests:
-        by_msg.setdefault(user_msg(spec), []).append(spec)
-    ready: dict[tuple[int, int], Reference] = {}
+        if spec.after is None:  # a follow-up's prompt is known when it is sent: built from msg
+            by_msg.setdefault(user_msg(spec), []).append(spec)
+    ready: dict[tuple[RequestSpec, int], Reference] = {}
 
     def reference(msg: UserMsg, limit: int) -> Reference | None:
         specs = by_msg.get(msg)
@@ -276,7 +269,7 @@ def _references(scenario: Scenario, backend: Backend) -> Callable[[UserMsg, int]
                 ignore_eos=msg.sampling_params.ignore_eos,
             )
         )
-        key = (id(spec), limit)
+        key = (spec, limit)  # by value: a fallback spec's id() is reused once it is freed
         if key not in ready:
             ready[key] = backend.reference(spec, limit)
         return ready[key]

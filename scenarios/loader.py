@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import tomllib
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from overlapcheck.core.config import ConfigError, SchedulerConfig
 from overlapcheck.scenarios.scenario import RequestSpec, Scenario
@@ -18,6 +19,7 @@ class ScenarioError(ValueError):
 
 CONFIG_FIELDS = {f.name for f in fields(SchedulerConfig)} - {"faults"}
 REQUEST_FIELDS = {f.name for f in fields(RequestSpec)}
+T = TypeVar("T")
 
 
 def load_scenario_file(path: str | Path) -> Scenario:
@@ -39,7 +41,8 @@ def scenario_from_dict(
 ) -> Scenario:
     if not isinstance(data, dict):
         raise ScenarioError(f"{where}: expected an object with 'config' and 'requests'")
-    unknown = sorted(set(data) - {"name", "description", "config", "requests", "tags"})
+    known = {"name", "description", "config", "requests", "tags", "eos_probability"}
+    unknown = sorted(set(data) - known)
     if unknown:
         raise ScenarioError(f"{where}: unknown key {', '.join(unknown)}")
     cfg = data.get("config", {})
@@ -56,8 +59,15 @@ def scenario_from_dict(
     if not isinstance(reqs, list) or not reqs:
         raise ScenarioError(f"{where}: 'requests' must be a non-empty list")
     specs = tuple(_request(r, i, where) for i, r in enumerate(reqs))
+    eos_probability = _float(data.get("eos_probability", 0.0), f"{where}: eos_probability")
+    if not 0.0 <= eos_probability <= 1.0:
+        raise ScenarioError(f"{where}: eos_probability must be in [0, 1], got {eos_probability}")
     return Scenario(
-        str(data.get("name", default_name)), config, specs, str(data.get("description", ""))
+        str(data.get("name", default_name)),
+        config,
+        specs,
+        str(data.get("description", "")),
+        eos_probability=eos_probability,
     )
 
 
@@ -80,11 +90,20 @@ def _request(raw: Any, index: int, where: str) -> RequestSpec:
             _int(t, f"{at}.continuation")
             for t in _list(raw.get("continuation", []), f"{at}.continuation")
         ),
-        abort_at=None if raw.get("abort_at") is None else _float(raw["abort_at"], f"{at}.abort_at"),
+        abort_at=_maybe(raw, "abort_at", _float, at),
+        arrival_iteration=_maybe(raw, "arrival_iteration", _int, at),
+        abort_iteration=_maybe(raw, "abort_iteration", _int, at),
+        after=_maybe(raw, "after", _int, at),
+        think=_float(raw.get("think", 0.0), f"{at}.think"),
     )
-    if spec.arrival < 0 or (spec.abort_at is not None and spec.abort_at < 0):
-        raise ScenarioError(f"{at}: times must be >= 0")
+    problem = spec.problem(index)
+    if problem is not None:
+        raise ScenarioError(f"{at}: {problem}")
     return spec
+
+
+def _maybe(raw: dict[str, Any], name: str, parse: Callable[[Any, str], T], at: str) -> T | None:
+    return None if raw.get(name) is None else parse(raw[name], f"{at}.{name}")
 
 
 def _int(value: Any, at: str) -> int:

@@ -2,7 +2,7 @@
 tests with them (see the README).
 
 Everything shrinks toward a small, quiet case: one request, no sharing, no abort, arrival at 0,
-nominal timing (no delays).
+no follow-up, no reused uid, short output, no model EOS, the small shape, nominal timing.
 """
 
 from __future__ import annotations
@@ -27,15 +27,17 @@ def configs(
     draw: st.DrawFn, faults: frozenset[str] = frozenset(), policy: str | None = None
 ) -> SchedulerConfig:
     """Small pools, so that slots are reused, pages run out and chunks are cut. The queue policy
-    is drawn too (shrinking toward `fcfs`) unless `policy` pins it."""
+    is drawn too (shrinking toward `fcfs`) unless `policy` pins it. Occasionally a bigger shape
+    (up to 8 slots, rows of 256) so that size-dependent bugs are reachable; it shrinks away."""
     page_size = draw(st.sampled_from((1, 2, 4)))
-    kv_tokens = draw(st.sampled_from((256, 96, 48, 32)))
+    big = draw(st.booleans())
+    kv_tokens = draw(st.sampled_from((1024, 512, 128) if big else (256, 96, 48, 32)))
     return SchedulerConfig(
-        num_slots=draw(st.integers(1, 4)),
+        num_slots=draw(st.integers(1, 8 if big else 4)),
         num_pages=kv_tokens // page_size,
         page_size=page_size,
         max_extend_tokens=draw(st.sampled_from((64, 16, 8, 4))),
-        max_seq_len=48,
+        max_seq_len=256 if big else 48,
         cache=draw(st.sampled_from(("radix", "naive"))),
         loop=draw(st.sampled_from(("overlap", "normal"))),
         policy=policy if policy is not None else draw(st.sampled_from(POLICIES)),
@@ -44,44 +46,88 @@ def configs(
 
 
 @st.composite
-def requests(draw: st.DrawFn, prefixes: Sequence[tuple[int, ...]], uid: int = 0) -> RequestSpec:
+def requests(
+    draw: st.DrawFn, prefixes: Sequence[tuple[int, ...]], uid: int = 0, max_seq_len: int = 48
+) -> RequestSpec:
+    """One request. Its `after` and `uid` are raw draws that `workloads` maps onto earlier
+    requests (so deleting a request while shrinking never leaves a dangling reference)."""
     prefix: tuple[int, ...] = ()
     if prefixes and draw(st.booleans()):
         prefix = prefixes[draw(st.integers(0, len(prefixes) - 1))]
     suffix = tuple(draw(st.lists(tokens, min_size=0 if prefix else 1, max_size=12)))
-    max_tokens = draw(st.integers(1, 8))
+    prompt = prefix + suffix
+    if draw(st.booleans()):  # long-running: up to what the row holds
+        max_tokens = draw(st.integers(1, max(1, max_seq_len - len(prompt))))
+    else:
+        max_tokens = draw(st.integers(1, 8))
     continuation: tuple[int, ...] = ()
     if draw(st.booleans()):  # stop at a scripted EOS after k tokens
-        k = draw(st.integers(0, max_tokens - 1))
+        k = draw(st.integers(0, min(max_tokens, 8) - 1))
         continuation = tuple(draw(st.lists(tokens, min_size=k, max_size=k))) + (EOS,)
-    abort_at = None
-    if draw(st.booleans()):
+    abort_at, abort_iteration = None, None
+    abort = draw(st.sampled_from(("none", "time", "iteration")))
+    if abort == "time":
         abort_at = draw(st.integers(0, 800)) * US
+    elif abort == "iteration":
+        abort_iteration = draw(st.integers(0, 40))
+    arrival, arrival_iteration = 0.0, None
+    if draw(st.booleans()):
+        arrival_iteration = draw(st.integers(0, 20))
+    else:
+        arrival = draw(st.integers(0, 400)) * US
+    after, think = None, 0.0
+    if draw(st.booleans()):  # a follow-up turn (of the request `after` maps to)
+        after = draw(st.integers(0, 7))
+        think = draw(st.integers(0, 300)) * US
+        prompt, continuation = suffix or (draw(tokens),), ()
+        arrival, arrival_iteration = 0.0, None
     return RequestSpec(
         uid=uid,
-        prompt=prefix + suffix,
+        prompt=prompt,
         max_tokens=max_tokens,
-        arrival=draw(st.integers(0, 400)) * US,
+        arrival=arrival,
         ignore_eos=draw(st.booleans()),
         continuation=continuation,
         abort_at=abort_at,
+        arrival_iteration=arrival_iteration,
+        abort_iteration=abort_iteration,
+        after=after,
+        think=think,
     )
 
 
 @st.composite
-def workloads(draw: st.DrawFn, max_requests: int = 5) -> tuple[RequestSpec, ...]:
-    """Requests with shared prefixes, EOS positions, aborts and arrival times."""
+def workloads(
+    draw: st.DrawFn, max_requests: int = 5, max_seq_len: int = 48
+) -> tuple[RequestSpec, ...]:
+    """Requests with shared prefixes, EOS positions, aborts (by time or iteration), arrivals (by
+    time or iteration), long outputs, follow-up turns and reused uids."""
     prefixes = draw(st.lists(st.lists(tokens, min_size=1, max_size=16).map(tuple), max_size=2))
     # A list (not a count, then draws) so that the shrinker can delete any one request.
-    specs = draw(st.lists(requests(prefixes), min_size=1, max_size=max_requests))
-    return tuple(replace(spec, uid=uid) for uid, spec in enumerate(specs))
+    specs = draw(
+        st.lists(requests(prefixes, max_seq_len=max_seq_len), min_size=1, max_size=max_requests)
+    )
+    reuse = draw(st.lists(st.integers(0, 7), max_size=len(specs)))  # i-th entry: request i + 1
+    out: list[RequestSpec] = []
+    for i, spec in enumerate(specs):
+        after = None if spec.after is None or i == 0 else spec.after % i
+        uid = i
+        if 0 < i <= len(reuse) and reuse[i - 1]:  # 0 (the shrink target): a fresh uid
+            uid = out[reuse[i - 1] % i].uid
+        if after is None and spec.after is not None:  # the first request cannot follow one
+            spec = replace(spec, think=0.0)
+        out.append(replace(spec, uid=uid, after=after))
+    return tuple(out)
 
 
 @st.composite
 def generated_scenarios(
     draw: st.DrawFn, faults: frozenset[str] = frozenset(), policy: str | None = None
 ) -> Scenario:
-    return Scenario("generated", draw(configs(faults, policy)), draw(workloads()))
+    config = draw(configs(faults, policy))
+    reqs = draw(workloads(max_seq_len=config.max_seq_len))
+    eos_probability = draw(st.sampled_from((0.0, 0.02, 0.1, 0.3)))
+    return Scenario("generated", config, reqs, eos_probability=eos_probability)
 
 
 @st.composite
@@ -101,10 +147,11 @@ def variations(draw: st.DrawFn, base: Scenario, faults: frozenset[str] = frozens
     jitter = draw(
         st.lists(st.integers(0, 200), min_size=len(base.requests), max_size=len(base.requests))
     )
-    reqs = tuple(
-        replace(r, arrival=r.arrival + j * US) for r, j in zip(base.requests, jitter, strict=True)
+    reqs = tuple(  # only timed arrivals move: iteration-keyed ones and follow-ups stay exact
+        replace(r, arrival=r.arrival + j * US) if r.timed else r
+        for r, j in zip(base.requests, jitter, strict=True)
     )
-    return Scenario(base.name, config, reqs, base.description)
+    return Scenario(base.name, config, reqs, base.description, eos_probability=base.eos_probability)
 
 
 def scenarios(

@@ -22,7 +22,12 @@ class SimBackend:
 
     def make_device(self, scenario: Scenario) -> SimDevice:
         cfg = scenario.config
-        self.model = ToyModel(cfg.vocab_size, cfg.eos_token_id, seed=cfg.seed)
+        self.model = ToyModel(
+            cfg.vocab_size,
+            cfg.eos_token_id,
+            seed=cfg.seed,
+            eos_probability=scenario.eos_probability,
+        )
         for spec in scenario.requests:
             if spec.continuation:
                 self.model.add_script(spec.prompt, spec.continuation)

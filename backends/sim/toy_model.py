@@ -1,8 +1,9 @@
 """The toy model: the next token is a deterministic function of the context actually read.
 
 A scenario may script continuations (context -> next token) to put EOS exactly where it wants;
-otherwise the next token is a hash of the context bytes. The hash never yields EOS, so only scripts
-end requests early. Any corruption of the context the forward reads changes the token.
+otherwise the next token is a hash of the context bytes. That hash never yields EOS; with an
+`eos_probability` p > 0, a second hash of the context (so still deterministic, no RNG) says EOS
+instead with probability p. Any corruption of the context the forward reads changes the token.
 """
 
 from __future__ import annotations
@@ -16,11 +17,15 @@ DTYPE = np.int32
 
 
 class ToyModel:
-    def __init__(self, vocab_size: int, eos_token_id: int, seed: int = 0) -> None:
+    def __init__(
+        self, vocab_size: int, eos_token_id: int, seed: int = 0, eos_probability: float = 0.0
+    ) -> None:
         self.vocab_size = vocab_size
         self.eos = eos_token_id
         self.salt = seed.to_bytes(8, "little", signed=True)
         self.script: dict[bytes, int] = {}
+        # EOS when the second hash, read as a 64-bit fraction, falls below p.
+        self.eos_below = int(eos_probability * 2**64)
 
     def add_script(self, prompt: Sequence[int], continuation: Iterable[int]) -> None:
         """After `prompt + continuation[:k]`, the model says `continuation[k]`."""
@@ -37,6 +42,10 @@ class ToyModel:
         scripted = self.script.get(key)
         if scripted is not None:
             return scripted
+        if self.eos_below:
+            coin = hashlib.blake2b(key, digest_size=8, key=self.salt, person=b"eos").digest()
+            if int.from_bytes(coin, "little") < self.eos_below:
+                return self.eos
         digest = hashlib.blake2b(key, digest_size=8, key=self.salt).digest()
         token = int.from_bytes(digest, "little") % (self.vocab_size - 1)
         return token + 1 if token >= self.eos else token

@@ -135,12 +135,14 @@ class FootprintRecorder:
             np.int64,
             int(ends.sum()),
         )
-        # Each sequence's new positions are the tail of its context.
+        # Each sequence's new positions are the tail of its context; the token pool has the page
+        # table's width, so the input ids' cells are the page table cells at those positions.
         new = _ranges(np.cumsum(ends) - (ends - starts), ends - starts)
+        table = _ranges(rows, ends)
         return [
             Access(METADATA, self.metadata_cells(batch), "r"),
-            Access(TOKEN_POOL, _ranges(rows + starts, ends - starts), "r"),
-            Access(PAGE_TABLE, _ranges(rows, ends), "r"),
+            Access(TOKEN_POOL, table[new], "r"),
+            Access(PAGE_TABLE, table, "r"),
             Access(KV, context, "r"),
             Access(KV, context[new], "w"),
             Access(TOKEN_POOL, self._sample_cells(batch), "w"),

@@ -17,6 +17,9 @@ import numpy as np
 from overlapcheck.core.trace import HOST, Access, Op, Trace
 
 MAX_AGENTS = 8
+# The hot path's reductions, without numpy's Python wrappers around them.
+_max = np.maximum.reduce
+_count = np.count_nonzero
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +49,7 @@ class _Shadow:
 
     def base(self, buffer: str, cells: np.ndarray) -> int:
         """Where `buffer`'s region starts, grown to hold `cells` (non-negative indices)."""
-        top = int(cells.max())
+        top = int(_max(cells))
         region = self.regions.get(buffer)
         if region is not None and top < region[1]:
             return region[0]
@@ -91,16 +94,18 @@ class HappensBefore:
 
     def advance(self, op: Op) -> tuple[int, np.ndarray]:
         """The op's agent index and its vector clock (the clock its accesses happen at)."""
-        a = self.index(op.agent)
+        a = self.agents.get(op.agent)
+        if a is None:
+            a = self.index(op.agent)
         vc = self.clocks[a]
-        if a != 0:
-            np.maximum(
-                vc, self.clocks[0], out=vc
-            )  # the host issued it: the host's past is its past
+        if a:  # the host issued it: the host's past is its past
+            np.maximum(vc, self.clocks[0], out=vc)
         vc[a] += 1
         self.ops[a].append(op.seq)
-        if op.waits is not None and op.waits in self.events:
-            np.maximum(vc, self.events[op.waits], out=vc)
+        if op.waits is not None:
+            recorded = self.events.get(op.waits)
+            if recorded is not None:
+                np.maximum(vc, recorded, out=vc)
         if op.records is not None:
             self.events[op.records] = vc.copy()
         return a, vc
@@ -146,7 +151,7 @@ class RaceDetector:
         # clock * MAX_AGENTS + agent, unless it is at most vc[agent] * MAX_AGENTS + MAX_AGENTS - 1.
         covered = vc * MAX_AGENTS + (MAX_AGENTS - 1)
         last = shadow.writer[cells]
-        if (last > covered[last & (MAX_AGENTS - 1)]).any():
+        if _count(last > covered[last & (MAX_AGENTS - 1)]):
             return self._one_by_one(op, a, vc, accesses)
         written = cells[split:]
         n = len(self.hb.agents)
@@ -154,7 +159,7 @@ class RaceDetector:
             # A write also races with another agent's read since the last write, if not covered.
             late = shadow.reads[:n, written] > vc[:n, None]
             late[a] = False
-            if late.any():
+            if _count(late):
                 return self._one_by_one(op, a, vc, accesses)
         if split:
             shadow.reads[a][cells[:split]] = vc[a]

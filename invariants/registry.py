@@ -6,14 +6,18 @@ from collections.abc import Callable, Iterable
 
 from overlapcheck.invariants.base import Invariant
 from overlapcheck.invariants.fairness import BoundedWait
+from overlapcheck.invariants.hidden_sync import NoHiddenSync
+from overlapcheck.invariants.kv_provenance import KvProvenance
 from overlapcheck.invariants.messages import AbortSilent, ExactLength, NoPostEos
 from overlapcheck.invariants.no_race import NoRace
 from overlapcheck.invariants.oracle import Oracle
 from overlapcheck.invariants.resources import Liveness, PagesConserved, SlotNotInFlight
+from overlapcheck.invariants.work_bound import WorkBound
 
 # Order matters only for which of two violations in one step is reported: races first.
 INVARIANTS: dict[str, Callable[[], Invariant]] = {
     "no-race": NoRace,
+    "kv-provenance": KvProvenance,  # before `oracle`: the wrong read, not the wrong token after it
     "no-post-eos": NoPostEos,
     "exact-length": ExactLength,
     "oracle": Oracle,
@@ -21,6 +25,8 @@ INVARIANTS: dict[str, Callable[[], Invariant]] = {
     "pages-conserved": PagesConserved,
     "abort-silent": AbortSilent,
     "liveness": Liveness,
+    "work-bound": WorkBound,
+    "no-hidden-sync": NoHiddenSync,
 }
 
 

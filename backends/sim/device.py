@@ -23,6 +23,7 @@ from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.device import HOST_WORK_BEFORE_ISSUE, Device, Event, ForwardOutput, Stream
 from overlapcheck.core.errors import InvariantError
 from overlapcheck.core.footprints import FootprintRecorder
+from overlapcheck.core.provenance import KvShadow
 from overlapcheck.core.trace import PAGE_TABLE, TOKEN_POOL, Trace
 
 OpBody = Callable[[], Generator[simpy.Event, Any, None]]
@@ -102,6 +103,8 @@ class SimDevice(Device):
         self.kv = np.full(config.num_cells, -1, dtype=DTYPE)
         self.metadata = np.full((2, self.recorder.metadata_width), -1, dtype=np.int64)
         self.staging = np.full(self.recorder.metadata_width, -1, dtype=np.int64)
+        # What each KV cell was computed for; kept only while `kv-provenance` asks for it.
+        self.kv_shadow: KvShadow | None = None
 
     # -- host side ----------------------------------------------------------------------------
 
@@ -267,7 +270,7 @@ class SimDevice(Device):
             if first_queued > self.now():
                 yield self.env.timeout(first_queued - self.now())
             kernel.start = yield from self._acquire(self.compute, duration)
-            plan = self._read_inputs(batch.batch_id % 2, n)
+            plan = self._read_inputs(batch.batch_id % 2, n, kernel.seq)
             yield self.env.timeout(duration)
             if enqueued_by is not None and enqueued_by > self.now():
                 # Launch-bound: the last kernels run only once the host has enqueued them.
@@ -278,6 +281,8 @@ class SimDevice(Device):
             cells, ids, out_rows, out_cols, tokens = plan
             self.kv[cells] = ids
             self.token_pool[out_rows, out_cols] = tokens
+            if self.kv_shadow is not None:
+                self.kv_shadow.write(kernel.seq, tokens.tolist())
             kernel.end = self.now()
 
         def run_copy() -> Generator[simpy.Event, Any, None]:
@@ -299,7 +304,7 @@ class SimDevice(Device):
         return output
 
     def _read_inputs(
-        self, parity: int, n: int
+        self, parity: int, n: int, op: int
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """What the kernel reads when it starts: the KV cells it will write and their ids, and
         where each sequence's sampled token goes, and the token."""
@@ -313,6 +318,8 @@ class SimDevice(Device):
         tables = self.page_table[slots] % len(self.kv)  # one gather for the whole batch
         pool_rows = self.token_pool[slots]
         cached = self.kv[tables]
+        if self.kv_shadow is not None:
+            self.kv_shadow.read(op, tables, np.asarray(starts), np.asarray(ends), cached, pool_rows)
         next_token_of = self.model.next_token_of
         cells, ids, tokens = [], [], []
         for i in range(n):

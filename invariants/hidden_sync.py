@@ -1,0 +1,83 @@
+"""`no-hidden-sync`: in the overlap loop the host never blocks on the forward it just launched
+before it launches the next one.
+
+Judged structurally, from happens-before (`invariants/races.py`), so it holds under any timing: a
+host wait whose event's vector clock covers forward N's clock on its stream (the event can fire only
+after forward N finished), issued after forward N's launch and before forward N+1's, serialises the
+overlap: the host cannot prepare N+1 while N runs. Only waits in an iteration that launches N or
+N+1 count; an iteration that launches nothing has nothing to overlap (the host drains the last
+batch, or waits for its results to free memory). The normal loop blocks by design: not checked.
+"""
+
+from __future__ import annotations
+
+from overlapcheck.core.trace import Op
+from overlapcheck.invariants.base import Invariant
+from overlapcheck.invariants.context import RunContext
+from overlapcheck.invariants.races import HappensBefore
+
+
+class NoHiddenSync(Invariant):
+    id = "no-hidden-sync"
+
+    def __init__(self) -> None:
+        self.hb = HappensBefore()
+        self.seen = 0
+        self.active = True
+        self.recorded_by: dict[int, int] = {}  # event id -> op seq of its record
+        self.last: tuple[Op, int, int] | None = None  # the latest forward, its agent and clock
+        self.suspects: list[Op] = []  # host waits covering the latest forward
+
+    def bind(self, run: RunContext) -> None:
+        super().bind(run)
+        self.active = run.config.loop != "normal"
+
+    def on_step_end(self) -> None:
+        if self.active:
+            self._scan()
+
+    def finish(self) -> None:
+        if self.active:
+            self._scan()
+
+    def _scan(self) -> None:
+        ops = self.run.trace.ops
+        hb = self.hb
+        while self.seen < len(ops):
+            op = ops[self.seen]
+            self.seen += 1
+            agent, vc = hb.advance(op)
+            if op.records is not None:
+                self.recorded_by[op.records] = op.seq
+            if op.kind == "forward":
+                if self.last is not None:
+                    for wait in self.suspects:
+                        if op.step == wait.step or self.last[0].step == wait.step:
+                            self._report(wait, self.last[0], op)
+                self.suspects.clear()
+                self.last = (op, agent, int(vc[agent]))
+            elif op.kind == "host_wait" and self.last is not None and op.waits is not None:
+                event = hb.events.get(op.waits)
+                if event is not None and event[self.last[1]] >= self.last[2]:
+                    self.suspects.append(op)
+
+    def _report(self, wait: Op, forward: Op, following: Op) -> None:
+        assert wait.waits is not None
+        seq = self.recorded_by.get(wait.waits)
+        record = self.run.trace.ops[seq] if seq is not None else None
+        where = (
+            f"recorded on the {record.agent} stream at step {record.step} ({record.phase})"
+            if record is not None
+            else "never recorded"
+        )
+        self.fail(
+            f"hidden sync: in step {wait.step} ({wait.phase}) the host blocks on event "
+            f"e{wait.waits} ({where}), which fires only after {forward.label} (step "
+            f"{forward.step}) finishes, and only then launches {following.label}: the overlap "
+            "of the next batch with the running one is lost",
+            forward.uids,
+            wait=wait.seq,
+            event=wait.waits,
+            record=seq,
+            forward=forward.seq,
+        )

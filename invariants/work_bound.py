@@ -1,0 +1,98 @@
+"""`work-bound`: no request gets more GPU work or KV pages than its admission allowed.
+
+Judged from the forwards' uids and footprints, per request instance (`invariants/forwards.py`):
+
+* rounds: a forward whose sequence reaches the end of the prompt samples an output token (the last
+  prefill chunk, then each decode round). A request may have at most `max_tokens` (clamped to its
+  row, `core.rules.max_output`) of them plus one: the overlap loop launches the next round before it
+  learns that the previous one finished the request. None may be launched after the request's
+  finished message went out: then the host knew.
+* pages: the KV pages of the context a forward reads for it (the host's page-table row) never
+  number more than admission reserved, `config.pages_for(len(prompt) + max_output)`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from overlapcheck.core.messages import InMsg, OutMsg, TokenMsg, UserMsg
+from overlapcheck.core.trace import KV, Op
+from overlapcheck.invariants.base import Invariant
+from overlapcheck.invariants.context import Request
+from overlapcheck.invariants.forwards import ForwardFeed, context_ends
+
+
+class WorkBound(Invariant):
+    id = "work-bound"
+
+    def __init__(self) -> None:
+        self.feed = ForwardFeed()
+        self.rounds: dict[int, int] = {}  # request index -> output-sampling rounds launched
+        self.finished_at: dict[int, int] = {}  # request index -> ops issued before its finish
+
+    def on_receive(self, msg: InMsg, req: Request | None) -> None:
+        self._check()
+        if isinstance(msg, UserMsg):
+            self.feed.admit(req)
+
+    def on_message(self, msg: OutMsg, req: Request | None) -> None:
+        self._check()
+        if isinstance(msg, TokenMsg) and msg.finished and req is not None:
+            self.finished_at.setdefault(req.index, len(self.run.trace.ops))
+
+    def on_step_end(self) -> None:
+        self._check()
+
+    def finish(self) -> None:
+        self._check()
+
+    def _check(self) -> None:
+        for op, reqs in self.feed.pull(self.run.trace):
+            self._judge(op, reqs)
+
+    def _judge(self, op: Op, reqs: tuple[Request | None, ...]) -> None:
+        cfg = self.run.config
+        ends = context_ends(op, cfg.max_seq_len)
+        if len(ends) != len(reqs):
+            return
+        offsets = np.cumsum(ends) - ends
+        context: np.ndarray | None = None
+        for i, req in enumerate(reqs):
+            if req is None:
+                continue
+            end, prompt = int(ends[i]), len(req.msg.input_ids)
+            if end >= prompt:
+                self._round(op, req)
+            reserved = cfg.pages_for(prompt + req.max_output)
+            if end > reserved:  # fewer positions than reserved pages can never be too many pages
+                if context is None:
+                    context = next(a.cells for a in op.accesses if a.buffer == KV and a.mode == "r")
+                start = int(offsets[i])
+                pages = np.unique(context[start : start + end] // cfg.page_size)
+                if len(pages) > reserved:
+                    self.fail(
+                        f"{op.label} (step {op.step}) gives request {req.uid} a context over "
+                        f"{len(pages)} KV pages; admission reserved {reserved} (prompt "
+                        f"{prompt} + max output {req.max_output}, page size {cfg.page_size})",
+                        (req.uid,),
+                        pages=len(pages),
+                        reserved=reserved,
+                    )
+
+    def _round(self, op: Op, req: Request) -> None:
+        n = self.rounds[req.index] = self.rounds.get(req.index, 0) + 1
+        finished = self.finished_at.get(req.index)
+        if finished is not None and op.seq >= finished:
+            self.fail(
+                f"{op.label} (step {op.step}) launches a round for request {req.uid} after its "
+                "finished message went out",
+                (req.uid,),
+                round=n,
+            )
+        if n > req.max_output + 1:
+            self.fail(
+                f"{op.label} (step {op.step}) is request {req.uid}'s output round {n}: "
+                f"max_tokens {req.max_output} allows {req.max_output} plus one overlap extra round",
+                (req.uid,),
+                round=n,
+            )

@@ -46,6 +46,7 @@ class _Shadow:
         self.reads = np.zeros((MAX_AGENTS, 1024), dtype=np.int64)
         self.used = 0
         self.regions: dict[str, tuple[int, int]] = {}  # buffer -> (first cell, cells)
+        self.moves = 0  # regions moved so far
 
     def base(self, buffer: str, cells: np.ndarray) -> int:
         """Where `buffer`'s region starts, grown to hold `cells` (non-negative indices)."""
@@ -64,6 +65,7 @@ class _Shadow:
             reads[:, :base] = self.reads[:, :base]
             self.writer, self.reads = writer, reads
         if region is not None:
+            self.moves += 1
             old, cells_before = region
             self.writer[base : base + cells_before] = self.writer[old : old + cells_before]
             self.reads[:, base : base + cells_before] = self.reads[:, old : old + cells_before]
@@ -135,24 +137,35 @@ class RaceDetector:
         before its writes (as in every op the recorder makes): then its reads see the state before
         the op, as do its writes but for its own reads, which never race with them. Otherwise, or
         on a race, access by access as issued, which names the first racing access."""
-        accesses = [acc for acc in op.accesses if len(acc.cells)]
-        reads = sum(1 for acc in accesses if acc.mode == "r")
-        if any(acc.mode != "r" for acc in accesses[:reads]):
-            return self._one_by_one(op, a, vc, accesses)
-        if not accesses:
-            return None
         shadow = self.shadow
-        for acc in accesses:  # grow the regions first: a later access may move a region
-            shadow.base(acc.buffer, acc.cells)
-        parts = [acc.cells + shadow.regions[acc.buffer][0] for acc in accesses]
+        moves = shadow.moves
+        parts: list[np.ndarray] = []
+        split, writing, reads_first = 0, False, True  # split: how many of the cells are read
+        for acc in op.accesses:
+            cells = acc.cells
+            if not len(cells):
+                continue
+            parts.append(cells + shadow.base(acc.buffer, cells))
+            if acc.mode == "r":
+                split += len(cells)
+                reads_first = reads_first and not writing
+            else:
+                writing = True
+        if not reads_first:
+            return self._one_by_one(op, a, vc, op.accesses)
+        if not parts:
+            return None
+        if shadow.moves != moves:  # an access grew a region that an earlier one of the op is in
+            parts = [
+                acc.cells + shadow.regions[acc.buffer][0] for acc in op.accesses if len(acc.cells)
+            ]
         cells = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        split = sum(len(part) for part in parts[:reads])
         # The last write races unless this agent's clock covers it: with writes kept as
         # clock * MAX_AGENTS + agent, unless it is at most vc[agent] * MAX_AGENTS + MAX_AGENTS - 1.
         covered = vc * MAX_AGENTS + (MAX_AGENTS - 1)
         last = shadow.writer[cells]
         if _count(last > covered[last & (MAX_AGENTS - 1)]):
-            return self._one_by_one(op, a, vc, accesses)
+            return self._one_by_one(op, a, vc, op.accesses)
         written = cells[split:]
         n = len(self.hb.agents)
         if len(written):
@@ -160,7 +173,7 @@ class RaceDetector:
             late = shadow.reads[:n, written] > vc[:n, None]
             late[a] = False
             if _count(late):
-                return self._one_by_one(op, a, vc, accesses)
+                return self._one_by_one(op, a, vc, op.accesses)
         if split:
             shadow.reads[a][cells[:split]] = vc[a]
         if len(written):
@@ -178,6 +191,8 @@ class RaceDetector:
     def _access(self, op: Op, a: int, vc: np.ndarray, acc: Access) -> Race | None:
         shadow = self.shadow
         cells = acc.cells
+        if not len(cells):
+            return None
         at = cells + shadow.base(acc.buffer, cells)
         last = shadow.writer[at]
         w_agent, w_clock = last % MAX_AGENTS, last // MAX_AGENTS

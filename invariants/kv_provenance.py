@@ -114,40 +114,38 @@ class KvProvenance(Invariant):
         return ctx
 
     def _judge(self, op: Op, reqs: tuple[Request | None, ...], rec: ForwardReads) -> None:
-        n, m = rec.cells.shape
+        n, m = rec.keys.shape
         if len(reqs) != n:
             return  # the device read another batch shape than issued: no-race reports that
-        ends = rec.ends
-        expected = np.zeros((n, m), dtype=np.uint64)
-        judged = np.zeros(n, dtype=bool)
+        ends = rec.ends.tolist()
+        expected = rec.keys.copy()  # rows of sequences with no request are not judged
         contexts: list[_Context | None] = []
         for i, req in enumerate(reqs):
             ctx = None if req is None else self._context(req)
             contexts.append(ctx)
             if ctx is not None:
-                e = int(ends[i])
+                e = ends[i]
+                if e > ctx.known:
+                    self._report(op, rec, req, ctx, i, ctx.known)  # type: ignore[arg-type]
                 expected[i, :e] = ctx.keys[:e]
-                judged[i] = True
-        col = np.arange(m)
-        within = (col < ends[:, None]) & judged[:, None]
-        known = np.array([c.known if c is not None else 0 for c in contexts], dtype=np.int64)
-        bad = within & ((rec.keys != expected) | (rec.pos != col) | (col >= known[:, None]))
+        bad = expected != rec.keys
         if bad.any():
-            i, p = (int(x) for x in np.argwhere(bad)[0])
-            ctx = contexts[i]
-            req = reqs[i]
-            assert ctx is not None and req is not None
-            self._report(op, rec, req, ctx, i, p)
+            bad &= np.arange(m) < rec.ends[:, None]
+            if bad.any():
+                i, p = (int(x) for x in np.argwhere(bad)[0])
+                ctx = contexts[i]
+                assert ctx is not None
+                self._report(op, rec, reqs[i], ctx, i, p)  # type: ignore[arg-type]
         assert rec.samples is not None
-        for ctx, end, token in zip(contexts, ends.tolist(), rec.samples, strict=True):
+        for ctx, end, token in zip(contexts, ends, rec.samples, strict=True):
             if ctx is not None:
                 ctx.sampled(end, token)
 
     def _report(
         self, op: Op, rec: ForwardReads, req: Request, ctx: _Context, i: int, p: int
     ) -> None:
-        cell, token = int(rec.cells[i, p]), int(rec.tokens[i, p])
-        held_pos, writer = int(rec.pos[i, p]), int(rec.writer[i, p])
+        cell, token = int(rec.cells[i, p]), rec.token(i, p)
+        writer, held_pos = rec.held(i, p)
         where = f"{op.label} (step {op.step}) reads position {p} of request {req.uid}"
         if p >= ctx.known:
             why = "no forward of this request has sampled that position yet"

@@ -26,6 +26,10 @@ class ToyModel:
         self.script: dict[bytes, int] = {}
         # EOS when the second hash, read as a 64-bit fraction, falls below p.
         self.eos_below = int(eos_probability * 2**64)
+        # Keyed hashers with the key block already absorbed: a copy hashes a context as
+        # `blake2b(context, key=salt)` would, without redoing the key each time.
+        self._hash = hashlib.blake2b(digest_size=8, key=self.salt)
+        self._coin = hashlib.blake2b(digest_size=8, key=self.salt, person=b"eos")
 
     def add_script(self, prompt: Sequence[int], continuation: Iterable[int]) -> None:
         """After `prompt + continuation[:k]`, the model says `continuation[k]`."""
@@ -43,11 +47,13 @@ class ToyModel:
         if scripted is not None:
             return scripted
         if self.eos_below:
-            coin = hashlib.blake2b(key, digest_size=8, key=self.salt, person=b"eos").digest()
-            if int.from_bytes(coin, "little") < self.eos_below:
+            coin = self._coin.copy()
+            coin.update(key)
+            if int.from_bytes(coin.digest(), "little") < self.eos_below:
                 return self.eos
-        digest = hashlib.blake2b(key, digest_size=8, key=self.salt).digest()
-        token = int.from_bytes(digest, "little") % (self.vocab_size - 1)
+        digest = self._hash.copy()
+        digest.update(key)
+        token = int.from_bytes(digest.digest(), "little") % (self.vocab_size - 1)
         return token + 1 if token >= self.eos else token
 
     def generate(self, prompt: Sequence[int], max_tokens: int, ignore_eos: bool) -> list[int]:

@@ -1,8 +1,9 @@
 """Named known bugs. Each re-enables one upstream behaviour at one guarded spot of the scheduler,
 so that users can watch the checker find it and watch the fix hold.
 
-A fault's docstring-like `summary` says what it is; `origin` where it came from; `breaks` which
-invariants are expected to catch it.
+A fault's docstring-like `summary` says what upstream did, in which situation, and what the user
+saw; `origin` where in mini-sglang's history it came from; `breaks` which invariants catch it
+(first the one a search usually reports).
 """
 
 from __future__ import annotations
@@ -32,56 +33,86 @@ FAULTS: dict[str, Fault] = {
     for f in (
         Fault(
             FINISH_BY_CAN_DECODE,
-            "A request is judged finished when it cannot decode any more. `can_decode` counts the "
-            "rounds launched, and in the overlap loop the next round is launched before this one "
-            "is "
-            "processed, so a length-limited request stops one token short.",
-            "mini-sglang scheduler: finish check through `req.can_decode` under overlap scheduling",
-            ("exact-length",),
+            "A request is judged finished by `not req.can_decode`, which counts the rounds "
+            "launched, not the results received. Under overlap the last round is already launched "
+            "when the one before it is processed, so token max_tokens-1 is marked finished; the "
+            "last round's result is still processed and replied, marked finished again. The user "
+            "gets all max_tokens tokens, the last two with `finished` (offline outputs, which keep "
+            "every token but a finished EOS, looked right). The normal loop processes each round "
+            "before launching the next, and is exact.",
+            "mini-sglang e7d4f65 to 20fcd7f, scheduler.py `_process_last_data`: `finished = not "
+            "req.can_decode` (the engine's `complete_one` advances `device_len` at launch), and "
+            "every non-chunked result replied; `finished_reqs` only skips the second free",
+            ("exact-length", "no-post-eos"),
         ),
         Fault(
             REPLY_AFTER_FINISH,
-            "A request that finished (EOS) in round N is already in the launched round N+1; that "
-            "round's result is not dropped, so a token message follows the finished one.",
-            "mini-sglang overlap loop: results of finished requests processed like any other",
+            "A request that finished at EOS in round N is already in the launched round N+1; that "
+            "round's result is processed like any other, so a token message with `finished=False` "
+            "(the length is not reached) follows the finished one. Upstream's detokenizer then "
+            "re-created state for the uid and never freed it. The normal loop has no round N+1.",
+            "mini-sglang e7d4f65 (the `if req in self.finished_reqs: continue` of `_process_last_"
+            "data` removed; every result appended to the reply) to 20fcd7f",
             ("no-post-eos",),
         ),
         Fault(
             FREE_SLOT_EARLY,
-            "The slot and pages of a finished request are freed while the in-flight round N+1 "
-            "still reads and writes its `token_pool`/`page_table` row and KV pages; a new request "
-            "can take "
-            "them at once.",
-            "overlap scheduling: resources freed at finish rather than after the in-flight batch",
+            "A request that finished at EOS in round N has its slot freed and its pages cached or "
+            "freed at once, while the launched round N+1 still reads and writes its "
+            "`token_pool`/`page_table` row and KV pages; a request arriving next takes the slot "
+            "(and pages) while that round is in flight. The user sees nothing unless the race "
+            "lands: then the newcomer's tokens are wrong. The normal loop has no round N+1.",
+            "mini-sglang e7d4f65 to 20fcd7f: `_free_req_resources` called on the first finished "
+            "result (before, resources of requests in the ongoing batch were kept until it was "
+            "processed)",
             ("slot-not-in-flight", "no-race", "oracle"),
         ),
         Fault(
             ABORT_INFLIGHT_PREFILL,
-            "An abort that arrives while the request's prefill is in flight caches (releases) the "
-            "request at once; processing the prefill's result releases it again.",
-            "mini-sglang abort handling with an in-flight prefill",
-            ("pages-conserved",),
+            "An abort arrives while the request's last prefill batch (a prompt prefilled in one "
+            "batch, or its final chunk) is in flight: the request is already running, so the "
+            "abort frees it at once, caching its prompt in the prefix cache. Processing the "
+            "prefill's result caches it again: its pages end up both free and in the tree (with "
+            "a prefix match, a lock count goes below zero), and the prefill's token is still "
+            "sent after the abort. An abort during a non-final chunk is harmless (that chunk's "
+            "result is skipped), and the normal loop has processed the prefill before any abort.",
+            "mini-sglang 578df98 (#16, abort: `decode_manager.abort_req` then "
+            "`_free_req_resources`) with c7f800d (#86, `_process_last_data` caches a prefilled "
+            "request: `cache_req(req, finished=False)`), to 20fcd7f",
+            ("pages-conserved", "abort-silent"),
         ),
         Fault(
             CHUNK_SAMPLE_OVERWRITE,
             "A non-final prefill chunk writes its throw-away sample into `token_pool[slot, end]`, "
-            "which is the next chunk's first prompt token, instead of a dummy cell.",
-            "mini-sglang ef4367f (chunked prefill sample position)",
+            "the next chunk's first prompt token, instead of a dummy cell. Under overlap the next "
+            "chunk's prompt is copied in on the scheduler stream while the chunk's forward still "
+            "runs on the engine stream; when the sample lands last, the next chunk reads it as a "
+            "prompt token and the user gets wrong tokens. The normal loop waits for each forward.",
+            "mini-sglang ef4367f (`dummy_write_2d_pos`: a chunked request's sample goes to a dummy "
+            "position)",
             ("no-race", "oracle"),
         ),
         Fault(
             STAGING_BUFFER_REUSE,
             "Metadata planning rewrites the pinned staging buffer without waiting for the previous "
-            "asynchronous H2D copy out of it to run, so a batch can get its successor's metadata.",
-            "mini-sglang #103 / issue #58 (FlashInfer plan with a reused pinned buffer)",
+            "asynchronous H2D copy out of it to run, so a batch can get its successor's metadata "
+            "and the user gets wrong tokens. Only the overlap loop plans a batch while the "
+            "previous copy may be pending.",
+            "mini-sglang issue #58 (worked around by OVERLAP_EXTRA_SYNC, 46255ef), fixed in #103 "
+            "(20fcd7f: FlashInfer `plan` waits on an event recorded after the previous plan)",
             ("no-race", "oracle"),
         ),
         Fault(
             COPY_DONE_WRONG_STREAM,
             "The copy-done event is recorded on the scheduler stream instead of the engine stream, "
             "so waiting on it does not wait for the forward and its D2H copy of the sampled "
-            "tokens.",
-            "mini-sglang 46255ef",
+            "tokens: the host reads what the buffer held before (-1), and the user gets wrong "
+            "tokens, in either loop. A latent hazard upstream rather than a bug users hit: "
+            "`copy_done_event.record()` took the current stream, and `forward_batch` asserted that "
+            "the engine stream was current, so the event was right by context; the fault records "
+            "it on the stream current outside that context.",
+            "mini-sglang 46255ef (engine.py: `copy_done_event.record()` became "
+            "`record(self.stream)`, in the commit that worked around issue #58)",
             ("no-race", "oracle"),
         ),
     )

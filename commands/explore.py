@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from overlapcheck.commands.common import (
     scheduler_from_args,
 )
 from overlapcheck.core.config import POLICIES
+from overlapcheck.core.scenario import Scenario
 from overlapcheck.errors import UserError
 from overlapcheck.explore.parallel import (
     Live,
@@ -29,13 +31,12 @@ from overlapcheck.explore.parallel import (
     available_cores,
     search_streams,
 )
-from overlapcheck.explore.search import SearchSpec
+from overlapcheck.explore.search import SearchSpec, probe_scheduler
 from overlapcheck.formats import counterexample
 from overlapcheck.invariants.registry import INVARIANTS
 from overlapcheck.reference.faults import UnknownFaultError, parse_faults
 from overlapcheck.runner import RunResult
 from overlapcheck.scenarios.named import NAMED
-from overlapcheck.scenarios.scenario import Scenario
 from overlapcheck.scheduler_spec import SchedulerSpec
 
 
@@ -122,6 +123,8 @@ def main(args: argparse.Namespace) -> int:
         extra_checks=tuple(args.check),
         scheduler=scheduler_from_args(args) or SchedulerSpec(),
     )
+    for line in probe_scheduler(spec):
+        print(line, file=sys.stderr)
     outcome, unshrunk = _search(spec, args, out)
     stats = outcome.stats
     summary = (
@@ -129,6 +132,8 @@ def main(args: argparse.Namespace) -> int:
         f"{stats.seconds:.1f} s"
     )
     data = outcome.found or outcome.unshrunk
+    if data is None and outcome.bug is not None:
+        raise outcome.bug  # the CLI saves its input and exits 3
     if data is None:
         if outcome.deaths and len(outcome.deaths) == outcome.workers:
             print(f"every worker died; nothing found in {summary}")

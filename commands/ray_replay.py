@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 from overlapcheck.errors import UserError
 from overlapcheck.formats.counterexample import Counterexample
@@ -21,7 +22,7 @@ def replay_on_cluster(cex: Counterexample, args: argparse.Namespace) -> int:
     shares = replay_shares(
         cex.data, cex.where, args.backend, args.repeat, args.ray, args.preset, args.model
     )
-    verdicts = []
+    verdicts: list[dict[str, Any]] = []
     for i, share in enumerate(shares):
         for v in share["verdicts"]:
             verdicts.append({**v, "repeat": len(verdicts), "engine": i, "node": share["node"]})

@@ -9,6 +9,7 @@ process queue and a Ray queue carry the same):
     ("unshrunk", index, cex)                        the first failing example, before shrinking
     ("done", index, examples, iterations, cex)      the end: the shrunk counterexample, or None
     ("error", index, line)                          it failed (then ends without "done")
+    ("bug", index, scenario, line, traceback, extra) overlapcheck itself crashed (a CheckerBug)
 
 The driver adds them up, hands the unshrunk counterexample to the caller at once (it goes to
 disk before shrinking starts), stops the other streams on the first violation, and reports a
@@ -29,6 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from overlapcheck.crash import CheckerBug
 from overlapcheck.explore.search import Found, SearchSpec, SearchStats, search
 from overlapcheck.formats import counterexample
 
@@ -109,6 +111,7 @@ class Outcome:
     winner: int | None = None
     deaths: list[str] = field(default_factory=list)
     workers: int = 1
+    bug: CheckerBug | None = None  # overlapcheck crashed in a worker: the input to save
 
 
 @dataclass
@@ -152,6 +155,13 @@ class _Driver:
         kind, index = msg[0], msg[1]
         if kind == "error":
             self.errors[index] = msg[2]
+        elif kind == "bug":
+            self.errors[index] = f"overlapcheck bug: {msg[3]}"
+            if self.outcome.bug is None:
+                error = RuntimeError(f"{msg[3]} (in search worker {index})\n{msg[4]}")
+                self.outcome.bug = CheckerBug(error, msg[2])
+                self.outcome.bug.extra.update(msg[5])
+                self.pool.stop(keep=self.outcome.winner)
         elif kind == "progress":
             self.examples[index], self.iterations[index] = msg[2], msg[3]
         elif kind == "unshrunk":
@@ -254,6 +264,9 @@ def _process_main(spec: SearchSpec, index: int, channel: Any, winner: Any) -> No
 
     try:
         run_stream(spec, index, channel.put, claim, should_stop)
+    except CheckerBug as bug:  # ours: the driver saves its input (the traceback is text now)
+        channel.put(("bug", index, bug.scenario, str(bug), bug.traceback_text(), bug.extra))
+        raise SystemExit(1) from None
     except Exception as err:  # a bug of ours, or the scheduler's import: one line, not a trace
         channel.put(("error", index, f"{type(err).__name__}: {err}"))
         raise SystemExit(1) from None
@@ -266,9 +279,10 @@ class ProcessPool:
     GRACE = 5.0  # seconds a stopped stream gets to finish its example and say "done"
 
     def __init__(self, spec: SearchSpec, workers: int) -> None:
-        methods = mp.get_all_start_methods()
-        ctx = mp.get_context("forkserver" if "forkserver" in methods else "spawn")
-        if "forkserver" in methods:
+        ctx: Any = mp.get_context(
+            "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+        )
+        if ctx.get_start_method() == "forkserver":
             ctx.set_forkserver_preload(["overlapcheck.explore.parallel"])
         self.size = workers
         self.channel = ctx.Queue()

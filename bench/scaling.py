@@ -1,0 +1,105 @@
+"""How the search scales with worker processes (`explore --workers N`).
+
+    python -m overlapcheck.bench.scaling --workers 1,2,4,8,16 [--seconds 20] [--seeds 3]
+
+Two measurements per worker count:
+- throughput: the shipped scheduler (nothing to find) searched for `--seconds`: examples/s and
+  scheduler iterations/s over all streams, and the speed-up against one worker;
+- time to find: the named fault that one worker takes longest to find (`--fault` to pin one),
+  median over `--seeds` seeds, each search from an empty example database.
+
+Target (issue 14): at least 0.8 N speed-up on N cores. Run it on a quiet machine with at least as
+many cores as the largest count; the numbers go into the README's scaling table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+from overlapcheck.explore.parallel import Live, available_cores, search_streams
+from overlapcheck.explore.search import SearchSpec
+from overlapcheck.reference.faults import FAULTS
+
+
+def throughput(workers: int, seconds: float) -> tuple[float, float]:
+    """(examples/s, iterations/s) of `workers` streams with nothing to find, measured between the
+    first progress report after every stream has started and the last one (process start-up
+    is not search time)."""
+    samples: list[Live] = []
+
+    def on_progress(live: Live) -> None:
+        samples.append(live)
+
+    spec = SearchSpec(budget=seconds, max_examples=10**9, seed=0, round_size=10)
+    outcome = search_streams(spec, workers, on_progress)
+    assert outcome.found is None, outcome.found and outcome.found["violation"]
+    steady = [s for s in samples if s.examples > 0 and s.alive == workers]
+    if len(steady) < 2 or steady[-1].seconds - steady[0].seconds < 1:
+        wall = outcome.stats.seconds
+        return outcome.stats.examples / wall, outcome.stats.iterations / wall
+    first, last = steady[len(steady) // 10], steady[-1]
+    wall = last.seconds - first.seconds
+    return (last.examples - first.examples) / wall, (last.iterations - first.iterations) / wall
+
+
+def time_to_find(fault: str, workers: int, seeds: int, budget: float) -> tuple[float | None, int]:
+    """Median seconds to the first failure over `seeds` seeds, and how many found it."""
+    times = []
+    for seed in range(seeds):
+        spec = SearchSpec(faults=frozenset([fault]), budget=budget, max_examples=10**9, seed=seed)
+        outcome = search_streams(spec, workers)
+        if outcome.stats.first_failure is not None:
+            times.append(outcome.stats.first_failure)
+    return (statistics.median(times) if times else None), len(times)
+
+
+def slowest_fault(seeds: int, budget: float) -> str:
+    """The named fault one worker takes longest to find (median over seeds)."""
+    worst, worst_time = next(iter(FAULTS)), -1.0
+    for name in FAULTS:
+        median, _ = time_to_find(name, 1, seeds, budget)
+        t = budget if median is None else median
+        print(f"  1 worker: {name:<24} {t:6.2f} s", flush=True)
+        if t > worst_time:
+            worst, worst_time = name, t
+    return worst
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="search scaling with --workers")
+    parser.add_argument("--workers", default="1,2,4,8,16", help="comma-separated counts")
+    parser.add_argument("--seconds", type=float, default=20.0, help="throughput run length")
+    parser.add_argument("--seeds", type=int, default=3, help="seeds per time-to-find median")
+    parser.add_argument("--budget", type=float, default=120.0, help="time-to-find budget")
+    parser.add_argument("--fault", help="time this fault (default: the slowest to find)")
+    args = parser.parse_args()
+    counts = [int(c) for c in args.workers.split(",")]
+    print(f"{available_cores()} cores available; worker counts {counts}")
+    if max(counts) > available_cores():
+        print("  (more workers than cores: the larger counts measure oversubscription)")
+    fault = args.fault
+    if fault is None:
+        print("finding the slowest-to-find named fault with 1 worker:")
+        fault = slowest_fault(args.seeds, args.budget)
+    print(f"time to find: {fault}, median of {args.seeds} seeds, empty database")
+    print(
+        f"{'workers':>7}{'examples/s':>12}{'iter/s':>10}{'speed-up':>10}{'per core':>10}"
+        f"{'find s':>9}{'found':>7}"
+    )
+    base: float | None = None
+    for n in counts:
+        eps, ips = throughput(n, args.seconds)
+        base = base or eps
+        found_s, hits = time_to_find(fault, n, args.seeds, args.budget)
+        speed = eps / base
+        find = "-" if found_s is None else f"{found_s:.2f}"
+        print(
+            f"{n:>7}{eps:>12.0f}{ips:>10.0f}{speed:>9.2f}x{speed / n:>10.2f}"
+            f"{find:>9}{hits:>5}/{args.seeds}",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()

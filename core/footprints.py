@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from overlapcheck.core.batch import METADATA_FIELDS, BatchInput, RowWrite
+from overlapcheck.core.batch import METADATA_FIELDS, BatchInput, RowWrite, SeqWork
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.trace import (
     HOST,
@@ -36,6 +36,12 @@ class FootprintRecorder:
         self.trace = trace
         self.step = 0
         self.phase = "idle"
+        # Each slot's KV cells as last recorded: a Python list, and the same as int64 in the
+        # slot's row here. A decode step's context is the last one plus a cell, so only the new
+        # cells need converting from Python ints (the prefix is compared, list to list, in C).
+        self.num_slots = config.num_slots
+        self._slot_cells = np.zeros((config.num_slots, self.width), dtype=np.int64)
+        self._slot_lists: dict[int, list[int]] = {}
 
     def op(self, agent: str, kind: str, issue: float, **fields: object) -> Op:
         op = Op(
@@ -130,15 +136,11 @@ class FootprintRecorder:
         rows = np.fromiter((s.slot for s in seqs), np.int64, len(seqs)) * w
         starts = np.fromiter((s.start for s in seqs), np.int64, len(seqs))
         ends = np.fromiter((s.end for s in seqs), np.int64, len(seqs))
-        context = np.fromiter(
-            itertools.chain.from_iterable(s.kv_cells[: s.end] for s in seqs),
-            np.int64,
-            int(ends.sum()),
-        )
         # Each sequence's new positions are the tail of its context; the token pool has the page
         # table's width, so the input ids' cells are the page table cells at those positions.
         new = _ranges(np.cumsum(ends) - (ends - starts), ends - starts)
         table = _ranges(rows, ends)
+        context = self._context(seqs, table, int(ends.sum()))
         return [
             Access(METADATA, self.metadata_cells(batch), "r"),
             Access(TOKEN_POOL, table[new], "r"),
@@ -147,6 +149,30 @@ class FootprintRecorder:
             Access(KV, context[new], "w"),
             Access(TOKEN_POOL, self._sample_cells(batch), "w"),
         ]
+
+    def _context(self, seqs: Sequence[SeqWork], table: np.ndarray, total: int) -> np.ndarray:
+        """The KV cells the sequences read, `kv_cells[:end]` each, concatenated (`table`: their
+        page table cells, at the same flat positions as in the slots' rows here)."""
+        if len({s.slot for s in seqs}) == len(seqs):
+            for s in seqs:
+                raw = s.kv_cells[: s.end]
+                cells: list[int] = raw if isinstance(raw, list) else list(raw)  # a private copy
+                if not (0 <= s.slot < self.num_slots and len(cells) == s.end <= self.width):
+                    break
+                known = self._slot_lists.get(s.slot)
+                same = 0
+                if known is not None and len(known) <= len(cells) and cells[: len(known)] == known:
+                    same = len(known)
+                if same < len(cells):
+                    self._slot_cells[s.slot, same : len(cells)] = cells[same:]
+                self._slot_lists[s.slot] = cells
+            else:
+                cached: np.ndarray = self._slot_cells.ravel()[table]  # a copy
+                return cached
+        # Repeated or odd slots, or cells that do not match the ends: convert them all.
+        return np.fromiter(
+            itertools.chain.from_iterable(s.kv_cells[: s.end] for s in seqs), np.int64, total
+        )
 
     def _sample_cells(self, batch: BatchInput) -> np.ndarray:
         w = self.width

@@ -134,9 +134,9 @@ class Trace:
         # Flat lists convert to numpy far faster than lists of tuples; None becomes NaN in a float
         # array, then -1 (the integers are far below 2**53, so exact in a float).
         times = np.array(list(chain.from_iterable(map(_TIMES, ops))), dtype=np.float64)
-        h.update(np.nan_to_num(np.rint(times * 1e9), nan=-1.0).astype(np.int64))
+        h.update(np.nan_to_num(np.rint(times * 1e9), nan=-1.0).astype(np.int64).tobytes())
         ints = np.array(list(chain.from_iterable(map(_INTS, ops))), dtype=np.float64)
-        h.update(np.nan_to_num(ints, nan=-1.0).astype(np.int64))
+        h.update(np.nan_to_num(ints, nan=-1.0).astype(np.int64).tobytes())
         h.update(
             "\x1f".join(
                 f"{op.agent}|{op.kind}|{op.phase}|{op.label}|{op.uids}|"

@@ -313,10 +313,12 @@ class SimDevice(Device):
         # Whatever the metadata says (a race may have garbled it), indices wrap into the buffers,
         # as an out-of-bounds read on hardware returns some other cell rather than stopping.
         slots = meta[:, 0] % self.config.num_slots
-        starts = np.clip(meta[:, 1], 0, width).tolist()
-        ends = np.clip(meta[:, 2], 0, width).tolist()
-        tables = self.page_table[slots] % len(self.kv)  # one gather for the whole batch
-        pool_rows = self.token_pool[slots]
+        starts = [min(max(v, 0), width) for v in meta[:, 1].tolist()]
+        ends = [min(max(v, 0), width) for v in meta[:, 2].tolist()]
+        # One gather for the whole batch, of the columns some sequence reads.
+        used = max(max(starts, default=0), max(ends, default=0))
+        tables = self.page_table[slots, :used] % len(self.kv)
+        pool_rows = self.token_pool[slots, :used]
         cached = self.kv[tables]
         if self.kv_shadow is not None:
             self.kv_shadow.read(op, tables, np.asarray(starts), np.asarray(ends), cached, pool_rows)

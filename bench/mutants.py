@@ -28,6 +28,8 @@ class Mutant:
     summary: str  # the bug class, where in the code, and where the class came from
     equivalent: bool = False
     reason: str = ""  # why an equivalent mutant is unobservable
+    # The workload or invariant that reaches it, for a mutant today's search does not find.
+    needs: str = ""
 
 
 MUTANTS: tuple[Mutant, ...] = (
@@ -124,6 +126,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "            msg.sampling_params.max_tokens,\n",
         "admission: max_tokens is not clamped to what max_seq_len leaves after the prompt "
         "(vLLM/SGLang max_new_tokens clamping), so a long request writes past its row",
+        needs="long-running requests: prompt + max_tokens beyond max_seq_len (generated "
+        "prompts plus max_tokens stay well inside the row)",
     ),
     Mutant(
         "live-uid-accepted",
@@ -132,6 +136,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "        reason = rejection(self.config, msg, live=False)",
         "receive: a request whose uid is still live is accepted and overwrites the live one's "
         "books (duplicate request id handling in vLLM and SGLang's tokenizer manager)",
+        needs="uid reuse while live (must be rejected): the generator gives every request "
+        "its own uid",
     ),
     Mutant(
         "launch-past-max-tokens",
@@ -141,6 +147,10 @@ MUTANTS: tuple[Mutant, ...] = (
         "can_decode: decode rounds are launched with no length limit; under overlap one round "
         "more than max_tokens runs and is thrown away (wasted GPU work; mini-sglang's "
         "`can_decode` vs results received)",
+        needs="work-bound counted exactly: a length-stopped request launches max_tokens "
+        "samples, never one more (the overlap extra round exists only after an EOS or abort); "
+        "or a request whose prompt + max_tokens fills the row, where the extra round writes "
+        "past it",
     ),
     Mutant(
         "abort-left-in-prefill",
@@ -182,6 +192,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "            size = min(budget + 1, req.prompt_len - req.kv_len)\n            if size > 0:",
         "chunked prefill: a continuing chunk takes one token more than the extend budget "
         "(chunked-prefill budget off-by-one, SGLang `rem_chunk_tokens`)",
+        needs="a batch-shape check in the device contract: a sequence with end < start, or a "
+        "prefill batch over max_extend_tokens, is the scheduler's finding (today the budget "
+        "goes negative and core/footprints.py crashes: a CheckerBug)",
     ),
     # -- the prefix cache --------------------------------------------------------------------------
     Mutant(
@@ -191,6 +204,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "        match = self.prefix.match(req.prompt)",
         "attach prefix: the whole prompt may match, so no position is left to compute the first "
         "sample from (SGLang's `input_ids[:-1]` in match_prefix; vLLM's 'full hit' fix)",
+        needs="a device check that every sequence computes at least one position (the toy "
+        "model samples from cached KV alone, so the output stays right), plus multi-turn "
+        "workloads that resend a whole earlier prompt more often",
     ),
     Mutant(
         "insert-uncomputed-kv",
@@ -223,6 +239,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "        return node is not self.root and not node.children",
         "eviction: locked leaves are evictable, so a running request's prefix pages are freed "
         "under it (mini-sglang PR #52: `lock_handle` skipped the matched node itself)",
+        needs="eviction pressure on prefixes in use: long-running requests beside short "
+        "ones in small pools (generated pools rarely run out), then pages-conserved or "
+        "kv-provenance fires",
     ),
     Mutant(
         "split-drops-lock",
@@ -231,6 +250,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "",
         "radix split: the new upper node does not inherit the lock count, so a locked prefix "
         "becomes evictable (split accounting: SGLang `_split_node`, mllm PR #656)",
+        needs="more splits of locked nodes: multi-turn sessions (a follow-up extends an "
+        "earlier prompt while a third request matches part of it); pages-conserved then "
+        "fires on the lock counts",
     ),
     Mutant(
         "detach-no-unlock",
@@ -240,6 +262,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "admission: a request that does not fit keeps its prefix match locked, and is locked "
         "again on the next pass (lock leaks on the not-admitted path, SGLang `inc_lock_ref` "
         "without `dec_lock_ref`)",
+        needs="admission failures under a tight pool with a prefix hit (eviction-pressure "
+        "workloads), and an idle check that no cached page is still locked (books could list "
+        "locked pages): the leak then shows at once, not only as later starvation",
     ),
     # -- equivalent: no observable difference ----------------------------------------------------
     Mutant(

@@ -79,6 +79,7 @@ class Score:
     requests: int | None = None
     iterations: int | None = None
     line: str = ""  # the violation, shrunk
+    error: str = ""  # the search itself failed (a checker bug the mutant tripped)
 
     @property
     def ok(self) -> bool:
@@ -97,7 +98,10 @@ def score(
             max_examples=max_examples,
             seed=seed,
         )
-        result = search(spec)
+        try:
+            result = search(spec)
+        except Exception as err:  # a checker bug: reported in the table, the bench goes on
+            return Score(mutant, False, error=f"{type(err).__name__}: {err}".splitlines()[0])
     stats = result.stats
     if result.found is None:
         return Score(mutant, False, examples=stats.examples)
@@ -143,10 +147,12 @@ def main(ids: Iterable[str] | None = None, budget: float = BUDGET, seed: int = 0
                 + ("" if s.ok else "  <- an equivalent mutant must stay silent"),
                 flush=True,
             )
+        elif s.error:
+            print(f"{mutant.id:<28}{kind:<7}{'error':>6}  checker failed: {s.error}", flush=True)
         else:
             print(
                 f"{mutant.id:<28}{kind:<7}{'no':>6}{'':>9}{s.examples:>9}"
-                + ("" if s.ok else "  <- missed"),
+                + ("" if s.ok else f"  <- missed; needs {mutant.needs or '?'}"),
                 flush=True,
             )
     bugs = [s for s in scores if not s.mutant.equivalent]

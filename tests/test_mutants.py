@@ -73,8 +73,16 @@ def test_an_equivalent_mutant_stays_silent_on_the_named_scenarios(
                 assert result.ok, f"{name} {loop} {cache}: {result.violations[0].line()}"
 
 
+def _expected(m: Mutant) -> object:
+    """A mutant whose workload or invariant has not landed yet is an expected miss (not strict:
+    it passes once the capability lands; then drop its `needs`)."""
+    if not m.needs:
+        return m
+    return pytest.param(m, marks=pytest.mark.xfail(reason=f"needs {m.needs}", strict=False))
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("mutant", MUTANTS, ids=lambda m: m.id)
+@pytest.mark.parametrize("mutant", [_expected(m) for m in MUTANTS], ids=lambda m: m.id)
 def test_each_mutant_is_found_within_a_minute_or_is_equivalent(mutant: Mutant) -> None:
     s = score(mutant, budget=60)
     if mutant.equivalent:

@@ -20,14 +20,14 @@ from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.errors import InvariantError
 from overlapcheck.core.messages import InMsg, OutMsg, TokenMsg, UserMsg
 from overlapcheck.core.protocol import MessageSource, SchedulerFactory, SchedulerUnderTest
+from overlapcheck.core.scenario import RequestSpec, Scenario, user_msg
 from overlapcheck.core.trace import Message, Trace
 from overlapcheck.crash import CheckerBug, crash_violation
 from overlapcheck.errors import UserError
 from overlapcheck.invariants.base import Invariant, InvariantViolated, Violation
 from overlapcheck.invariants.context import Request, RunContext
 from overlapcheck.invariants.registry import make_invariants
-from overlapcheck.scenarios.scenario import RequestSpec, Scenario
-from overlapcheck.scenarios.source import WorkloadSource, user_msg
+from overlapcheck.scenarios.source import WorkloadSource
 
 
 @dataclass

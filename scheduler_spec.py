@@ -112,7 +112,8 @@ def _load(text: str) -> SchedulerFactory:
     name = text.rpartition(":")[2]
     factory = getattr(module, name, None)
     if factory is None:
-        raise UserError(f"--scheduler {text}: {module.__name__} has no {name}")
+        where = text.rpartition(":")[0]
+        raise UserError(f"--scheduler {text}: {where} has no {name}")
     if not callable(factory):
         raise UserError(f"--scheduler {text}: {name} is not callable")
     return factory  # type: ignore[no-any-return]

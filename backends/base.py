@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from overlapcheck.core.device import Device
-from overlapcheck.scenarios.scenario import RequestSpec, Scenario
+from overlapcheck.core.scenario import RequestSpec, Scenario
 
 
 class Reference(Protocol):

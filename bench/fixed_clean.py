@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.backends.sim.timing import Timing
+from overlapcheck.core.scenario import Scenario
 from overlapcheck.runner import run_scenario
-from overlapcheck.scenarios.scenario import Scenario
 from overlapcheck.scenarios.strategies import HypothesisDelay, scenarios
 
 

@@ -30,9 +30,9 @@ from overlapcheck.backends.gpu.backend import TorchBackend, make_torch_backend
 from overlapcheck.backends.gpu.engine import Engine
 from overlapcheck.core.batch import BatchInput, Phase, SeqWork
 from overlapcheck.core.config import LoopKind, SchedulerConfig
+from overlapcheck.core.scenario import RequestSpec, Scenario
 from overlapcheck.core.trace import HOST, Trace
 from overlapcheck.runner import run_scenario
-from overlapcheck.scenarios.scenario import RequestSpec, Scenario
 
 PROMPT, OUTPUT, PAGE = 32, 128, 16
 

@@ -13,7 +13,7 @@ import random
 
 from overlapcheck.backends.sim.toy_model import ToyModel
 from overlapcheck.core.config import SchedulerConfig
-from overlapcheck.scenarios.scenario import RequestSpec, Scenario
+from overlapcheck.core.scenario import RequestSpec, Scenario
 
 US = 1e-6
 SLOTS = 8

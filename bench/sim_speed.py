@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.core.config import SchedulerConfig
+from overlapcheck.core.scenario import RequestSpec, Scenario
 from overlapcheck.runner import run_scenario
-from overlapcheck.scenarios.scenario import RequestSpec, Scenario
 
 
 @dataclass(frozen=True, slots=True)

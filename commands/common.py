@@ -9,12 +9,12 @@ from pathlib import Path
 
 from overlapcheck.backends.sim.timing import Profile, SeededDelay, Timing
 from overlapcheck.core.config import CACHE_KINDS, LOOP_KINDS, POLICIES, ConfigError
+from overlapcheck.core.scenario import Scenario
 from overlapcheck.errors import UserError
 from overlapcheck.invariants.registry import make_invariant
 from overlapcheck.reference.faults import UnknownFaultError, parse_faults
 from overlapcheck.scenarios.loader import ScenarioError, load_scenario_file
 from overlapcheck.scenarios.named import NAMED, named_scenario
-from overlapcheck.scenarios.scenario import Scenario
 from overlapcheck.scheduler_spec import REFERENCE, SchedulerSpec, parse_spec
 
 

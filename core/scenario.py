@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from overlapcheck.core.config import SchedulerConfig
+from overlapcheck.core.messages import SamplingParams, UserMsg
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,3 +137,12 @@ class Scenario:
             out["eos_probability"] = self.eos_probability
         out["requests"] = [r.to_json() for r in self.requests]
         return out
+
+
+def user_msg(spec: RequestSpec, prompt: tuple[int, ...] | None = None) -> UserMsg:
+    """The request's message; a follow-up's `prompt` is known only when it is sent."""
+    return UserMsg(
+        spec.uid,
+        spec.prompt if prompt is None else prompt,
+        SamplingParams(max_tokens=spec.max_tokens, ignore_eos=spec.ignore_eos),
+    )

@@ -10,6 +10,7 @@ from typing import Any
 from overlapcheck import __version__
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.backends.sim.timing import Profile, ReplayDelay, Timing
+from overlapcheck.core.scenario import Scenario
 from overlapcheck.errors import UserError
 from overlapcheck.formats.jsonfile import check_header, read_json_file
 from overlapcheck.formats.trace_file import trace_to_json
@@ -18,7 +19,6 @@ from overlapcheck.invariants.registry import INVARIANTS, make_invariant
 from overlapcheck.reference.faults import UnknownFaultError, parse_faults
 from overlapcheck.runner import RunResult, run_scenario
 from overlapcheck.scenarios.loader import ScenarioError, scenario_from_dict
-from overlapcheck.scenarios.scenario import Scenario
 from overlapcheck.scheduler_spec import SchedulerSpec, parse_spec
 
 FORMAT = "overlapcheck-counterexample"

@@ -20,7 +20,7 @@ from overlapcheck.core.trace import Trace
 
 if TYPE_CHECKING:
     from overlapcheck.backends.base import Reference
-    from overlapcheck.scenarios.scenario import Scenario
+    from overlapcheck.core.scenario import Scenario
 
 
 @dataclass(eq=False, slots=True)

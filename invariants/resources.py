@@ -136,8 +136,12 @@ class Liveness(Invariant):
         if held:
             self.fail(f"idle scheduler still holds requests {held}", tuple(held))
         cfg = self.run.config
-        if len(books.free_slots) != cfg.num_slots:
+        if sorted(books.free_slots) != list(range(cfg.num_slots)):
             busy = sorted(set(range(cfg.num_slots)) - set(books.free_slots))
-            self.fail(f"idle scheduler holds slots {busy}")
+            twice = sorted({s for s in books.free_slots if books.free_slots.count(s) > 1})
+            self.fail(
+                f"idle scheduler's free slots are {sorted(books.free_slots)}, not all "
+                f"{cfg.num_slots} once each (held: {busy}, listed twice: {twice})"
+            )
         if len(set(books.free_pages) | set(books.cached_pages)) != cfg.num_pages:
             self.fail("idle scheduler holds pages outside the free list and the cache")

@@ -14,9 +14,9 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 
 from overlapcheck.backends.sim.timing import Profile
+from overlapcheck.core.scenario import Scenario
 from overlapcheck.core.trace import HOST, KV, TOKEN_POOL, Op, Trace
 from overlapcheck.runner import RequestOutcome
-from overlapcheck.scenarios.scenario import Scenario
 
 HOST_PHASES = ("schedule", "launch", "process")
 

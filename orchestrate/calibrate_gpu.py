@@ -14,6 +14,7 @@ from overlapcheck.backends.gpu.backend import TorchBackend
 from overlapcheck.backends.gpu.sleep import sleep_cycles_per_second
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.backends.sim.timing import Profile, Timing
+from overlapcheck.core.scenario import Scenario
 from overlapcheck.core.trace import HOST, Trace
 from overlapcheck.formats.trace_file import save_trace
 from overlapcheck.orchestrate.calibrate_fit import (
@@ -27,7 +28,6 @@ from overlapcheck.orchestrate.calibrate_fit import (
 )
 from overlapcheck.runner import RequestOutcome, RunResult, run_scenario
 from overlapcheck.scenarios.named import NAMED, named_scenario
-from overlapcheck.scenarios.scenario import Scenario
 from overlapcheck.timeline.model import idle_gaps, idle_share, trace_end
 
 STREAM_KINDS = ("h2d", "d2h", "forward")

@@ -15,7 +15,7 @@ from dataclasses import replace
 from hypothesis import strategies as st
 
 from overlapcheck.core.config import PolicyKind, SchedulerConfig
-from overlapcheck.scenarios.scenario import RequestSpec, Scenario
+from overlapcheck.core.scenario import RequestSpec, Scenario
 
 US = 1e-6
 WARM, VICTIM = 0, 1

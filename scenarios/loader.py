@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from overlapcheck.core.config import ConfigError, SchedulerConfig
-from overlapcheck.scenarios.scenario import RequestSpec, Scenario
+from overlapcheck.core.scenario import RequestSpec, Scenario
 
 
 class ScenarioError(ValueError):

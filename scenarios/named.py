@@ -11,7 +11,7 @@ import random
 from collections.abc import Callable
 
 from overlapcheck.core.config import SchedulerConfig
-from overlapcheck.scenarios.scenario import RequestSpec, Scenario
+from overlapcheck.core.scenario import RequestSpec, Scenario
 
 US = 1e-6
 EOS = 2

@@ -16,23 +16,12 @@ from overlapcheck.core.messages import (
     InMsg,
     OutMsg,
     RejectMsg,
-    SamplingParams,
     TokenMsg,
-    UserMsg,
 )
-from overlapcheck.scenarios.scenario import RequestSpec
+from overlapcheck.core.scenario import RequestSpec, user_msg
 
 USER, ABORT = 0, 1
 Delivery = tuple[int, int | None, int]  # (iteration, request index or None for an abort, uid)
-
-
-def user_msg(spec: RequestSpec, prompt: tuple[int, ...] | None = None) -> UserMsg:
-    """The request's message; a follow-up's `prompt` is known only when it is sent."""
-    return UserMsg(
-        spec.uid,
-        spec.prompt if prompt is None else prompt,
-        SamplingParams(max_tokens=spec.max_tokens, ignore_eos=spec.ignore_eos),
-    )
 
 
 @dataclass(slots=True)

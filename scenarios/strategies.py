@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from overlapcheck.backends.sim.timing import US
 from overlapcheck.core.config import POLICIES, SchedulerConfig
+from overlapcheck.core.scenario import RequestSpec, Scenario
 from overlapcheck.scenarios.named import NAMED
-from overlapcheck.scenarios.scenario import RequestSpec, Scenario
 
 EOS = 2
 TIMED_KINDS = ("schedule", "launch", "process", "h2d", "forward", "d2h")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import itertools
 
+from overlapcheck.core.scenario import Scenario
 from overlapcheck.runner import RunResult
 from overlapcheck.scenarios.named import named_scenario
-from overlapcheck.scenarios.scenario import Scenario
 
 MATRIX = list(itertools.product(("overlap", "normal"), ("radix", "naive"), (1, 4)))
 

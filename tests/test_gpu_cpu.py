@@ -25,10 +25,10 @@ from overlapcheck.backends.gpu.weights import (  # noqa: E402
 from overlapcheck.backends.sim.backend import SimBackend  # noqa: E402
 from overlapcheck.cli import main as cli_main  # noqa: E402
 from overlapcheck.core.messages import SamplingParams  # noqa: E402
+from overlapcheck.core.scenario import RequestSpec, Scenario  # noqa: E402
 from overlapcheck.errors import UserError  # noqa: E402
 from overlapcheck.runner import RunResult, run_scenario  # noqa: E402
 from overlapcheck.scenarios.named import NAMED, named_scenario  # noqa: E402
-from overlapcheck.scenarios.scenario import RequestSpec, Scenario  # noqa: E402
 
 
 @pytest.fixture(scope="module")

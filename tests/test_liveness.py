@@ -7,11 +7,11 @@ import pytest
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.backends.sim.device import DeadlockError, SimEvent
 from overlapcheck.core.config import SchedulerConfig
+from overlapcheck.core.scenario import RequestSpec, Scenario
 from overlapcheck.invariants.hbgraph import race_subgraph
 from overlapcheck.reference.prefill import PrefillManager
 from overlapcheck.runner import run_scenario
 from overlapcheck.scenarios.named import named_scenario
-from overlapcheck.scenarios.scenario import RequestSpec, Scenario
 
 
 def test_a_host_wait_on_an_event_never_recorded_is_a_deadlock() -> None:

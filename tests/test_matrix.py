@@ -10,9 +10,9 @@ import pytest
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.backends.sim.toy_model import ToyModel
 from overlapcheck.core.rules import max_output
+from overlapcheck.core.scenario import user_msg
 from overlapcheck.runner import run_scenario
 from overlapcheck.scenarios.named import NAMED, named_scenario
-from overlapcheck.scenarios.source import user_msg
 
 MATRIX = list(itertools.product(NAMED, ("overlap", "normal"), ("radix", "naive"), (1, 4), (4, 256)))
 

@@ -17,6 +17,7 @@ from overlapcheck.backends.sim.timing import Timing
 from overlapcheck.cli import main as cli_main
 from overlapcheck.core.config import ConfigError, SchedulerConfig
 from overlapcheck.core.messages import SamplingParams
+from overlapcheck.core.scenario import RequestSpec, Scenario
 from overlapcheck.invariants.fairness import BoundedWait
 from overlapcheck.invariants.registry import INVARIANTS, make_invariants
 from overlapcheck.reference.cache.naive import NaiveCache
@@ -28,7 +29,6 @@ from overlapcheck.runner import RunResult, run_scenario
 from overlapcheck.scenarios.fairness import VICTIM, hit_stream, queued_scenarios
 from overlapcheck.scenarios.loader import load_scenario_file
 from overlapcheck.scenarios.named import NAMED, named_scenario
-from overlapcheck.scenarios.scenario import RequestSpec, Scenario
 from overlapcheck.scenarios.strategies import HypothesisDelay, scenarios
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -310,7 +310,7 @@ def test_named_scenarios_match_the_reference_under_every_policy(name: str, polic
 def result_reference(result: RunResult, uid: int) -> list[int]:
     from overlapcheck.backends.sim.toy_model import ToyModel
     from overlapcheck.core.rules import max_output
-    from overlapcheck.scenarios.source import user_msg
+    from overlapcheck.core.scenario import user_msg
 
     cfg = result.config
     model = ToyModel(cfg.vocab_size, cfg.eos_token_id, cfg.seed)

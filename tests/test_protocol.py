@@ -14,13 +14,13 @@ from overlapcheck.cli import main
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.device import Device
 from overlapcheck.core.protocol import HasBooks, MessageSink, MessageSource, SchedulerUnderTest
+from overlapcheck.core.scenario import RequestSpec, Scenario
 from overlapcheck.crash import CheckerBug
 from overlapcheck.errors import UserError
 from overlapcheck.invariants.oracle import Oracle
 from overlapcheck.reference.scheduler import Scheduler
 from overlapcheck.runner import run_scenario
 from overlapcheck.scenarios.named import named_scenario
-from overlapcheck.scenarios.scenario import RequestSpec, Scenario
 from overlapcheck.scheduler_spec import parse_spec
 
 

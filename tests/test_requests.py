@@ -15,10 +15,10 @@ from overlapcheck.core.messages import (
     TokenMsg,
     UserMsg,
 )
+from overlapcheck.core.scenario import RequestSpec, Scenario
 from overlapcheck.reference.req import ReqState
 from overlapcheck.reference.scheduler import Scheduler
 from overlapcheck.runner import run_scenario
-from overlapcheck.scenarios.scenario import RequestSpec, Scenario
 
 US = 1e-6
 

@@ -15,9 +15,9 @@ from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.backends.sim.toy_model import ToyModel
 from overlapcheck.cli import main
 from overlapcheck.core.config import SchedulerConfig
+from overlapcheck.core.scenario import RequestSpec, Scenario
 from overlapcheck.runner import RunResult, run_scenario
 from overlapcheck.scenarios.loader import ScenarioError, scenario_from_dict
-from overlapcheck.scenarios.scenario import RequestSpec, Scenario
 from overlapcheck.scenarios.strategies import generated_scenarios
 
 US = 1e-6

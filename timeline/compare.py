@@ -10,8 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from overlapcheck.backends.base import Backend
+from overlapcheck.core.scenario import Scenario
 from overlapcheck.runner import RunResult, run_scenario
-from overlapcheck.scenarios.scenario import Scenario
 from overlapcheck.timeline.model import Interval, Panel, Rendered
 from overlapcheck.timeline.render import render_panels, result_title
 

@@ -27,8 +27,8 @@ from overlapcheck.backends.gpu.weights import (
     random_weights,
 )
 from overlapcheck.core.messages import SamplingParams
+from overlapcheck.core.scenario import RequestSpec, Scenario
 from overlapcheck.errors import UserError
-from overlapcheck.scenarios.scenario import RequestSpec, Scenario
 
 DEFAULT_PRESET = "tiny"
 

@@ -20,8 +20,7 @@ from dataclasses import replace
 
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.rules import max_output, rejection
-from overlapcheck.scenarios.scenario import RequestSpec, Scenario
-from overlapcheck.scenarios.source import user_msg
+from overlapcheck.core.scenario import RequestSpec, Scenario, user_msg
 
 Greedy = Callable[[tuple[int, ...], int], list[int]]
 

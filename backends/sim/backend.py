@@ -6,7 +6,7 @@ from overlapcheck.backends.base import ExactReference
 from overlapcheck.backends.sim.device import SimDevice
 from overlapcheck.backends.sim.timing import Timing
 from overlapcheck.backends.sim.toy_model import ToyModel
-from overlapcheck.scenarios.scenario import RequestSpec, Scenario
+from overlapcheck.core.scenario import RequestSpec, Scenario
 
 
 class SimBackend:

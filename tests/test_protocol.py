@@ -193,3 +193,17 @@ def test_keep_going_on_a_clean_run_changes_nothing() -> None:
         run_scenario(scenario, SimBackend(), keep_going=True).trace_hash
         == run_scenario(scenario, SimBackend()).trace_hash
     )
+
+
+class SamplesPastTheRow(Scheduler):
+    """Writes every sample one cell past the token pool's row: a malformed batch."""
+
+    def _sample_cell(self, req: object, end: int) -> tuple[int, int]:
+        return 0, self.config.max_seq_len
+
+
+def test_a_malformed_batch_is_the_schedulers_bug_not_ours() -> None:
+    result = run_scenario(named_scenario("basic"), SimBackend(), scheduler=SamplesPastTheRow)
+    [violation] = result.violations
+    assert violation.invariant == "device-contract"
+    assert "outside the token pool" in violation.message

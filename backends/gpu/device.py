@@ -24,6 +24,7 @@ from overlapcheck.backends.gpu.engine import Engine
 from overlapcheck.backends.gpu.sanitizer import Sanitizer
 from overlapcheck.core.batch import BatchInput, RowWrite
 from overlapcheck.core.config import SchedulerConfig
+from overlapcheck.core.contract import check_batch, check_rows
 from overlapcheck.core.device import HOST_WORK_BEFORE_ISSUE, Device, Event, ForwardOutput, Stream
 from overlapcheck.core.footprints import FootprintRecorder
 from overlapcheck.core.messages import SamplingParams
@@ -180,6 +181,7 @@ class TorchDevice(Device):
             torch.cuda._sleep(int(delay * self.sleep_rate))
 
     def copy_to_device(self, buffer: str, writes: Sequence[RowWrite], stream: Stream) -> None:
+        check_rows(self.config, buffer, writes)
         pools = self.engine.pools
         target = {TOKEN_POOL: pools.token_pool, PAGE_TABLE: pools.page_table}[buffer]
         op = self.recorder.op(
@@ -202,6 +204,7 @@ class TorchDevice(Device):
                 offset += len(v)
 
     def stage_metadata(self, batch: BatchInput, stream: Stream) -> Event:
+        check_batch(self.config, batch)
         flat = batch.metadata()
         self.staging.numpy()[: len(flat)] = flat  # the host rewrites the one staging buffer now
         self.recorder.staging_write(batch, self.now())
@@ -249,6 +252,7 @@ class TorchDevice(Device):
         self.clock.add(op, event, event)
 
     def forward(self, batch: BatchInput, stream: Stream) -> ForwardOutput:
+        check_batch(self.config, batch)
         kernel = self.recorder.forward(batch, stream.name, self.now())
         copy = self.recorder.d2h(batch, stream.name, self.now())
         # -1 until the copy lands, as on the simulator: a too-early read shows.

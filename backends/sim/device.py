@@ -20,6 +20,7 @@ from overlapcheck.backends.sim.timing import Timing
 from overlapcheck.backends.sim.toy_model import DTYPE, ToyModel
 from overlapcheck.core.batch import METADATA_FIELDS, BatchInput, RowWrite
 from overlapcheck.core.config import SchedulerConfig
+from overlapcheck.core.contract import check_batch, check_rows
 from overlapcheck.core.device import HOST_WORK_BEFORE_ISSUE, Device, Event, ForwardOutput, Stream
 from overlapcheck.core.errors import InvariantError
 from overlapcheck.core.footprints import FootprintRecorder
@@ -182,6 +183,7 @@ class SimDevice(Device):
         return start
 
     def copy_to_device(self, buffer: str, writes: Sequence[RowWrite], stream: Stream) -> None:
+        check_rows(self.config, buffer, writes)
         target = {TOKEN_POOL: self.token_pool, PAGE_TABLE: self.page_table}[buffer]
         access = self.recorder.rows(buffer, writes)
         op = self.recorder.op(
@@ -201,6 +203,7 @@ class SimDevice(Device):
         self._enqueue(stream, body)
 
     def stage_metadata(self, batch: BatchInput, stream: Stream) -> Event:
+        check_batch(self.config, batch)
         flat = np.asarray(batch.metadata(), dtype=np.int64)
         self.staging[: len(flat)] = flat
         self.recorder.staging_write(batch, self.now())
@@ -250,6 +253,7 @@ class SimDevice(Device):
         self._enqueue(stream, body)
 
     def forward(self, batch: BatchInput, stream: Stream) -> ForwardOutput:
+        check_batch(self.config, batch)
         output = SimOutput(self, batch)
         kernel = self.recorder.forward(batch, stream.name, self.now())
         duration = self.timing.forward(batch.num_tokens, batch.num_context_tokens)

@@ -20,7 +20,6 @@ from overlapcheck.core.config import LoopKind, SchedulerConfig
 from overlapcheck.core.errors import InvariantError
 from overlapcheck.core.messages import AbortMsg, InMsg, OutMsg, TokenMsg
 from overlapcheck.core.scenario import RequestSpec, Scenario, user_msg
-from overlapcheck.invariants.registry import INVARIANTS
 from overlapcheck.reference.faults import FAULTS
 from overlapcheck.reference.scheduler import Scheduler
 from overlapcheck.runner import RunResult, run_scenario
@@ -91,14 +90,14 @@ def stream(case: Case) -> tuple[Stream, InvariantError | None]:
     return msgs, broken
 
 
-def checked(case: Case, skip: tuple[str, ...] = ()) -> RunResult:
-    """The same scenario through the runner, every invariant on (but `skip`)."""
-    invariants = [i for i in INVARIANTS if i not in skip]
-    return run_scenario(case.scenario(), case.backend(), invariants, case.deliveries())
+def checked(case: Case, only: tuple[str, ...] | None = None) -> RunResult:
+    """The same scenario through the runner, every invariant on (or `only` these)."""
+    return run_scenario(case.scenario(), case.backend(), only, case.deliveries())
 
 
-def caught(case: Case, skip: tuple[str, ...] = ()) -> str | None:
-    result = checked(case, skip)
+def caught(case: Case, only: tuple[str, ...] | None = None) -> str | None:
+    """The first invariant the run breaks (all on, or `only` these), None when clean."""
+    result = checked(case, only)
     return result.violations[0].invariant if result.violations else None
 
 
@@ -181,7 +180,7 @@ def test_free_slot_early_hands_the_slot_over_while_the_extra_round_runs() -> Non
     result = checked(on)
     assert result.violations[0].invariant == "no-race"
     assert "page_table" in result.violations[0].message
-    assert caught(on, skip=("no-race",)) == "slot-not-in-flight"
+    assert caught(on, only=("slot-not-in-flight",)) == "slot-not-in-flight"
     off = SLOT_REUSE.with_(None)
     assert stream(off) == (SLOT_REUSE_STREAM, None)
     assert caught(off) is None
@@ -209,7 +208,7 @@ def test_abort_inflight_prefill_caches_twice_and_still_sends_the_token() -> None
     assert "free and cached" in broken.detail
     # online, the token is seen first; the books are checked at the end of that iteration
     assert caught(on) == "abort-silent"
-    assert caught(on, skip=("abort-silent",)) == "pages-conserved"
+    assert caught(on, only=("pages-conserved",)) == "pages-conserved"
     off = ABORT.with_(None)
     assert stream(off) == ([], None)
     assert caught(off) is None
@@ -267,7 +266,7 @@ def test_chunk_sample_overwrite_corrupts_the_next_chunk() -> None:
     # chunk 2 computed its KV from the sample instead of token 9: every later token differs
     assert stream(on) == ([(1, 1014, False), (1, 124, False), (1, 471, True)], None)
     assert caught(on) == "no-race"
-    assert caught(on, skip=("no-race",)) == "oracle"
+    assert caught(on, only=("oracle",)) == "oracle"
     assert stream(CHUNKED.with_(None)) == (CHUNKED_STREAM, None)
     assert caught(CHUNKED.with_(None)) is None
     normal = CHUNKED.with_("chunk-sample-overwrite", loop="normal")
@@ -291,7 +290,7 @@ def test_staging_buffer_reuse_gives_a_batch_its_successors_metadata() -> None:
     on = STAGING.with_("staging-buffer-reuse")
     assert stream(on) == ([(1, 599, False), (1, 948, False), (1, 948, True)], None)
     assert caught(on) == "no-race"
-    assert caught(on, skip=("no-race",)) == "oracle"
+    assert caught(on, only=("oracle",)) == "oracle"
     assert stream(STAGING.with_(None)) == (PLAIN_STREAM, None)
     assert caught(STAGING.with_(None)) is None
     normal = STAGING.with_("staging-buffer-reuse", loop="normal")
@@ -317,7 +316,7 @@ def test_copy_done_wrong_stream_reads_the_samples_before_they_land(loop: LoopKin
     # the host reads the output buffer before the D2H: -1, what the buffer held
     assert stream(on) == ([(1, -1, False), (1, -1, False), (1, -1, True)], None)
     assert caught(on) == "no-race"
-    assert caught(on, skip=("no-race",)) == "oracle"
+    assert caught(on, only=("oracle",)) == "oracle"
     off = SLOW_FORWARD.with_(None, loop=loop)
     assert stream(off) == (PLAIN_STREAM, None) and caught(off) is None
 

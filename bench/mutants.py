@@ -132,7 +132,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "live-uid-accepted",
         "scheduler.py",
-        "        reason = rejection(self.config, msg, live=msg.uid in self.reqs)",
+        "        reason = rejection(self.config, msg, live=msg.uid in self.live)",
         "        reason = rejection(self.config, msg, live=False)",
         "receive: a request whose uid is still live is accepted and overwrites the live one's "
         "books (duplicate request id handling in vLLM and SGLang's tokenizer manager)",

@@ -56,7 +56,11 @@ class Scheduler:
         self.cache = CacheManager(config)
         self.prefill = PrefillManager(config, self.cache, self.table)
         self.decode = DecodeManager()
-        self.reqs: dict[int, Req] = {}  # every request holding a uid: pending to released
+        # Every request holding anything, pending to released, in arrival order; and by uid the
+        # one not yet finished or aborted (a uid may come back while its old request waits for
+        # its in-flight batch before it is released).
+        self.held: list[Req] = []
+        self.live: dict[int, Req] = {}
         self.step_no = 0
         self.inflight: Launched | None = None
         self._staged: Event | None = None
@@ -81,7 +85,7 @@ class Scheduler:
                 tuple(r.own_pages),
                 r.done,
             )
-            for r in self.reqs.values()
+            for r in self.held
         )
         return Books(
             live=holdings,
@@ -93,7 +97,7 @@ class Scheduler:
 
     def check_integrity(self) -> None:
         """The scheduler's own books: pages conserved, slots owned once. Raises InvariantError."""
-        admitted = [r for r in self.reqs.values() if r.state is not ReqState.PENDING]
+        admitted = [r for r in self.held if r.state is not ReqState.PENDING]
         self.cache.check_integrity(admitted)
         slots = [r.slot for r in admitted]
         free = self.table.free_slots()
@@ -152,7 +156,7 @@ class Scheduler:
         return True
 
     def _add_request(self, msg: UserMsg) -> None:
-        reason = rejection(self.config, msg, live=msg.uid in self.reqs)
+        reason = rejection(self.config, msg, live=msg.uid in self.live)
         if reason is not None:
             self._send(RejectMsg(msg.uid, reason))
             return
@@ -163,20 +167,22 @@ class Scheduler:
             max_output(self.config, msg),
             arrival_step=self.step_no,
         )
-        self.reqs[req.uid] = req
+        self.held.append(req)
+        self.live[req.uid] = req
         self.prefill.add(req)
 
     def _abort(self, msg: AbortMsg) -> None:
-        req = self.reqs.get(msg.uid)
-        if req is None or req.done:
+        req = self.live.get(msg.uid)
+        if req is None:
             return  # unknown, or already finished: nothing to cancel
         was = req.state
         req.state = ReqState.ABORTED
+        del self.live[req.uid]
         self.prefill.remove(req)
         self.decode.remove(req)
         if was is ReqState.PENDING:
             req.released = True
-            del self.reqs[req.uid]
+            self.held.remove(req)
             return
         if self._fault(F.ABORT_INFLIGHT_PREFILL) and self._final_prefill_in_flight(req, was):
             self.cache.release(req, forget=False)  # upstream: cached now, and again on the result
@@ -191,7 +197,7 @@ class Scheduler:
     # -- schedule and launch ------------------------------------------------------------------
 
     def _schedule_and_launch(self) -> Launched | None:
-        with self.device.span("schedule", work=len(self.reqs)):
+        with self.device.span("schedule", work=len(self.held)):
             batch, reqs = self._schedule()
         if batch is None:
             return None
@@ -209,7 +215,7 @@ class Scheduler:
     def _reserved_pages(self) -> int:
         return sum(
             self.prefill.pages_needed(r)
-            for r in self.reqs.values()
+            for r in self.held
             if r.state in (ReqState.PREFILLING, ReqState.RUNNING)
         )
 
@@ -300,6 +306,8 @@ class Scheduler:
         self._send(TokenMsg(req.uid, token, finished))
         if finished:
             req.state = ReqState.FINISHED
+            if self.live.get(req.uid) is req:
+                del self.live[req.uid]
             self.decode.remove(req)
 
     def _is_last(self, req: Req, count: int, token: int) -> bool:
@@ -334,7 +342,7 @@ class Scheduler:
         req.released = True
         self.cache.release(req)
         self.table.free(req.slot)
-        del self.reqs[req.uid]
+        self.held.remove(req)
 
     # -- helpers ------------------------------------------------------------------------------
 

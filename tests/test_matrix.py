@@ -51,7 +51,7 @@ def test_tokens_equal_sequential_reference(
 
     # Idle: every slot and every page that is not cached came back, and the books balance.
     sched = result.scheduler
-    assert sched is not None and not sched.reqs
+    assert sched is not None and not sched.held
     assert sched.table.num_free == cfg.num_slots
     assert sched.cache.allocator.num_free + sched.cache.prefix.num_cached_pages == cfg.num_pages
     sched.check_integrity()

@@ -81,7 +81,7 @@ def test_rejections_leave_the_state_unchanged(msg: UserMsg, reason: str) -> None
     sched, out = make(cfg, {0: [msg]})
     sched.step()
     assert len(out) == 1 and isinstance(out[0], RejectMsg) and reason in out[0].reason
-    assert not sched.reqs and sched.table.num_free == cfg.num_slots
+    assert not sched.held and sched.table.num_free == cfg.num_slots
     assert sched.cache.allocator.num_free == cfg.num_pages
 
 
@@ -108,18 +108,18 @@ def run_with_abort(
     seen: list[ReqState] = []
     while sched.step():
         if sched.step_no == abort_step:
-            req = sched.reqs.get(1)
+            req = sched.live.get(1)
             seen.append(req.state if req else ReqState.FINISHED)
             sched.source.by_step[abort_step] = [AbortMsg(1)]  # type: ignore[attr-defined]
     sched.check_integrity()
-    assert not sched.reqs and sched.table.num_free == config.num_slots
+    assert not sched.held and sched.table.num_free == config.num_slots
     return sched, out, seen[0]
 
 
 def test_abort_while_pending() -> None:
     sched, out = make(CFG, {0: [user(1), AbortMsg(1)]})
     sched.run_until_idle()
-    assert out == [] and not sched.reqs
+    assert out == [] and not sched.held
 
 
 def test_abort_mid_chunk_with_the_chunk_in_flight() -> None:

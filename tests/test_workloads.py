@@ -218,12 +218,6 @@ def test_the_fixed_scheduler_is_clean_over_20000_generated_examples() -> None:
     assert not result.violations, result.violations[:5]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="reference/scheduler.py judges 'already live' by `uid in self.reqs`, which still holds "
-    "a finished request until its in-flight extra round is processed: a uid reused right after "
-    "its finished message is rejected in the overlap loop (it must be served)",
-)
 def test_a_uid_reused_right_after_its_finished_message_is_served_in_the_overlap_loop() -> None:
     scenario = Scenario(
         "reuse-at-once",

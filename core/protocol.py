@@ -94,6 +94,7 @@ class Books:
     free_slots: tuple[int, ...]
     free_pages: tuple[int, ...]
     cached_pages: tuple[int, ...] = ()
+    locked_pages: tuple[int, ...] = ()  # cached pages a live request's match pins (a subset)
     pending: tuple[int, ...] = ()  # uids waiting for admission, in queue order
 
 

@@ -114,6 +114,9 @@ class PagesConserved(Invariant):
         double = np.flatnonzero(shared & ~is_cached)
         if len(double):
             self.fail(f"pages {double[:8].tolist()} held by two requests and not cached")
+        locked = np.asarray(books.locked_pages, dtype=np.int64)
+        if len(locked) and not is_cached[locked].all():
+            self.fail(f"pages {locked[~is_cached[locked]][:8].tolist()} locked but not cached")
         lost = np.flatnonzero(~used & (counts_free == 0))
         if len(lost):
             self.fail(f"pages {lost[:8].tolist()} are lost: neither free, cached nor held")
@@ -145,3 +148,8 @@ class Liveness(Invariant):
             )
         if len(set(books.free_pages) | set(books.cached_pages)) != cfg.num_pages:
             self.fail("idle scheduler holds pages outside the free list and the cache")
+        if books.locked_pages:
+            self.fail(
+                f"idle scheduler still locks cached pages {sorted(books.locked_pages)[:8]}: "
+                "a match was never unlocked, so they can never be evicted"
+            )

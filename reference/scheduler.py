@@ -92,6 +92,7 @@ class Scheduler:
             free_slots=tuple(self.table.free_slots()),
             free_pages=tuple(self.cache.allocator.free_pages()),
             cached_pages=tuple(self.cache.prefix.cached_pages()),
+            locked_pages=tuple(self.cache.prefix.locked_pages()),
             pending=tuple(r.uid for r in self.prefill.pending),
         )
 

@@ -207,3 +207,21 @@ def test_a_malformed_batch_is_the_schedulers_bug_not_ours() -> None:
     [violation] = result.violations
     assert violation.invariant == "device-contract"
     assert "outside the token pool" in violation.message
+
+
+class NeverUnlocks(Scheduler):
+    """Forgets to unlock a request's prefix match when it is released."""
+
+    def __init__(
+        self, config: SchedulerConfig, device: Device, source: MessageSource, sink: MessageSink
+    ) -> None:
+        super().__init__(config, device, source, sink)
+        self.cache.prefix.unlock = lambda handle: None  # type: ignore[method-assign]
+
+
+def test_a_lock_never_released_is_caught_at_idle() -> None:
+    scenario = named_scenario("shared-prefix")
+    assert scenario.config.cache == "radix"
+    assert run_scenario(scenario, SimBackend()).ok
+    [violation] = run_scenario(scenario, SimBackend(), scheduler=NeverUnlocks).violations
+    assert violation.invariant == "liveness" and "still locks cached pages" in violation.message

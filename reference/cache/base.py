@@ -63,5 +63,9 @@ class PrefixCache(ABC):
     def cached_pages(self) -> list[int]: ...
 
     @abstractmethod
+    def locked_pages(self) -> list[int]:
+        """Cached pages a lock pins (a live request matched them): never evicted, never freed."""
+
+    @abstractmethod
     def check_integrity(self) -> None:
         """Raise `InvariantError` naming the broken invariant of the cache's own structure."""

@@ -37,5 +37,8 @@ class NaiveCache(PrefixCache):
     def cached_pages(self) -> list[int]:
         return []
 
+    def locked_pages(self) -> list[int]:
+        return []
+
     def check_integrity(self) -> None:
         return None

@@ -214,6 +214,9 @@ class RadixCache(PrefixCache):
     def cached_pages(self) -> list[int]:
         return [p for n in self._nodes() for p in n.pages]
 
+    def locked_pages(self) -> list[int]:
+        return [p for n in self._nodes() if n.lock_ref > 0 for p in n.pages]
+
     def check_integrity(self) -> None:
         seen: set[int] = set()
         cached = evictable = 0

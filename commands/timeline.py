@@ -6,7 +6,13 @@ import argparse
 from pathlib import Path
 
 from overlapcheck.backends.registry import make_backend
-from overlapcheck.commands.common import add_timing, make_timing, resolve_scenario
+from overlapcheck.commands.common import (
+    add_scheduler_option,
+    add_timing,
+    make_timing,
+    resolve_scenario,
+    scheduler_from_args,
+)
 from overlapcheck.errors import UserError
 from overlapcheck.formats import counterexample
 from overlapcheck.formats.counterexample import FORMAT as COUNTEREXAMPLE
@@ -15,6 +21,7 @@ from overlapcheck.formats.trace_file import FORMAT as TRACE_FORMAT
 from overlapcheck.formats.trace_file import trace_file_from_json
 from overlapcheck.orchestrate.calibrate_fit import as_ran
 from overlapcheck.runner import run_scenario
+from overlapcheck.scheduler_spec import SchedulerSpec
 from overlapcheck.timeline.model import Interval, Rendered
 from overlapcheck.timeline.render import output_path, render_result, render_trace
 
@@ -59,6 +66,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--preset", help="with --compare-backends: model preset (default tiny)")
     p.add_argument("--scenario", help="with --compare: a named scenario or a .json/.toml file")
+    add_scheduler_option(p, default=None)
     add_timing(p)
     p.set_defaults(main=main)
 
@@ -92,7 +100,7 @@ def main(args: argparse.Namespace) -> int:
                 "--scenario goes with --compare; to draw one run use `overlapcheck run "
                 "--scenario NAME --timeline OUT`"
             )
-        rendered = _draw_file(Path(args.file), out, args.window)
+        rendered = _draw_file(Path(args.file), out, args.window, scheduler_from_args(args))
     for panel in rendered.panels:
         print(panel.title)
     print(f"wrote {rendered.path}")
@@ -107,7 +115,9 @@ def _compare(args: argparse.Namespace, out: Path) -> Rendered:
     if not args.scenario:
         raise UserError("--compare needs --scenario NAME")
     scenario = resolve_scenario(args.scenario)
-    overlap, normal = run_both(scenario, lambda: make_backend("sim", make_timing(args)))
+    spec = scheduler_from_args(args)
+    factory = None if spec is None else spec.factory()
+    overlap, normal = run_both(scenario, lambda: make_backend("sim", make_timing(args)), factory)
     return render_compare(overlap, normal, out, args.window)
 
 
@@ -133,7 +143,9 @@ def _compare_backends(args: argparse.Namespace, out: Path) -> Rendered:
     return render_backends(real, sim, out, args.window)
 
 
-def _draw_file(path: Path, out: Path, window: Interval | None) -> Rendered:
+def _draw_file(
+    path: Path, out: Path, window: Interval | None, scheduler: SchedulerSpec | None
+) -> Rendered:
     data = read_json_file(path, "trace or counterexample")
     kind = data.get("format") if isinstance(data, dict) else None
     if kind == TRACE_FORMAT:
@@ -144,7 +156,8 @@ def _draw_file(path: Path, out: Path, window: Interval | None) -> Rendered:
             saved.trace, out, violation, title, window=window, total=saved.simulated_seconds
         )
     if kind == COUNTEREXAMPLE:
-        return render_result(counterexample.replay_file(path), out, window)
+        # The scheduler the file records, unless --scheduler names another.
+        return render_result(counterexample.load(path).replay(scheduler), out, window)
     raise UserError(
         f'{path}: neither a trace ("format": "{TRACE_FORMAT}") nor a '
         f'counterexample ("format": "{COUNTEREXAMPLE}")'

@@ -225,3 +225,24 @@ def test_a_lock_never_released_is_caught_at_idle() -> None:
     assert run_scenario(scenario, SimBackend()).ok
     [violation] = run_scenario(scenario, SimBackend(), scheduler=NeverUnlocks).violations
     assert violation.invariant == "liveness" and "still locks cached pages" in violation.message
+
+
+def test_timeline_compare_draws_a_plugged_in_scheduler(tmp_path: Path) -> None:
+    examples = Path(__file__).resolve().parent.parent / "examples" / "minimal_scheduler.py"
+    out = tmp_path / "compare.png"
+    assert (
+        main(
+            [
+                "timeline",
+                "--compare",
+                "--scenario",
+                "basic",
+                "--scheduler",
+                f"{examples}:make_scheduler",
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    assert out.stat().st_size > 0

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from overlapcheck.backends.base import Backend
+from overlapcheck.core.protocol import SchedulerFactory
 from overlapcheck.core.scenario import Scenario
 from overlapcheck.runner import RunResult, run_scenario
 from overlapcheck.timeline.model import Interval, Panel, Rendered
@@ -19,11 +20,14 @@ LOOPS = ("overlap", "normal")
 
 
 def run_both(
-    scenario: Scenario, make_backend: Callable[[], Backend]
+    scenario: Scenario,
+    make_backend: Callable[[], Backend],
+    scheduler: SchedulerFactory | None = None,
 ) -> tuple[RunResult, RunResult]:
     """The scenario with the overlap loop, then with the normal loop, each on a fresh backend."""
     overlap, normal = (
-        run_scenario(scenario.with_config(loop=loop), make_backend()) for loop in LOOPS
+        run_scenario(scenario.with_config(loop=loop), make_backend(), scheduler=scheduler)
+        for loop in LOOPS
     )
     return overlap, normal
 

@@ -263,3 +263,19 @@ def test_calibration_check_compares_every_named_scenario(
 
     ran = lengths(tmp_path / "early-eos-overlap-cpu.json")
     assert ran and ran == lengths(tmp_path / "early-eos-overlap-sim.json")
+
+
+@pytest.mark.parametrize("loop", ["overlap", "normal"])
+def test_a_plugged_in_scheduler_runs_unchanged_on_the_real_engine(
+    cpu: TorchBackend, loop: str
+) -> None:
+    from overlapcheck.scheduler_spec import SchedulerSpec
+
+    examples = Path(__file__).resolve().parent.parent / "examples"
+    minimal = SchedulerSpec(f"{examples / 'minimal_scheduler.py'}:make_scheduler").factory()
+    scenario = named_scenario("basic").with_config(loop=loop)
+    mine = run_scenario(scenario, cpu, scheduler=minimal)
+    ours = run_scenario(scenario, cpu)
+    assert mine.ok, [v.line() for v in mine.violations]
+    assert [o.tokens for o in mine.outcomes] == [o.tokens for o in ours.outcomes]
+    assert any("pages-conserved" in n for n in mine.notices)  # no books(): one notice

@@ -67,8 +67,8 @@ def test_a_killed_worker_is_reported_and_the_others_carry_on() -> None:
 
         def on_progress(live: Live) -> None:
             if not killed and live.examples > 0 and pool.procs[1].is_alive():
-                killed.append(pool.procs[1].pid or 0)
-                os.kill(killed[0], signal.SIGKILL)
+                killed.append(live.examples)
+                os.kill(pool.procs[1].pid or 0, signal.SIGKILL)
 
         outcome = drive(pool, shared, on_progress=on_progress, on_notice=notices.append)
     assert killed
@@ -76,7 +76,7 @@ def test_a_killed_worker_is_reported_and_the_others_carry_on() -> None:
     assert len(outcome.deaths) == 1 and notices == outcome.deaths
     assert outcome.deaths[0].startswith("worker 1 died (killed by SIGKILL)")
     assert "1 of 2 still running" in outcome.deaths[0]
-    assert outcome.stats.examples > 20  # worker 0 searched on to its budget
+    assert outcome.stats.examples > killed[0]  # worker 0 searched on, to its budget
 
 
 def test_one_worker_searches_in_this_process() -> None:

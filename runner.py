@@ -120,13 +120,24 @@ class _Checks:
         self.violations: list[Violation] = []
         self._seen: set[tuple[str, tuple[int, ...]]] = set()
         self.stopped: Violation | None = None  # stop mode: survives a scheduler that swallows it
+        self._listening: dict[str, list[Invariant]] = {}
 
-    def call(self, hook: Callable[[Invariant], None]) -> None:
-        for inv in self.checks:
+    def call(self, hook: Callable[[Invariant], None], name: str = "") -> None:
+        """Call `hook` on every check (on those that override the hook `name`, if given)."""
+        for inv in self.listening(name) if name else self.checks:
             try:
                 hook(inv)
             except InvariantViolated as err:
                 self.record(err.violation)
+
+    def listening(self, hook: str) -> list[Invariant]:
+        """The checks that override `hook`: a message goes to the few that read it."""
+        found = self._listening.get(hook)
+        if found is None:
+            base = getattr(Invariant, hook)
+            found = [inv for inv in self.checks if getattr(type(inv), hook) is not base]
+            self._listening[hook] = found
+        return found
 
     def record(self, violation: Violation) -> None:
         key = (violation.invariant, violation.uids)
@@ -162,7 +173,7 @@ class _Harness:
             kind = "user" if isinstance(msg, UserMsg) else "abort"
             ctx.trace.received.append(Message(ctx.now(), ctx.step, msg.uid, kind))
             req = ctx.book.receive(msg, ctx.step, self.reference)
-            self.checks.call(lambda inv, m=msg, r=req: inv.on_receive(m, r))  # type: ignore[misc]
+            self.checks.call(lambda inv, m=msg, r=req: inv.on_receive(m, r), "on_receive")  # type: ignore[misc]
         return msgs
 
     def next_arrival(self) -> float | None:
@@ -180,7 +191,7 @@ class _Harness:
         observe = getattr(self.inner, "observe", None)
         if observe is not None:  # a workload that reacts to replies (a multi-turn follow-up)
             observe(msg, ctx.now())
-        self.checks.call(lambda inv: inv.on_message(msg, req))
+        self.checks.call(lambda inv: inv.on_message(msg, req), "on_message")
 
 
 def run_scenario(
@@ -311,12 +322,14 @@ def _drive(sched: SchedulerUnderTest, ctx: RunContext, checks: _Checks, bound: i
     try:
         while True:
             device.set_step(ctx.step)
+            ctx.scheduler_ran()
             more = sched.step()
+            ctx.scheduler_ran()
             if checks.stopped is not None:
                 return  # the scheduler swallowed the violation: it still stands
             if not more:
                 break
-            checks.call(lambda inv: inv.on_step_end())
+            checks.call(lambda inv: inv.on_step_end(), "on_step_end")
             ctx.step += 1
             if ctx.step > bound:
                 stuck = tuple(sorted(r.uid for r in ctx.book.live.values()))

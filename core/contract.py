@@ -21,15 +21,20 @@ class ContractError(InvariantError):
         super().__init__(DEVICE_CONTRACT, message)
 
 
+def check_batch_size(config: SchedulerConfig, batch: BatchInput) -> None:
+    """A batch fits the metadata buffers: between one sequence and one per slot."""
+    if not batch.seqs:
+        raise ContractError(f"batch {batch.label} has no sequences")
+    if len(batch.seqs) > config.num_slots:
+        raise ContractError(
+            f"batch {batch.label} has {len(batch.seqs)} sequences, {config.num_slots} slots"
+        )
+
+
 def check_batch(config: SchedulerConfig, batch: BatchInput) -> None:
     """Every sequence inside the pools: rows, positions, sample cell, KV cells; one row each."""
+    check_batch_size(config, batch)
     seqs = batch.seqs
-    if not seqs:
-        raise ContractError(f"batch {batch.label} has no sequences")
-    if len(seqs) > config.num_slots:
-        raise ContractError(
-            f"batch {batch.label} has {len(seqs)} sequences, {config.num_slots} slots"
-        )
     slots = [s.slot for s in seqs]
     if len(set(slots)) != len(slots):
         raise ContractError(f"batch {batch.label} uses a slot twice: {slots}")

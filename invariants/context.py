@@ -17,6 +17,7 @@ from overlapcheck.core.messages import AbortMsg, InMsg, OutMsg, RejectMsg, UserM
 from overlapcheck.core.protocol import Books, HasBooks
 from overlapcheck.core.rules import max_output, rejection
 from overlapcheck.core.trace import Trace
+from overlapcheck.invariants.races import Clocks
 
 if TYPE_CHECKING:
     from overlapcheck.backends.base import Reference
@@ -124,10 +125,23 @@ class RunContext:
         self.book = RequestBook(scenario.config)
         self.step = 0
         self.notices: list[str] = []
+        self._books: Books | None = None  # this iteration's, read by several checks
+        self._clocks: Clocks | None = None
+
+    def scheduler_ran(self) -> None:
+        """The scheduler may have changed its books (the harness calls this around `step()`)."""
+        self._books = None
 
     @property
     def trace(self) -> Trace:
         return self.device.trace
+
+    @property
+    def clocks(self) -> Clocks:
+        """Vector clocks of the trace's ops, computed once for every check that needs them."""
+        if self._clocks is None:
+            self._clocks = Clocks(self.device.trace)
+        return self._clocks
 
     def now(self) -> float:
         return self.device.now()
@@ -138,6 +152,6 @@ class RunContext:
 
     def books(self) -> Books | None:
         """The scheduler's resource books, if it offers them (see `core/protocol.py`)."""
-        if isinstance(self.scheduler, HasBooks):
-            return self.scheduler.books()
-        return None
+        if self._books is None and isinstance(self.scheduler, HasBooks):
+            self._books = self.scheduler.books()
+        return self._books

@@ -14,14 +14,12 @@ from __future__ import annotations
 from overlapcheck.core.trace import Op
 from overlapcheck.invariants.base import Invariant
 from overlapcheck.invariants.context import RunContext
-from overlapcheck.invariants.races import HappensBefore
 
 
 class NoHiddenSync(Invariant):
     id = "no-hidden-sync"
 
     def __init__(self) -> None:
-        self.hb = HappensBefore()
         self.seen = 0
         self.active = True
         self.recorded_by: dict[int, int] = {}  # event id -> op seq of its record
@@ -42,11 +40,14 @@ class NoHiddenSync(Invariant):
 
     def _scan(self) -> None:
         ops = self.run.trace.ops
-        hb = self.hb
-        while self.seen < len(ops):
-            op = ops[self.seen]
+        clocks = self.run.clocks
+        hb = clocks.hb
+        n = clocks.advance()
+        while self.seen < n:
+            seq = self.seen
             self.seen += 1
-            agent, vc = hb.advance(op)
+            op = ops[seq]
+            agent, vc = clocks.agent[seq], clocks.vc[seq]
             if op.records is not None:
                 self.recorded_by[op.records] = op.seq
             if op.kind == "forward":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from overlapcheck.core.messages import OutMsg
 from overlapcheck.invariants.base import Invariant
-from overlapcheck.invariants.context import Request
+from overlapcheck.invariants.context import Request, RunContext
 from overlapcheck.invariants.hbgraph import explain
 from overlapcheck.invariants.races import RaceDetector
 
@@ -12,8 +12,9 @@ from overlapcheck.invariants.races import RaceDetector
 class NoRace(Invariant):
     id = "no-race"
 
-    def __init__(self) -> None:
-        self.detector = RaceDetector()
+    def bind(self, run: RunContext) -> None:
+        super().bind(run)
+        self.detector = RaceDetector(run.clocks)
 
     def on_step_end(self) -> None:
         self.check()

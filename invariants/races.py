@@ -113,21 +113,55 @@ class HappensBefore:
         return a, vc
 
 
-class RaceDetector:
-    def __init__(self) -> None:
+class Clocks:
+    """One happens-before pass over a trace, shared by every check that needs vector clocks
+    (`no-race`, `slot-not-in-flight`, `no-hidden-sync`): each op's agent and vector clock, and for
+    each forward the host's clock when it was issued."""
+
+    def __init__(self, trace: Trace) -> None:
+        self.trace = trace
         self.hb = HappensBefore()
+        self.agent: list[int] = []
+        self.vc: list[np.ndarray] = []
+        self.host_at_issue: dict[int, np.ndarray] = {}  # forward's op seq -> host clock before it
+
+    def advance(self) -> int:
+        """Clocks for every op issued so far; how many there are."""
+        ops = self.trace.ops
+        hb, agents, clocks = self.hb, self.agent, self.vc
+        for op in ops[len(agents) :]:
+            if op.kind == "forward":
+                self.host_at_issue[op.seq] = hb.clocks[0].copy()
+            a, vc = hb.advance(op)
+            agents.append(a)
+            clocks.append(vc.copy())
+        return len(agents)
+
+
+class RaceDetector:
+    def __init__(self, clocks: Clocks | None = None) -> None:
+        self.clocks = clocks
         self.shadow = _Shadow()
         self.checked = 0
 
+    @property
+    def hb(self) -> HappensBefore:
+        assert self.clocks is not None
+        return self.clocks.hb
+
     def check(self, trace: Trace) -> Race | None:
         """Check the operations issued since the last call; the first race, or None."""
+        if self.clocks is None:
+            self.clocks = Clocks(trace)
+        clocks = self.clocks
+        n = clocks.advance()
         ops = trace.ops
-        while self.checked < len(ops):
-            op = ops[self.checked]
+        while self.checked < n:
+            seq = self.checked
             self.checked += 1
-            a, vc = self.hb.advance(op)
+            op = ops[seq]
             if op.accesses:
-                race = self._op(op, a, vc)
+                race = self._op(op, clocks.agent[seq], clocks.vc[seq])
                 if race is not None:
                     return race
         return None

@@ -24,7 +24,7 @@ from overlapcheck.backends.gpu.engine import Engine
 from overlapcheck.backends.gpu.sanitizer import Sanitizer
 from overlapcheck.core.batch import BatchInput, RowWrite
 from overlapcheck.core.config import SchedulerConfig
-from overlapcheck.core.contract import check_batch, check_rows
+from overlapcheck.core.contract import check_batch, check_batch_size, check_rows
 from overlapcheck.core.device import HOST_WORK_BEFORE_ISSUE, Device, Event, ForwardOutput, Stream
 from overlapcheck.core.footprints import FootprintRecorder
 from overlapcheck.core.messages import SamplingParams
@@ -204,7 +204,7 @@ class TorchDevice(Device):
                 offset += len(v)
 
     def stage_metadata(self, batch: BatchInput, stream: Stream) -> Event:
-        check_batch(self.config, batch)
+        check_batch_size(self.config, batch)  # the forward checks the rest
         flat = batch.metadata()
         self.staging.numpy()[: len(flat)] = flat  # the host rewrites the one staging buffer now
         self.recorder.staging_write(batch, self.now())

@@ -20,7 +20,7 @@ from overlapcheck.backends.sim.timing import Timing
 from overlapcheck.backends.sim.toy_model import DTYPE, ToyModel
 from overlapcheck.core.batch import METADATA_FIELDS, BatchInput, RowWrite
 from overlapcheck.core.config import SchedulerConfig
-from overlapcheck.core.contract import check_batch, check_rows
+from overlapcheck.core.contract import check_batch, check_batch_size, check_rows
 from overlapcheck.core.device import HOST_WORK_BEFORE_ISSUE, Device, Event, ForwardOutput, Stream
 from overlapcheck.core.errors import InvariantError
 from overlapcheck.core.footprints import FootprintRecorder
@@ -203,7 +203,7 @@ class SimDevice(Device):
         self._enqueue(stream, body)
 
     def stage_metadata(self, batch: BatchInput, stream: Stream) -> Event:
-        check_batch(self.config, batch)
+        check_batch_size(self.config, batch)  # the forward checks the rest
         flat = np.asarray(batch.metadata(), dtype=np.int64)
         self.staging[: len(flat)] = flat
         self.recorder.staging_write(batch, self.now())

@@ -83,3 +83,29 @@ def test_replay_repeats_split_evenly_over_engines() -> None:
     assert split(10, 4) == [3, 3, 2, 2]
     assert split(2, 8) == [1, 1]  # never an engine with nothing to do
     assert split(5, 1) == [5]
+
+
+def test_replay_spreads_device_repeats_over_ray_engines(tmp_path: Path) -> None:
+    """The `replay --backend cuda --ray` path, run with the CPU engine: two tasks, one engine
+    each, verdicts collected per repeat with the engine that ran them."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    found = cli(
+        "explore",
+        "--fault",
+        "free-slot-early",
+        "--workers",
+        "1",
+        "--budget",
+        "60",
+        "--out",
+        str(tmp_path),
+        "--no-timeline",
+    )
+    assert found.returncode == 1, found.stderr
+    (path,) = tmp_path.glob("*.json")
+    proc = cli("replay", str(path), "--backend", "cpu", "--repeat", "2", "--ray", "local", "--json")
+    assert proc.returncode in (0, 1), proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["engines"] == 2 and data["repeats"] == 2
+    assert sorted(v["engine"] for v in data["verdicts"]) == [0, 1]

@@ -147,8 +147,8 @@ def main(args: argparse.Namespace) -> int:
         raise UserError(
             f"{args.out}: cannot save the counterexample ({err.strerror}); it is printed above"
         ) from None
-    if outcome.found is not None and unshrunk and unshrunk[0] != path:
-        unshrunk[0].unlink(missing_ok=True)  # the shrunk one replaces it
+    if unshrunk and unshrunk[0] != path:
+        unshrunk[0].unlink(missing_ok=True)  # the saved one (shrunk, if it got there) replaces it
     cex = counterexample.load(path)
     run = cex.replay()
     if run.trace_hash != cex.trace_hash:

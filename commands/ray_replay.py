@@ -8,7 +8,6 @@ import json
 import sys
 from typing import Any
 
-from overlapcheck.errors import UserError
 from overlapcheck.formats.counterexample import Counterexample
 
 
@@ -16,9 +15,6 @@ def replay_on_cluster(cex: Counterexample, args: argparse.Namespace) -> int:
     """Exit status: 1 if the counterexample reproduced in any repeat, 0 if never."""
     from overlapcheck.explore.ray_search import replay_shares
 
-    spec = args.scheduler and args.scheduler != "reference"
-    if spec or not cex.scheduler.is_reference:
-        raise UserError("--ray replays the reference scheduler only so far")
     shares = replay_shares(
         cex.data, cex.where, args.backend, args.repeat, args.ray, args.preset, args.model
     )

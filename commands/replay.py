@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import sys
 
@@ -57,7 +56,7 @@ def main(args: argparse.Namespace) -> int:
     if args.ray is not None:
         from overlapcheck.commands.ray_replay import replay_on_cluster
 
-        return replay_on_cluster(cex, args)
+        return replay_on_cluster(cex.with_scheduler(scheduler), args)
     if args.backend != "sim":
         try:
             from overlapcheck.orchestrate.gpu_replay import replay_on_device
@@ -66,17 +65,13 @@ def main(args: argparse.Namespace) -> int:
                 f"--backend {args.backend} needs torch and transformers ({err.name} is missing): "
                 "pip install 'overlapcheck[real]'"
             ) from None
-        extra: dict[str, object] = {}
-        spec = scheduler or cex.scheduler
-        if not spec.is_reference:
-            if "scheduler" not in inspect.signature(replay_on_device).parameters:
-                raise UserError(
-                    f"--backend {args.backend} replays the reference scheduler only so far "
-                    f"(this counterexample ran {spec.text})"
-                )
-            extra["scheduler"] = spec
         return replay_on_device(
-            cex, args.backend, args.repeat, args.json, args.preset, args.model, **extra
+            cex.with_scheduler(scheduler),
+            args.backend,
+            args.repeat,
+            args.json,
+            args.preset,
+            args.model,
         )
     result = cex.replay(scheduler)
     hit = cex.reproduced(result)

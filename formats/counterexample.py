@@ -156,6 +156,13 @@ class Counterexample:
             f"saved (source {self.scheduler_hash} -> {now}); replaying the code as it is now"
         )
 
+    def with_scheduler(self, scheduler: SchedulerSpec | None) -> Counterexample:
+        """The same counterexample checking another scheduler (None: unchanged); it travels as
+        data (to a Ray task) with the override in it."""
+        if scheduler is None or scheduler == self.scheduler:
+            return self
+        return Counterexample({**self.data, "scheduler": scheduler.to_json()}, self.where)
+
     def replay(self, scheduler: SchedulerSpec | None = None) -> RunResult:
         """On the simulator, with the recorded scheduler unless `scheduler` overrides it."""
         spec = scheduler or self.scheduler

@@ -59,7 +59,8 @@ def replay_once(
 ) -> tuple[Verdict, RunResult]:
     backend.delays = plan
     checks = [i for i in INVARIANTS if i != NoRace.id]
-    result = run_scenario(cex.scenario, backend, checks, deliveries=deliveries)
+    factory = None if cex.scheduler.is_reference else cex.scheduler.factory()
+    result = run_scenario(cex.scenario, backend, checks, deliveries=deliveries, scheduler=factory)
     if backend.device is not None:
         backend.device.finish()
     race = RaceDetector().check(result.trace)

@@ -279,3 +279,25 @@ def test_a_plugged_in_scheduler_runs_unchanged_on_the_real_engine(
     assert mine.ok, [v.line() for v in mine.violations]
     assert [o.tokens for o in mine.outcomes] == [o.tokens for o in ours.outcomes]
     assert any("pages-conserved" in n for n in mine.notices)  # no books(): one notice
+
+
+def test_a_plugged_in_schedulers_counterexample_replays_on_the_real_engine(
+    cpu: TorchBackend, tmp_path: Path
+) -> None:
+    from overlapcheck.backends.sim.timing import Profile
+    from overlapcheck.formats import counterexample
+    from overlapcheck.orchestrate.gpu_replay import replay_verdicts
+    from overlapcheck.scheduler_spec import SchedulerSpec
+
+    upstream = Path(__file__).resolve().parent.parent / "examples" / "upstream_overlap.py"
+    spec = SchedulerSpec(f"{upstream}:make_scheduler")
+    run = run_scenario(named_scenario("basic"), SimBackend(), scheduler=spec.factory())
+    assert run.violations and run.violations[0].invariant == "exact-length"
+    cex = counterexample.load(counterexample.save(run, Profile(), {}, tmp_path, scheduler=spec))
+    assert cex.scheduler == spec
+    _, verdicts = replay_verdicts(cex, cpu, 1)
+    assert [v.reproduced for v in verdicts] == [True]
+    # the fixed variant, named on the command line, replays the same file clean
+    fixed = cex.with_scheduler(SchedulerSpec(f"{upstream}:make_fixed_scheduler"))
+    _, verdicts = replay_verdicts(fixed, cpu, 1)
+    assert [v.reproduced for v in verdicts] == [False]

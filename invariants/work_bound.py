@@ -4,9 +4,12 @@ Judged from the forwards' uids and footprints, per request instance (`invariants
 
 * rounds: a forward whose sequence reaches the end of the prompt samples an output token (the last
   prefill chunk, then each decode round). A request may have at most `max_tokens` (clamped to its
-  row, `core.rules.max_output`) of them plus one: the overlap loop launches the next round before it
-  learns that the previous one finished the request. None may be launched after the request's
-  finished message went out: then the host knew.
+  row, `core.rules.max_output`) of them. The overlap loop launches a round before it learns the
+  previous token, so after an EOS one more round runs, but that round's sample is still within
+  `max_tokens`; the count of rounds launched is always known at launch, so a round past
+  `max_tokens` is never needed (issue 13 allowed one more; none is needed, and allowing it hid a
+  scheduler that decodes one round too many). None may be launched after the request's finished
+  message went out: then the host knew.
 * pages: the KV pages of the context a forward reads for it (the host's page-table row) never
   number more than admission reserved, `config.pages_for(len(prompt) + max_output)`.
 """
@@ -89,10 +92,10 @@ class WorkBound(Invariant):
                 (req.uid,),
                 round=n,
             )
-        if n > req.max_output + 1:
+        if n > req.max_output:
             self.fail(
                 f"{op.label} (step {op.step}) is request {req.uid}'s output round {n}: "
-                f"max_tokens {req.max_output} allows {req.max_output} plus one overlap extra round",
+                f"max_tokens {req.max_output} needs only {req.max_output}",
                 (req.uid,),
                 round=n,
             )

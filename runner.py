@@ -20,6 +20,7 @@ from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.errors import InvariantError
 from overlapcheck.core.messages import InMsg, OutMsg, TokenMsg, UserMsg
 from overlapcheck.core.protocol import MessageSource, SchedulerFactory, SchedulerUnderTest
+from overlapcheck.core.rules import max_output, rejection
 from overlapcheck.core.scenario import RequestSpec, Scenario, user_msg
 from overlapcheck.core.trace import Message, Trace
 from overlapcheck.crash import CheckerBug, crash_violation
@@ -216,7 +217,8 @@ def run_scenario(
     checks = _Checks(make_invariants(invariants), keep_going)
     factory = scheduler if scheduler is not None else _reference_factory()
     ctx = RunContext(scenario, device, backend.name, None)
-    harness = _Harness(ctx, checks, source, _references(scenario, backend))
+    wanted = any(inv.id == "oracle" for inv in checks.checks)
+    harness = _Harness(ctx, checks, source, _references(scenario, backend, wanted))
     bind = getattr(source, "bind", None)
     if bind is not None:  # a source that delivers by iteration reads the harness's count
         bind(lambda: ctx.step)
@@ -259,16 +261,28 @@ def _reference_factory() -> SchedulerFactory:
     return Scheduler
 
 
-def _references(scenario: Scenario, backend: Backend) -> Callable[[UserMsg, int], Reference | None]:
-    """References for the workload's requests, computed before the run (a real engine's oracle
-    must not run between iterations); a message the workload did not list gets one on receipt."""
+def _references(
+    scenario: Scenario, backend: Backend, wanted: bool
+) -> Callable[[UserMsg, int], Reference | None]:
+    """References for the workload's requests, computed before the run: a real engine's oracle
+    must not run between iterations (it would stall the host mid-run and move the very timing a
+    replay sets up). Only a message the workload could not list (a follow-up, whose prompt grows
+    from what was sent) gets one on receipt. None at all when no check reads them."""
     by_msg: dict[UserMsg, list[RequestSpec]] = {}
     for spec in scenario.requests:
         if spec.after is None:  # a follow-up's prompt is known when it is sent: built from msg
             by_msg.setdefault(user_msg(spec), []).append(spec)
     ready: dict[tuple[RequestSpec, int], Reference] = {}
+    if wanted:
+        for msg, specs in by_msg.items():
+            if rejection(scenario.config, msg, live=False) is None:
+                ready[(specs[0], max_output(scenario.config, msg))] = backend.reference(
+                    specs[0], max_output(scenario.config, msg)
+                )
 
     def reference(msg: UserMsg, limit: int) -> Reference | None:
+        if not wanted:
+            return None
         specs = by_msg.get(msg)
         spec = (
             specs[0]
@@ -280,10 +294,10 @@ def _references(scenario: Scenario, backend: Backend) -> Callable[[UserMsg, int]
                 ignore_eos=msg.sampling_params.ignore_eos,
             )
         )
-        key = (spec, limit)  # by value: a fallback spec's id() is reused once it is freed
-        if key not in ready:
-            ready[key] = backend.reference(spec, limit)
-        return ready[key]
+        # Each precomputed reference serves one request: a real engine's judges token by token
+        # (teacher forcing) and keeps state. A repeat of the same message gets a fresh one.
+        found = ready.pop((spec, limit), None)
+        return found if found is not None else backend.reference(spec, limit)
 
     return reference
 

@@ -26,7 +26,7 @@ from overlapcheck.core.trace import Message, Trace
 from overlapcheck.crash import CheckerBug, crash_violation
 from overlapcheck.errors import UserError
 from overlapcheck.invariants.base import Invariant, InvariantViolated, Violation
-from overlapcheck.invariants.context import Request, RunContext
+from overlapcheck.invariants.context import Request, RunContext, TracePrefix
 from overlapcheck.invariants.registry import make_invariants
 from overlapcheck.scenarios.source import WorkloadSource
 
@@ -165,6 +165,8 @@ class _Harness:
         self.checks = checks
         self.inner = source
         self.reference = reference
+        # (kind, message, iteration, ops issued, time) for the checks deferred to after the run
+        self.log: list[tuple[str, Any, int, int, float]] | None = None
 
     # the MessageSource the scheduler sees
     def poll(self, now: float) -> list[InMsg]:
@@ -173,6 +175,8 @@ class _Harness:
         for msg in msgs:
             kind = "user" if isinstance(msg, UserMsg) else "abort"
             ctx.trace.received.append(Message(ctx.now(), ctx.step, msg.uid, kind))
+            if self.log is not None:
+                self.log.append(("receive", msg, ctx.step, len(ctx.trace.ops), ctx.now()))
             req = ctx.book.receive(msg, ctx.step, self.reference)
             self.checks.call(lambda inv, m=msg, r=req: inv.on_receive(m, r), "on_receive")  # type: ignore[misc]
         return msgs
@@ -188,6 +192,8 @@ class _Harness:
         else:
             record = Message(ctx.now(), ctx.step, msg.uid, "reject", reason=msg.reason)
         ctx.trace.messages.append(record)
+        if self.log is not None:
+            self.log.append(("send", msg, ctx.step, len(ctx.trace.ops), ctx.now()))
         req = ctx.book.answer(msg, ctx.step)
         observe = getattr(self.inner, "observe", None)
         if observe is not None:  # a workload that reacts to replies (a multi-turn follow-up)
@@ -202,23 +208,32 @@ def run_scenario(
     deliveries: list[tuple[int, int, str]] | None = None,
     scheduler: SchedulerFactory | None = None,
     keep_going: bool = False,
+    defer_checks: bool | None = None,
 ) -> RunResult:
     """Run until idle (or the first violation; every violation with `keep_going`) and report.
 
     `scheduler`: the factory of the scheduler under test (None: the reference scheduler).
     `deliveries` ((iteration, uid, "user" | "abort") as another run received them) replaces the
     workload's arrival times: a real device replays a simulated run's message order that way.
+    `defer_checks` (default: on a real engine) runs the checks that read only the trace and the
+    messages after the run, over the recorded events: their host time would otherwise stretch
+    the host's iterations and move the timing under test (a GPU replay's race would not land).
     """
     started = time.perf_counter()
     scenario = backend.prepare(scenario)
     device = backend.make_device(scenario)
     cfg = scenario.config
     source: MessageSource = WorkloadSource(scenario.requests, deliveries)
-    checks = _Checks(make_invariants(invariants), keep_going)
+    chosen = make_invariants(invariants)
+    defer = backend.name != "sim" if defer_checks is None else defer_checks
+    later = [inv for inv in chosen if defer and inv.deferrable]
+    checks = _Checks([inv for inv in chosen if inv not in later], keep_going)
     factory = scheduler if scheduler is not None else _reference_factory()
     ctx = RunContext(scenario, device, backend.name, None)
     wanted = any(inv.id == "oracle" for inv in checks.checks)
     harness = _Harness(ctx, checks, source, _references(scenario, backend, wanted))
+    if later:
+        harness.log = []
     bind = getattr(source, "bind", None)
     if bind is not None:  # a source that delivers by iteration reads the harness's count
         bind(lambda: ctx.step)
@@ -235,24 +250,74 @@ def run_scenario(
         checks.checks = [
             inv for inv in checks.checks if not (inv.needs_books and not ctx.has_books)
         ]
+    later = [inv for inv in later if not (inv.needs_books and not ctx.has_books)]
     with _fewer_collections():
-        _drive(sched, ctx, checks, step_bound(scenario))
+        completed = _drive(sched, ctx, checks, step_bound(scenario), harness.log)
+    violations, notices = checks.violations, ctx.notices
+    if later:
+        assert harness.log is not None
+        references = _references(scenario, backend, any(inv.id == "oracle" for inv in later))
+        late, late_notices = _check_after(
+            later, harness.log, ctx, keep_going, references, completed
+        )
+        violations = sorted(violations + late, key=lambda v: v.step)
+        violations = violations if keep_going else violations[:1]
+        notices = notices + [n for n in late_notices if n not in notices]
     return RunResult(
         scenario=scenario,
         backend=backend.name,
         config=cfg,
         outcomes=outcomes(ctx),
-        violations=checks.violations,
+        violations=violations,
         trace=device.trace,
         trace_hash=device.trace.digest(),
         iterations=ctx.step,
         simulated_seconds=device.now(),
         wall_seconds=time.perf_counter() - started,
         scheduler=sched,
-        notices=ctx.notices,
+        notices=notices,
         requests=ctx.book.requests,
-        checks=checks.checks,
+        checks=checks.checks + later,
     )
+
+
+def _check_after(
+    later: list[Invariant],
+    log: list[tuple[str, Any, int, int, float]],
+    ran: RunContext,
+    keep_going: bool,
+    references: Callable[[UserMsg, int], Reference | None],
+    completed: bool,
+) -> tuple[list[Violation], list[str]]:
+    """The deferred checks, over the run's recorded events: each sees the trace as it stood, the
+    time and the iteration of the event, and a request book rebuilt event by event."""
+    ctx = RunContext(ran.scenario, ran.device, ran.backend_name, ran.scheduler)
+    view = TracePrefix(ran.device.trace)
+    ctx.view, ctx.live_books = view, False
+    checks = _Checks(later, keep_going)
+    for inv in later:
+        inv.bind(ctx)
+    try:
+        for kind, msg, step, num_ops, now in log:
+            ctx.step, ctx.frozen_now = step, now
+            view.at(num_ops)
+            if kind == "receive":
+                req = ctx.book.receive(msg, step, references)
+                checks.call(lambda inv, m=msg, r=req: inv.on_receive(m, r), "on_receive")  # type: ignore[misc]
+            elif kind == "send":
+                req = ctx.book.answer(msg, step)
+                checks.call(lambda inv, m=msg, r=req: inv.on_message(m, r), "on_message")  # type: ignore[misc]
+            else:
+                checks.call(lambda inv: inv.on_step_end(), "on_step_end")
+        if completed:  # the run reached its end-of-run checks: so do these, on the final state
+            view.at(len(ran.device.trace.ops))
+            ctx.step, ctx.frozen_now, ctx.live_books = ran.step, ran.now(), True
+            checks.call(lambda inv: inv.finish())
+    except InvariantViolated:
+        pass  # recorded
+    except Exception as err:
+        raise CheckerBug(err, ran.scenario) from err
+    return checks.violations, ctx.notices
 
 
 def _reference_factory() -> SchedulerFactory:
@@ -331,7 +396,14 @@ def _fewer_collections() -> Iterator[None]:
         gc.set_threshold(*old)
 
 
-def _drive(sched: SchedulerUnderTest, ctx: RunContext, checks: _Checks, bound: int) -> None:
+def _drive(
+    sched: SchedulerUnderTest,
+    ctx: RunContext,
+    checks: _Checks,
+    bound: int,
+    log: list[tuple[str, Any, int, int, float]] | None,
+) -> bool:
+    """Step the scheduler until idle; True if the run got to its end-of-run checks."""
     device = ctx.device
     try:
         while True:
@@ -340,10 +412,12 @@ def _drive(sched: SchedulerUnderTest, ctx: RunContext, checks: _Checks, bound: i
             more = sched.step()
             ctx.scheduler_ran()
             if checks.stopped is not None:
-                return  # the scheduler swallowed the violation: it still stands
+                return False  # the scheduler swallowed the violation: it still stands
             if not more:
                 break
             checks.call(lambda inv: inv.on_step_end(), "on_step_end")
+            if log is not None:
+                log.append(("end", None, ctx.step, len(ctx.trace.ops), ctx.now()))
             ctx.step += 1
             if ctx.step > bound:
                 stuck = tuple(sorted(r.uid for r in ctx.book.live.values()))
@@ -356,21 +430,23 @@ def _drive(sched: SchedulerUnderTest, ctx: RunContext, checks: _Checks, bound: i
                         f"not idle after {bound} iterations; requests {list(stuck)} remain",
                     )
                 )
-                return
+                return False
         checks.call(lambda inv: inv.finish())
+        return True
     except InvariantViolated:
-        return  # recorded already
+        return False  # recorded already
     except InvariantError as err:  # the scheduler's own integrity checks, or a device deadlock
         _record_quietly(checks, Violation(err.invariant, ctx.step, ctx.now(), (), err.detail))
     except CheckerBug:
         raise
     except Exception as err:
         if checks.stopped is not None:
-            return  # an exception after a violation unwound the scheduler: the violation stands
+            return False  # an exception after a violation unwound the scheduler: it stands
         violation = crash_violation(err, ctx.step, ctx.now())
         if violation is None:
             raise CheckerBug(err, ctx.scenario) from err
         _record_quietly(checks, violation)
+    return False
 
 
 def _record_quietly(checks: _Checks, violation: Violation) -> None:

@@ -7,16 +7,16 @@ or while it is live (a duplicate the scheduler must reject).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, overload
 
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.device import Device
 from overlapcheck.core.messages import AbortMsg, InMsg, OutMsg, RejectMsg, UserMsg
 from overlapcheck.core.protocol import Books, HasBooks
 from overlapcheck.core.rules import max_output, rejection
-from overlapcheck.core.trace import Trace
+from overlapcheck.core.trace import Op, Trace
 from overlapcheck.invariants.races import Clocks
 
 if TYPE_CHECKING:
@@ -111,6 +111,45 @@ class RequestBook:
         return [r for owed in self._to_reject.values() for r in owed]
 
 
+class _Prefix(Sequence[Op]):
+    """The first `limit` ops of a list, as a list-like the checks scan."""
+
+    def __init__(self, ops: list[Op]) -> None:
+        self.ops = ops
+        self.limit = 0
+
+    def __len__(self) -> int:
+        return self.limit
+
+    @overload
+    def __getitem__(self, index: int) -> Op: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Op]: ...
+
+    def __getitem__(self, index: int | slice) -> Op | list[Op]:
+        if isinstance(index, slice):
+            return self.ops[slice(*index.indices(self.limit))]
+        if index < 0:
+            index += self.limit
+        if not 0 <= index < self.limit:
+            raise IndexError(index)
+        return self.ops[index]
+
+
+class TracePrefix:
+    """A finished run's trace as it stood when a given event happened: what a check saw then."""
+
+    def __init__(self, trace: Trace) -> None:
+        self.full = trace
+        self.ops = _Prefix(trace.ops)
+        self.messages = trace.messages
+        self.received = trace.received
+
+    def at(self, num_ops: int) -> None:
+        self.ops.limit = num_ops
+
+
 class RunContext:
     """The run as invariants see it: configuration, device, trace, requests, current iteration."""
 
@@ -127,6 +166,11 @@ class RunContext:
         self.notices: list[str] = []
         self._books: Books | None = None  # this iteration's, read by several checks
         self._clocks: Clocks | None = None
+        # After the run (checks deferred on a real device): the trace as it stood at the event
+        # being replayed, that event's time, and whether the scheduler's books are current.
+        self.view: TracePrefix | None = None
+        self.frozen_now: float | None = None
+        self.live_books = True
 
     def scheduler_ran(self) -> None:
         """The scheduler may have changed its books (the harness calls this around `step()`)."""
@@ -134,17 +178,17 @@ class RunContext:
 
     @property
     def trace(self) -> Trace:
-        return self.device.trace
+        return self.view if self.view is not None else self.device.trace  # type: ignore[return-value]
 
     @property
     def clocks(self) -> Clocks:
         """Vector clocks of the trace's ops, computed once for every check that needs them."""
         if self._clocks is None:
-            self._clocks = Clocks(self.device.trace)
+            self._clocks = Clocks(self.trace)
         return self._clocks
 
     def now(self) -> float:
-        return self.device.now()
+        return self.frozen_now if self.frozen_now is not None else self.device.now()
 
     @property
     def has_books(self) -> bool:
@@ -152,6 +196,8 @@ class RunContext:
 
     def books(self) -> Books | None:
         """The scheduler's resource books, if it offers them (see `core/protocol.py`)."""
+        if not self.live_books:
+            return None  # replaying after the run: the books of that moment are gone
         if self._books is None and isinstance(self.scheduler, HasBooks):
             self._books = self.scheduler.books()
         return self._books

@@ -53,6 +53,7 @@ class _Context:
 
 class KvProvenance(Invariant):
     id = "kv-provenance"
+    deferrable = False  # reads the device's shadow as the run goes
 
     def __init__(self) -> None:
         self.feed = ForwardFeed()

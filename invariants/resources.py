@@ -81,6 +81,7 @@ class PagesConserved(Invariant):
 
     id = "pages-conserved"
     needs_books = True
+    deferrable = False
 
     def __init__(self) -> None:
         self._all: set[int] | None = None

@@ -246,3 +246,18 @@ def test_timeline_compare_draws_a_plugged_in_scheduler(tmp_path: Path) -> None:
         == 0
     )
     assert out.stat().st_size > 0
+
+
+@pytest.mark.parametrize("fault", [None, "free-slot-early", "abort-inflight-prefill"])
+@pytest.mark.parametrize("name", ["basic", "abort", "chunked-long"])
+def test_checks_deferred_to_after_the_run_judge_as_online_ones(
+    name: str, fault: str | None
+) -> None:
+    faults = frozenset([fault]) if fault else frozenset()
+    scenario = named_scenario(name).with_config(faults=faults)
+    online = run_scenario(scenario, SimBackend(), keep_going=True)
+    later = run_scenario(scenario, SimBackend(), keep_going=True, defer_checks=True)
+    assert later.trace_hash == online.trace_hash
+    assert [(v.invariant, v.uids, v.step) for v in sorted(later.violations, key=str)] == [
+        (v.invariant, v.uids, v.step) for v in sorted(online.violations, key=str)
+    ]

@@ -260,7 +260,8 @@ def run_scenario(
         late, late_notices = _check_after(
             later, harness.log, ctx, keep_going, references, completed
         )
-        violations = sorted(violations + late, key=lambda v: v.step)
+        # At one step the deferred (message-time) checks come first, as they would online.
+        violations = sorted(late + violations, key=lambda v: v.step)
         violations = violations if keep_going else violations[:1]
         notices = notices + [n for n in late_notices if n not in notices]
     return RunResult(

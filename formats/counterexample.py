@@ -39,6 +39,29 @@ def git_revision() -> str:
         return "unknown"
 
 
+# The default invariants of files saved before they recorded their list (this format's first
+# release): an older file replays with exactly these.
+LEGACY_INVARIANTS = (
+    "no-race",
+    "no-post-eos",
+    "exact-length",
+    "oracle",
+    "slot-not-in-flight",
+    "pages-conserved",
+    "abort-silent",
+    "liveness",
+)
+
+
+def checked_list(
+    skip: frozenset[str], extra_checks: tuple[str, ...], defaults: tuple[str, ...] | None = None
+) -> list[str]:
+    """The invariant specs a run checks: the defaults less `skip`, plus opt-in ones."""
+    base = set(INVARIANTS) if defaults is None else set(defaults)
+    # in the registry's order: which of two violations at one step is reported first
+    return [i for i in INVARIANTS if i in base and i not in skip] + list(extra_checks)
+
+
 def to_json(
     result: RunResult,
     profile: Profile,
@@ -60,6 +83,9 @@ def to_json(
         "faults": sorted(result.config.faults),
         "skip": sorted(skip),  # invariants the search did not check
         "checks": list(extra_checks),  # opt-in ones it did (bounded-wait=K)
+        # Exactly what was checked: a replay checks the same, whatever invariants come later (a
+        # new one firing first would hide the recorded violation and change the trace).
+        "invariants": checked_list(skip, extra_checks),
         "timing": {
             "profile": profile.as_dict(),
             "draws": {str(k): v for k, v in sorted(draws.items())},
@@ -122,7 +148,12 @@ class Counterexample:
             if unknown:
                 raise ValueError(f"unknown invariant {', '.join(unknown)} in 'skip'")
             self.extra_checks = tuple(str(c) for c in data.get("checks", []))
-            for spec in self.extra_checks:
+            recorded_checks = data.get("invariants")
+            if recorded_checks is None:
+                self.invariants = checked_list(self.skip, self.extra_checks, LEGACY_INVARIANTS)
+            else:
+                self.invariants = [str(c) for c in recorded_checks]
+            for spec in self.invariants:
                 make_invariant(spec)  # validates: ValueError names the problem
             recorded = data.get("scheduler") or {}
             self.scheduler: SchedulerSpec = parse_spec(str(recorded.get("spec", "reference")))
@@ -136,10 +167,9 @@ class Counterexample:
         return Timing(self.profile, ReplayDelay(self.draws))
 
     @property
-    def checks(self) -> list[str] | None:
-        if not self.skip and not self.extra_checks:
-            return None
-        return [i for i in INVARIANTS if i not in self.skip] + list(self.extra_checks)
+    def checks(self) -> list[str]:
+        """Exactly the invariants the run that found it checked."""
+        return list(self.invariants)
 
     def scheduler_change(self, scheduler: SchedulerSpec | None = None) -> str | None:
         """One line when the recorded scheduler's source differs from the file on disk now (None

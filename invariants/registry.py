@@ -16,12 +16,13 @@ from overlapcheck.invariants.work_bound import WorkBound
 
 # Order matters only for which of two violations in one step is reported: races first.
 INVARIANTS: dict[str, Callable[[], Invariant]] = {
+    # A slot reused under an in-flight forward is also a race; the slot check names it better.
+    "slot-not-in-flight": SlotNotInFlight,
     "no-race": NoRace,
     "kv-provenance": KvProvenance,  # before `oracle`: the wrong read, not the wrong token after it
     "no-post-eos": NoPostEos,
     "exact-length": ExactLength,
     "oracle": Oracle,
-    "slot-not-in-flight": SlotNotInFlight,
     "pages-conserved": PagesConserved,
     "abort-silent": AbortSilent,
     "liveness": Liveness,

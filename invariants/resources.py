@@ -12,9 +12,11 @@ from collections import Counter
 
 import numpy as np
 
+from overlapcheck.core.messages import OutMsg
 from overlapcheck.core.protocol import Books
 from overlapcheck.core.trace import HOST, PAGE_TABLE
 from overlapcheck.invariants.base import Invariant
+from overlapcheck.invariants.context import Request
 
 
 class SlotNotInFlight(Invariant):
@@ -25,6 +27,9 @@ class SlotNotInFlight(Invariant):
     def __init__(self) -> None:
         self.seen = 0
         self.owner: dict[int, tuple[int, int, int, int]] = {}  # row -> uid, agent, clock, op seq
+
+    def on_message(self, msg: OutMsg, req: Request | None) -> None:
+        self._check_forwards()  # before a race on the same row is reported at this message
 
     def on_step_end(self) -> None:
         self._check_forwards()

@@ -104,9 +104,8 @@ CASES = [
     ("finish-by-can-decode", FINISH_EARLY, (), "exact-length", "finished after 3 of 4 tokens"),
     ("... then the last token", FINISH_EARLY, ("exact-length",), "no-post-eos", "after the"),
     ("stale token", STALE_TOKEN, (), "no-post-eos", "after the finished message"),
-    ("free early: race", FREE_EARLY, (), "no-race", "page_table"),
-    # (its stale token, sent in the same iteration, is reported online; slot checks at its end)
-    ("free early: slot", FREE_EARLY, ("no-race", "no-post-eos"), "slot-not-in-flight", "flight"),
+    ("free early: slot", FREE_EARLY, (), "slot-not-in-flight", "flight"),
+    ("free early: race", FREE_EARLY, ("slot-not-in-flight",), "no-race", "page_table"),
     ("abort in prefill", ABORT_PREFILL, (), "abort-silent", "after the abort"),
     ("abort in prefill", ABORT_PREFILL_LONGER, (), "abort-silent", "after the abort"),
     ("abort: twice", ABORT_PREFILL, ("abort-silent",), "pages-conserved", "free twice"),

@@ -178,9 +178,9 @@ def test_free_slot_early_hands_the_slot_over_while_the_extra_round_runs() -> Non
     # The messages are right at nominal timing: the race is on cells the two rounds both touch.
     assert stream(on) == (SLOT_REUSE_STREAM, None)
     result = checked(on)
-    assert result.violations[0].invariant == "no-race"
-    assert "page_table" in result.violations[0].message
-    assert caught(on, only=("slot-not-in-flight",)) == "slot-not-in-flight"
+    assert result.violations[0].invariant == "slot-not-in-flight"
+    assert "still in flight" in result.violations[0].message
+    assert caught(on, only=("no-race",)) == "no-race"  # the same bug, as a race on page_table
     off = SLOT_REUSE.with_(None)
     assert stream(off) == (SLOT_REUSE_STREAM, None)
     assert caught(off) is None

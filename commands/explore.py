@@ -152,13 +152,21 @@ def main(args: argparse.Namespace) -> int:
     cex = counterexample.load(path)
     run = cex.replay()
     if run.trace_hash != cex.trace_hash:
-        raise RuntimeError(
+        print(
             f"overlapcheck bug: replay of {path} is not deterministic "
-            f"({run.trace_hash} != {cex.trace_hash})"
+            f"({run.trace_hash} != {cex.trace_hash}); the file is kept, please report it",
+            file=sys.stderr,
         )
+        return 3
     v = cex.reproduced(run) or run.violations[0]
     print(f"VIOLATION {v.line()}")
     size = f"{len(run.scenario.requests)} request(s), {run.iterations} iterations"
+    first = (outcome.unshrunk or {}).get("invariant")
+    if outcome.found is not None and first is not None and first != v.invariant:
+        print(
+            f"(the first failure was {first}; shrinking settled on a smaller failure of "
+            f"{v.invariant}: add --skip {v.invariant} to get {first} shrunk)"
+        )
     if outcome.found is not None:
         print(f"found after {summary}; shrunk to {size}")
     else:

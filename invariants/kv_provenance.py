@@ -83,7 +83,7 @@ class KvProvenance(Invariant):
     def on_message(self, msg: OutMsg, req: Request | None) -> None:
         # A message may be the first sign of a forward that ran: judge its reads before the
         # message checks judge its tokens.
-        if self.shadow is not None:
+        if self.shadow is not None and (self.pending or self.feed.seen != len(self.run.trace.ops)):
             self._check()
 
     def on_step_end(self) -> None:

@@ -29,7 +29,8 @@ class SlotNotInFlight(Invariant):
         self.owner: dict[int, tuple[int, int, int, int]] = {}  # row -> uid, agent, clock, op seq
 
     def on_message(self, msg: OutMsg, req: Request | None) -> None:
-        self._check_forwards()  # before a race on the same row is reported at this message
+        if self.seen != len(self.run.trace.ops):  # new ops since the last message of the burst
+            self._check_forwards()  # before a race on the same row is reported at this message
 
     def on_step_end(self) -> None:
         self._check_forwards()
@@ -110,6 +111,16 @@ class PagesConserved(Invariant):
         n = self.run.config.num_pages
         if self._all is None or len(self._all) != n:
             self._all = set(range(n))
+        # Quickest: no page shared at all (every page once among free, cached and held).
+        union = set(books.free_pages)
+        union.update(books.cached_pages)
+        total = len(books.free_pages) + len(books.cached_pages)
+        for h in books.live:
+            union.update(h.pages)
+            total += len(h.pages)
+        if total == n and union == self._all:
+            return not books.locked_pages or set(books.cached_pages).issuperset(books.locked_pages)
+        # Pages shared through the prefix cache (held and cached at once) are right too.
         free = set(books.free_pages)
         cached = set(books.cached_pages)
         held: set[int] = set()

@@ -11,22 +11,21 @@ from __future__ import annotations
 import gc
 import time
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from overlapcheck.backends.base import Backend, Reference
 from overlapcheck.core.config import SchedulerConfig
-from overlapcheck.core.errors import InvariantError
-from overlapcheck.core.messages import InMsg, OutMsg, TokenMsg, UserMsg
+from overlapcheck.core.messages import UserMsg
 from overlapcheck.core.protocol import MessageSource, SchedulerFactory, SchedulerUnderTest
 from overlapcheck.core.rules import max_output, rejection
 from overlapcheck.core.scenario import RequestSpec, Scenario, user_msg
-from overlapcheck.core.trace import Message, Trace
-from overlapcheck.crash import CheckerBug, crash_violation
+from overlapcheck.core.trace import Trace
 from overlapcheck.errors import UserError
-from overlapcheck.invariants.base import Invariant, InvariantViolated, Violation
-from overlapcheck.invariants.context import Request, RunContext, TracePrefix
+from overlapcheck.harness import Checks, Harness, check_after, drive
+from overlapcheck.invariants.base import Invariant, Violation
+from overlapcheck.invariants.context import Request, RunContext
 from overlapcheck.invariants.registry import make_invariants
 from overlapcheck.scenarios.source import WorkloadSource
 
@@ -112,95 +111,6 @@ def step_bound(scenario: Scenario) -> int:
     return 4 * work + 64 + scenario.last_iteration()
 
 
-class _Checks:
-    """The invariants of one run, and what happens when one fails: stop, or record and go on."""
-
-    def __init__(self, checks: list[Invariant], keep_going: bool) -> None:
-        self.checks = checks
-        self.keep_going = keep_going
-        self.violations: list[Violation] = []
-        self._seen: set[tuple[str, tuple[int, ...]]] = set()
-        self.stopped: Violation | None = None  # stop mode: survives a scheduler that swallows it
-        self._listening: dict[str, list[Invariant]] = {}
-
-    def call(self, hook: Callable[[Invariant], None], name: str = "") -> None:
-        """Call `hook` on every check (on those that override the hook `name`, if given)."""
-        for inv in self.listening(name) if name else self.checks:
-            try:
-                hook(inv)
-            except InvariantViolated as err:
-                self.record(err.violation)
-
-    def listening(self, hook: str) -> list[Invariant]:
-        """The checks that override `hook`: a message goes to the few that read it."""
-        found = self._listening.get(hook)
-        if found is None:
-            base = getattr(Invariant, hook)
-            found = [inv for inv in self.checks if getattr(type(inv), hook) is not base]
-            self._listening[hook] = found
-        return found
-
-    def record(self, violation: Violation) -> None:
-        key = (violation.invariant, violation.uids)
-        if key not in self._seen:
-            self._seen.add(key)
-            self.violations.append(violation)
-        if not self.keep_going:
-            if self.stopped is None:
-                self.stopped = violation
-            raise InvariantViolated(violation)
-
-
-class _Harness:
-    """Wraps the scheduler's source and sink; counts iterations."""
-
-    def __init__(
-        self,
-        ctx: RunContext,
-        checks: _Checks,
-        source: MessageSource,
-        reference: Callable[[UserMsg, int], Reference | None],
-    ) -> None:
-        self.ctx = ctx
-        self.checks = checks
-        self.inner = source
-        self.reference = reference
-        # (kind, message, iteration, ops issued, time) for the checks deferred to after the run
-        self.log: list[tuple[str, Any, int, int, float]] | None = None
-
-    # the MessageSource the scheduler sees
-    def poll(self, now: float) -> list[InMsg]:
-        msgs = self.inner.poll(now)
-        ctx = self.ctx
-        for msg in msgs:
-            kind = "user" if isinstance(msg, UserMsg) else "abort"
-            ctx.trace.received.append(Message(ctx.now(), ctx.step, msg.uid, kind))
-            if self.log is not None:
-                self.log.append(("receive", msg, ctx.step, len(ctx.trace.ops), ctx.now()))
-            req = ctx.book.receive(msg, ctx.step, self.reference)
-            self.checks.call(lambda inv, m=msg, r=req: inv.on_receive(m, r), "on_receive")  # type: ignore[misc]
-        return msgs
-
-    def next_arrival(self) -> float | None:
-        return self.inner.next_arrival()
-
-    # the sink the scheduler sends to
-    def send(self, msg: OutMsg) -> None:
-        ctx = self.ctx
-        if isinstance(msg, TokenMsg):
-            record = Message(ctx.now(), ctx.step, msg.uid, "token", msg.token, msg.finished)
-        else:
-            record = Message(ctx.now(), ctx.step, msg.uid, "reject", reason=msg.reason)
-        ctx.trace.messages.append(record)
-        if self.log is not None:
-            self.log.append(("send", msg, ctx.step, len(ctx.trace.ops), ctx.now()))
-        req = ctx.book.answer(msg, ctx.step)
-        observe = getattr(self.inner, "observe", None)
-        if observe is not None:  # a workload that reacts to replies (a multi-turn follow-up)
-            observe(msg, ctx.now())
-        self.checks.call(lambda inv: inv.on_message(msg, req), "on_message")
-
-
 def run_scenario(
     scenario: Scenario,
     backend: Backend,
@@ -227,11 +137,11 @@ def run_scenario(
     chosen = make_invariants(invariants)
     defer = backend.name != "sim" if defer_checks is None else defer_checks
     later = [inv for inv in chosen if defer and inv.deferrable]
-    checks = _Checks([inv for inv in chosen if inv not in later], keep_going)
+    checks = Checks([inv for inv in chosen if inv not in later], keep_going)
     factory = scheduler if scheduler is not None else _reference_factory()
     ctx = RunContext(scenario, device, backend.name, None)
     wanted = any(inv.id == "oracle" for inv in checks.checks)
-    harness = _Harness(ctx, checks, source, _references(scenario, backend, wanted))
+    harness = Harness(ctx, checks, source, _references(scenario, backend, wanted))
     if later:
         harness.log = []
     bind = getattr(source, "bind", None)
@@ -252,14 +162,12 @@ def run_scenario(
         ]
     later = [inv for inv in later if not (inv.needs_books and not ctx.has_books)]
     with _fewer_collections():
-        completed = _drive(sched, ctx, checks, step_bound(scenario), harness.log)
+        completed = drive(sched, ctx, checks, step_bound(scenario), harness.log)
     violations, notices = checks.violations, ctx.notices
     if later:
         assert harness.log is not None
         references = _references(scenario, backend, any(inv.id == "oracle" for inv in later))
-        late, late_notices = _check_after(
-            later, harness.log, ctx, keep_going, references, completed
-        )
+        late, late_notices = check_after(later, harness.log, ctx, keep_going, references, completed)
         # At one step the deferred (message-time) checks come first, as they would online.
         violations = sorted(late + violations, key=lambda v: v.step)
         violations = violations if keep_going else violations[:1]
@@ -280,45 +188,6 @@ def run_scenario(
         requests=ctx.book.requests,
         checks=checks.checks + later,
     )
-
-
-def _check_after(
-    later: list[Invariant],
-    log: list[tuple[str, Any, int, int, float]],
-    ran: RunContext,
-    keep_going: bool,
-    references: Callable[[UserMsg, int], Reference | None],
-    completed: bool,
-) -> tuple[list[Violation], list[str]]:
-    """The deferred checks, over the run's recorded events: each sees the trace as it stood, the
-    time and the iteration of the event, and a request book rebuilt event by event."""
-    ctx = RunContext(ran.scenario, ran.device, ran.backend_name, ran.scheduler)
-    view = TracePrefix(ran.device.trace)
-    ctx.view, ctx.live_books = view, False
-    checks = _Checks(later, keep_going)
-    for inv in later:
-        inv.bind(ctx)
-    try:
-        for kind, msg, step, num_ops, now in log:
-            ctx.step, ctx.frozen_now = step, now
-            view.at(num_ops)
-            if kind == "receive":
-                req = ctx.book.receive(msg, step, references)
-                checks.call(lambda inv, m=msg, r=req: inv.on_receive(m, r), "on_receive")  # type: ignore[misc]
-            elif kind == "send":
-                req = ctx.book.answer(msg, step)
-                checks.call(lambda inv, m=msg, r=req: inv.on_message(m, r), "on_message")  # type: ignore[misc]
-            else:
-                checks.call(lambda inv: inv.on_step_end(), "on_step_end")
-        if completed:  # the run reached its end-of-run checks: so do these, on the final state
-            view.at(len(ran.device.trace.ops))
-            ctx.step, ctx.frozen_now, ctx.live_books = ran.step, ran.now(), True
-            checks.call(lambda inv: inv.finish())
-    except InvariantViolated:
-        pass  # recorded
-    except Exception as err:
-        raise CheckerBug(err, ran.scenario) from err
-    return checks.violations, ctx.notices
 
 
 def _reference_factory() -> SchedulerFactory:
@@ -369,7 +238,7 @@ def _references(
 
 
 def _build(
-    factory: SchedulerFactory, cfg: SchedulerConfig, device: Any, harness: _Harness
+    factory: SchedulerFactory, cfg: SchedulerConfig, device: Any, harness: Harness
 ) -> SchedulerUnderTest:
     try:
         sched = factory(cfg, device, harness, harness.send)
@@ -395,64 +264,6 @@ def _fewer_collections() -> Iterator[None]:
         yield
     finally:
         gc.set_threshold(*old)
-
-
-def _drive(
-    sched: SchedulerUnderTest,
-    ctx: RunContext,
-    checks: _Checks,
-    bound: int,
-    log: list[tuple[str, Any, int, int, float]] | None,
-) -> bool:
-    """Step the scheduler until idle; True if the run got to its end-of-run checks."""
-    device = ctx.device
-    try:
-        while True:
-            device.set_step(ctx.step)
-            ctx.scheduler_ran()
-            more = sched.step()
-            ctx.scheduler_ran()
-            if checks.stopped is not None:
-                return False  # the scheduler swallowed the violation: it still stands
-            if not more:
-                break
-            checks.call(lambda inv: inv.on_step_end(), "on_step_end")
-            if log is not None:
-                log.append(("end", None, ctx.step, len(ctx.trace.ops), ctx.now()))
-            ctx.step += 1
-            if ctx.step > bound:
-                stuck = tuple(sorted(r.uid for r in ctx.book.live.values()))
-                checks.record(
-                    Violation(
-                        "liveness",
-                        ctx.step,
-                        ctx.now(),
-                        stuck,
-                        f"not idle after {bound} iterations; requests {list(stuck)} remain",
-                    )
-                )
-                return False
-        checks.call(lambda inv: inv.finish())
-        return True
-    except InvariantViolated:
-        return False  # recorded already
-    except InvariantError as err:  # the scheduler's own integrity checks, or a device deadlock
-        _record_quietly(checks, Violation(err.invariant, ctx.step, ctx.now(), (), err.detail))
-    except CheckerBug:
-        raise
-    except Exception as err:
-        if checks.stopped is not None:
-            return False  # an exception after a violation unwound the scheduler: it stands
-        violation = crash_violation(err, ctx.step, ctx.now())
-        if violation is None:
-            raise CheckerBug(err, ctx.scenario) from err
-        _record_quietly(checks, violation)
-    return False
-
-
-def _record_quietly(checks: _Checks, violation: Violation) -> None:
-    with suppress(InvariantViolated):
-        checks.record(violation)
 
 
 def outcomes(ctx: RunContext) -> list[RequestOutcome]:

@@ -24,6 +24,7 @@ LAYERS: dict[str, int] = {
     "invariants": 2,
     "scenarios": 2,
     "runner": 3,
+    "harness": 3,
     "crash": 3,
     "scheduler_spec": 3,
     "explore": 4,

@@ -76,9 +76,9 @@ def test_a_killed_worker_is_reported_and_the_others_carry_on() -> None:
     assert len(outcome.deaths) == 1 and notices == outcome.deaths
     assert outcome.deaths[0].startswith("worker 1 died (killed by SIGKILL)")
     assert "1 of 2 still running" in outcome.deaths[0]
-    # worker 0 searched on to its budget (on a loaded machine it may not finish another round)
-    assert outcome.stats.examples >= killed[0]
-    assert outcome.stats.seconds >= spec.budget * 0.9
+    # worker 0 searched on: more examples, or (on a loaded machine, no round finished) its budget
+    stats = outcome.stats
+    assert stats.examples > killed[0] or stats.seconds >= spec.budget * 0.9
 
 
 def test_one_worker_searches_in_this_process() -> None:

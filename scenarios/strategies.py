@@ -163,13 +163,29 @@ def variations(draw: st.DrawFn, base: Scenario, faults: frozenset[str] = frozens
     return Scenario(base.name, config, reqs, base.description, eos_probability=base.eos_probability)
 
 
+@st.composite
+def mixed_scenarios(
+    draw: st.DrawFn, faults: frozenset[str] = frozenset(), policy: str | None = None
+) -> Scenario:
+    """Generated workloads, and now and then a variation of a named scenario: those carry shapes
+    the generator rarely reaches at once (eight requests on two shared prefixes in a pool that
+    must evict them, long chunked prompts). Shrinks to a generated one."""
+    if rarely(draw, 8):
+        name = draw(st.sampled_from(sorted(NAMED)))
+        base = NAMED[name]()
+        if policy is not None:
+            base = base.with_config(policy=policy)
+        return draw(variations(base, faults))
+    return draw(generated_scenarios(faults, policy))
+
+
 def scenarios(
     name: str = "all", faults: frozenset[str] = frozenset(), policy: str | None = None
 ) -> st.SearchStrategy[Scenario]:
     """`all`: generated workloads (they shrink to the smallest counterexamples); a name: variations
     of that named scenario (its requests stay, so its counterexamples stay that size)."""
     if name == "all":
-        return generated_scenarios(faults, policy)
+        return mixed_scenarios(faults, policy)
     base = NAMED[name]()
     if policy is not None:
         base = base.with_config(policy=policy)

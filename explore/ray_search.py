@@ -9,7 +9,9 @@ same path) installed; `--db` should then name a directory on a filesystem all no
 from __future__ import annotations
 
 import logging
+import os
 import socket
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -32,6 +34,21 @@ def _ray() -> Any:
     except ImportError:
         raise UserError("--ray needs Ray: pip install 'overlapcheck[cluster]'") from None
     return ray
+
+
+@contextmanager
+def _native_stderr_silenced() -> Iterator[None]:
+    """Ray's C++ core logs every failed attempt to join a cluster on file descriptor 2, a dozen
+    lines before the exception; the one-line error raised after says what failed."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def _reachable(address: str) -> None:
@@ -68,7 +85,8 @@ def connected(address: str, cpus: int | None = None) -> Iterator[Any]:
                 logging_level=logging.ERROR,
             )
         else:
-            ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
+            with _native_stderr_silenced():
+                ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
     except Exception as err:  # Ray raises ConnectionError, RuntimeError, ValueError, ...
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise UserError(f"--ray {address}: cannot start or join Ray ({first})") from None

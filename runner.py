@@ -28,6 +28,7 @@ from overlapcheck.invariants.base import Invariant, Violation
 from overlapcheck.invariants.context import Request, RunContext
 from overlapcheck.invariants.registry import make_invariants
 from overlapcheck.scenarios.source import WorkloadSource
+from overlapcheck.scheduler_spec import SchedulerSpec
 
 
 @dataclass
@@ -138,7 +139,7 @@ def run_scenario(
     defer = backend.name != "sim" if defer_checks is None else defer_checks
     later = [inv for inv in chosen if defer and inv.deferrable]
     checks = Checks([inv for inv in chosen if inv not in later], keep_going)
-    factory = scheduler if scheduler is not None else _reference_factory()
+    factory = scheduler if scheduler is not None else SchedulerSpec().factory()
     ctx = RunContext(scenario, device, backend.name, None)
     wanted = any(inv.id == "oracle" for inv in checks.checks)
     harness = Harness(ctx, checks, source, _references(scenario, backend, wanted))
@@ -188,12 +189,6 @@ def run_scenario(
         requests=ctx.book.requests,
         checks=checks.checks + later,
     )
-
-
-def _reference_factory() -> SchedulerFactory:
-    from overlapcheck.reference.scheduler import Scheduler
-
-    return Scheduler
 
 
 def _references(

@@ -22,7 +22,7 @@ from overlapcheck.backends.sim.timing import Profile, Timing
 from overlapcheck.core.scenario import Scenario
 from overlapcheck.core.trace import Trace
 from overlapcheck.crash import CheckerBug
-from overlapcheck.invariants.registry import INVARIANTS
+from overlapcheck.invariants.registry import check_specs
 from overlapcheck.runner import RunResult, run_scenario
 from overlapcheck.scenarios.named import named_scenario
 from overlapcheck.scenarios.strategies import HypothesisDelay, scenarios, variations
@@ -115,13 +115,6 @@ class FailureDatabase(ExampleDatabase):
             self.inner.move(src, dest, value)
 
 
-def check_list(skip: frozenset[str], extra: tuple[str, ...]) -> list[str] | None:
-    """The invariant specs a run checks: the defaults less `skip`, plus opt-in ones (None: all)."""
-    if not skip and not extra:
-        return None
-    return [i for i in INVARIANTS if i not in skip] + list(extra)
-
-
 @dataclass(frozen=True, slots=True)
 class SearchSpec:
     """What to search: one picklable value, so that worker processes and Ray tasks get the same.
@@ -148,10 +141,10 @@ class SearchSpec:
     round_size: int = 25
 
     @property
-    def checks(self) -> list[str] | None:
+    def checks(self) -> list[str]:
         # Skipping `no-race` makes the search look for races that corrupt data (an oracle
         # failure), which needs the right timing: the counterexamples worth replaying on a GPU.
-        return check_list(self.skip, self.extra_checks)
+        return check_specs(self.skip, self.extra_checks)
 
     def strategy(self) -> st.SearchStrategy[Scenario]:
         if isinstance(self.scenario, Scenario):

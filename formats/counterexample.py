@@ -15,7 +15,7 @@ from overlapcheck.errors import UserError
 from overlapcheck.formats.jsonfile import check_header, read_json_file
 from overlapcheck.formats.trace_file import trace_to_json
 from overlapcheck.invariants.base import Violation
-from overlapcheck.invariants.registry import INVARIANTS, make_invariant
+from overlapcheck.invariants.registry import INVARIANTS, check_specs, make_invariant
 from overlapcheck.reference.faults import UnknownFaultError, parse_faults
 from overlapcheck.runner import RunResult, run_scenario
 from overlapcheck.scenarios.loader import ScenarioError, scenario_from_dict
@@ -53,15 +53,6 @@ LEGACY_INVARIANTS = (
 )
 
 
-def checked_list(
-    skip: frozenset[str], extra_checks: tuple[str, ...], defaults: tuple[str, ...] | None = None
-) -> list[str]:
-    """The invariant specs a run checks: the defaults less `skip`, plus opt-in ones."""
-    base = set(INVARIANTS) if defaults is None else set(defaults)
-    # in the registry's order: which of two violations at one step is reported first
-    return [i for i in INVARIANTS if i in base and i not in skip] + list(extra_checks)
-
-
 def to_json(
     result: RunResult,
     profile: Profile,
@@ -85,7 +76,7 @@ def to_json(
         "checks": list(extra_checks),  # opt-in ones it did (bounded-wait=K)
         # Exactly what was checked: a replay checks the same, whatever invariants come later (a
         # new one firing first would hide the recorded violation and change the trace).
-        "invariants": checked_list(skip, extra_checks),
+        "invariants": check_specs(skip, extra_checks),
         "timing": {
             "profile": profile.as_dict(),
             "draws": {str(k): v for k, v in sorted(draws.items())},
@@ -150,7 +141,7 @@ class Counterexample:
             self.extra_checks = tuple(str(c) for c in data.get("checks", []))
             recorded_checks = data.get("invariants")
             if recorded_checks is None:
-                self.invariants = checked_list(self.skip, self.extra_checks, LEGACY_INVARIANTS)
+                self.invariants = check_specs(self.skip, self.extra_checks, LEGACY_INVARIANTS)
             else:
                 self.invariants = [str(c) for c in recorded_checks]
             for spec in self.invariants:

@@ -39,12 +39,25 @@ class ForwardFeed:
             self.current[req.uid] = req
 
 
-def context_ends(op: Op, width: int) -> np.ndarray:
-    """Each sequence's context length, from the forward's page-table read (`page_table[slot, 0:end]`
-    per sequence, concatenated: every sequence's part starts at column 0)."""
+def _table_read(op: Op) -> np.ndarray:
+    """The forward's page-table read: `page_table[slot, 0:end]` per sequence, concatenated, so
+    every sequence's part starts at column 0."""
     table = next((a for a in op.accesses if a.buffer == PAGE_TABLE and a.mode == "r"), None)
-    if table is None or len(table.cells) == 0:
+    return np.empty(0, dtype=np.int64) if table is None else table.cells
+
+
+def sequence_rows(op: Op, width: int) -> np.ndarray:
+    """Each sequence's row (slot), in the forward's sequence order."""
+    cells = _table_read(op)
+    rows: np.ndarray = cells[cells % width == 0] // width
+    return rows
+
+
+def context_ends(op: Op, width: int) -> np.ndarray:
+    """Each sequence's context length, from the forward's page-table read."""
+    cells = _table_read(op)
+    if len(cells) == 0:
         return np.zeros(len(op.uids), dtype=np.int64)
-    begins = np.flatnonzero(table.cells % width == 0)
-    ends: np.ndarray = np.diff(np.append(begins, len(table.cells)))
+    begins = np.flatnonzero(cells % width == 0)
+    ends: np.ndarray = np.diff(np.append(begins, len(cells)))
     return ends

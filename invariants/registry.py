@@ -61,6 +61,16 @@ def make_invariant(spec: str) -> Invariant:
     raise ValueError(f"unknown invariant {spec!r} (known: {known})")
 
 
+def check_specs(
+    skip: Iterable[str] = (), extra: Iterable[str] = (), among: Iterable[str] | None = None
+) -> list[str]:
+    """The invariant specs a run checks: the defaults (or those of them in `among`) less `skip`,
+    in the registry's order (which of two violations at one step is reported first), plus the
+    opt-in ones in `extra`."""
+    skipped, chosen = set(skip), set(INVARIANTS if among is None else among)
+    return [i for i in INVARIANTS if i in chosen and i not in skipped] + list(extra)
+
+
 def make_invariants(ids: Iterable[str] | None = None) -> list[Invariant]:
     """The default set for None; otherwise exactly `ids` (each `ID` or `ID=ARG`)."""
     chosen = list(INVARIANTS) if ids is None else list(ids)

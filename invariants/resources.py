@@ -14,9 +14,10 @@ import numpy as np
 
 from overlapcheck.core.messages import OutMsg
 from overlapcheck.core.protocol import Books
-from overlapcheck.core.trace import HOST, PAGE_TABLE
+from overlapcheck.core.trace import HOST
 from overlapcheck.invariants.base import Invariant
 from overlapcheck.invariants.context import Request
+from overlapcheck.invariants.forwards import sequence_rows
 
 
 class SlotNotInFlight(Invariant):
@@ -54,11 +55,7 @@ class SlotNotInFlight(Invariant):
             if host_knows is None or op.agent == HOST:
                 continue
             agent, vc = clocks.agent[seq], clocks.vc[seq]
-            table = next((a for a in op.accesses if a.buffer == PAGE_TABLE), None)
-            if table is None or len(table.cells) == 0:
-                continue
-            rows = table.cells[table.cells % width == 0] // width  # each sequence starts at col 0
-            for uid, row in zip(op.uids, rows.tolist(), strict=False):
+            for uid, row in zip(op.uids, sequence_rows(op, width).tolist(), strict=False):
                 prev = self.owner.get(row)
                 if prev is not None and prev[0] != uid and host_knows[prev[1]] < prev[2]:
                     first = ops[prev[3]]

@@ -208,8 +208,3 @@ def load(path: str | Path) -> Counterexample:
     if missing:
         raise UserError(f"{p}: counterexample lacks {', '.join(missing)}")
     return Counterexample(data, str(p))
-
-
-def replay_file(path: str | Path) -> RunResult:
-    """Replay a counterexample on the simulator (for the timeline and other tools)."""
-    return load(path).replay()

@@ -141,7 +141,6 @@ class TracePrefix:
     """A finished run's trace as it stood when a given event happened: what a check saw then."""
 
     def __init__(self, trace: Trace) -> None:
-        self.full = trace
         self.ops = _Prefix(trace.ops)
         self.messages = trace.messages
         self.received = trace.received

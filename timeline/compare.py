@@ -14,7 +14,7 @@ from overlapcheck.core.protocol import SchedulerFactory
 from overlapcheck.core.scenario import Scenario
 from overlapcheck.runner import RunResult, run_scenario
 from overlapcheck.timeline.model import Interval, Panel, Rendered
-from overlapcheck.timeline.render import render_panels, result_title
+from overlapcheck.timeline.render import render_panels, result_title, violation_title
 
 LOOPS = ("overlap", "normal")
 
@@ -35,10 +35,7 @@ def run_both(
 def render_compare(
     overlap: RunResult, normal: RunResult, out: str | Path, window: Interval | None = None
 ) -> Rendered:
-    panels = [
-        Panel(r.trace, result_title(r), r.simulated_seconds, next(iter(r.violations), None))
-        for r in (overlap, normal)
-    ]
+    panels = [_panel(r) for r in (overlap, normal)]
     saved = 1 - overlap.simulated_seconds / max(normal.simulated_seconds, 1e-12)
     verdict = f"finishes {saved:.0%} sooner" if saved >= 0 else f"takes {-saved:.0%} longer"
     suptitle = f"{overlap.scenario.name}: overlap vs normal loop (overlap {verdict})"
@@ -49,12 +46,15 @@ def render_backends(
     real: RunResult, sim: RunResult, out: str | Path, window: Interval | None = None
 ) -> Rendered:
     """A real device's timeline (CUDA-event times) above the simulator's for the same scenario."""
-    panels = [
-        Panel(r.trace, result_title(r), r.simulated_seconds, next(iter(r.violations), None))
-        for r in (real, sim)
-    ]
+    panels = [_panel(r) for r in (real, sim)]
     error = sim.simulated_seconds / max(real.simulated_seconds, 1e-12) - 1
     suptitle = (
         f"{real.scenario.name}: {real.backend} vs simulator (simulator {error:+.0%} on total)"
     )
     return render_panels(panels, out, window, suptitle)
+
+
+def _panel(result: RunResult) -> Panel:
+    violation = next(iter(result.violations), None)
+    title = violation_title(result_title(result), violation)
+    return Panel(result.trace, title, result.simulated_seconds, violation)

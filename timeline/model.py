@@ -150,8 +150,9 @@ def _merge(spans: Iterable[Interval]) -> list[Interval]:
 
 
 def violation_ops(trace: Trace, violation: Violation) -> tuple[Op | None, Op | None]:
-    """The two operations a violation links: a race's two accesses; for a violation about a batch
-    (a slot handed out under an in-flight batch), that batch's forward and no second op."""
+    """The two operations a violation links, earlier first: a race's two accesses; a slot handed
+    out under an in-flight batch: that batch's forward and the forward that took the slot; for a
+    violation about one batch, that batch's forward and no second op."""
     details = violation.details
     ops = trace.ops
 
@@ -161,10 +162,63 @@ def violation_ops(trace: Trace, violation: Violation) -> tuple[Op | None, Op | N
         return ops[seq] if isinstance(seq, int) and 0 <= seq < len(ops) else None
 
     first, second = op_at("first"), op_at("second")
+    if first is None and second is None and violation.invariant == SLOT_NOT_IN_FLIGHT:
+        first, second = _slot_forwards(trace, violation)
     if first is None and second is None and isinstance(details.get("batch"), int):
         batch = details["batch"]
         first = next((op for op in ops if op.kind == "forward" and op.batch == batch), None)
     return first, second
+
+
+SLOT_NOT_IN_FLIGHT = "slot-not-in-flight"
+
+
+def _slot_forwards(trace: Trace, violation: Violation) -> tuple[Op | None, Op | None]:
+    """The two forwards of a slot-not-in-flight report, found from its uids (the newcomer, then
+    the request still in flight on the slot): the report names them only in its message.
+
+    The check runs at the end of every iteration, so the forward that took the slot is the
+    newcomer's last one issued by the violation's step; the in-flight one is the last forward of
+    the other request before it (a request keeps its slot, so that is the one that held it).
+    """
+    if len(violation.uids) != 2:
+        return None, None
+    newcomer, holder = violation.uids
+    forwards = [op for op in trace.ops if op.kind == "forward" and op.step <= violation.step]
+    second = next((op for op in reversed(forwards) if newcomer in op.uids), None)
+    if second is None:
+        return None, None
+    first = next(
+        (op for op in reversed(forwards) if op.seq < second.seq and holder in op.uids), None
+    )
+    return first, second
+
+
+def drawn_as(trace: Trace, op: Op) -> Op:
+    """The op whose box shows `op` on a picture: a host call that takes no time (staging, reading
+    an output, a wait that did not block) is drawn as the host span it was issued in."""
+    if op.agent != HOST or op.kind in ("span", "idle") or _lasts(op):
+        return op
+    for earlier in reversed(trace.ops[: op.seq]):
+        if earlier.agent == HOST and earlier.kind in ("span", "idle"):
+            inside = earlier.start is not None and earlier.start <= op.issue
+            ends_after = earlier.end is None or op.issue <= earlier.end
+            return earlier if inside and ends_after else op
+    return op
+
+
+def _lasts(op: Op) -> bool:
+    return op.start is not None and op.end is not None and op.end > op.start
+
+
+def highlighted_ops(trace: Trace, violation: Violation) -> tuple[Op, ...]:
+    """The boxes a picture outlines for a violation: the box of each operation it links."""
+    out: dict[int, Op] = {}
+    for op in violation_ops(trace, violation):
+        if op is not None:
+            box = drawn_as(trace, op)
+            out.setdefault(box.seq, box)
+    return tuple(out.values())
 
 
 # -- what a rendered panel shows ---------------------------------------------------------------
@@ -172,12 +226,16 @@ def violation_ops(trace: Trace, violation: Violation) -> tuple[Op | None, Op | N
 
 @dataclass(frozen=True, slots=True)
 class PanelSummary:
-    """What one panel shows, for callers and tests: its headline, total and engine idle share."""
+    """What one panel shows, for callers, tests and `timeline --json`: its headline, total, engine
+    idle share, and what was drawn."""
 
     title: str
     total: float
     engine_idle: float
     boxes: int = 0
+    operations: int = 0  # in the trace, drawn or not
+    violation: str | None = None  # the invariant of the violation marked, if any
+    outlined: tuple[int, ...] = ()  # pictures: seqs of the boxes outlined for the violation
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,7 +270,10 @@ def summarise(panel: Panel, window: Interval | None) -> PanelSummary:
     title = f"{panel.title}: {fmt_time(panel.total)} total, engine stream idle {share:.0%}"
     if window is not None:
         title += f" in the window {window[0] * 1e6:g}-{window[1] * 1e6:g} µs"
-    return PanelSummary(title, panel.total, share)
+    violation = panel.violation.invariant if panel.violation is not None else None
+    return PanelSummary(
+        title, panel.total, share, operations=len(panel.trace.ops), violation=violation
+    )
 
 
 def fmt_time(seconds: float) -> str:

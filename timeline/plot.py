@@ -32,6 +32,7 @@ from overlapcheck.timeline.model import (
     Rendered,
     batch_labels,
     engine_idle,
+    highlighted_ops,
     interval,
     lanes,
     span_batches,
@@ -57,13 +58,32 @@ EDGE = "#555555"
 OUTLINE = [patheffects.withStroke(linewidth=2, foreground="#333333")]
 IDLE_SHADE = "#F6D55C"
 VIOLATION = "#D62728"
+# Room right of the run's end, so a violation marked at the last moment is drawn whole.
+RIGHT_MARGIN = 0.04
+MIN_OUTLINE_PX = 6.0  # an outlined box too thin to see is widened to this, centred on it
+LABEL_LEFT_FROM = 0.8  # a marker past this share of the axis gets its label on its left
 
 
 def plot_panels(
     panels: Sequence[Panel], out: Path, window: Interval | None = None, suptitle: str = ""
 ) -> Rendered:
     """Draw the panels one above the other on one time axis and save to `out` (.png or .svg)."""
+    fig, summaries = build_figure(panels, window, suptitle)
+    try:
+        fig.savefig(out, dpi=DPI)
+    except OSError as err:
+        raise UserError(f"{out}: cannot write the timeline: {err.strerror or err}") from None
+    size = fig.get_size_inches()
+    return Rendered(out, summaries, (float(size[0]), float(size[1])), DPI)
+
+
+def build_figure(
+    panels: Sequence[Panel], window: Interval | None = None, suptitle: str = ""
+) -> tuple[Figure, tuple[PanelSummary, ...]]:
+    """The figure `plot_panels` saves, and what each panel shows (tests inspect its artists)."""
     lo, hi = window if window is not None else (0.0, max(p.total for p in panels) or 1e-6)
+    if window is None and any(p.violation is not None for p in panels):
+        hi += RIGHT_MARGIN * (hi - lo)
     heights = [
         len(lanes(p.trace)) * LANE_IN + PANEL_IN + _caption_lines(p) * CAPTION_LINE_IN
         for p in panels
@@ -80,7 +100,11 @@ def plot_panels(
     axes[-1].set_xlabel(f"time ({unit})")
     if suptitle:
         fig.suptitle(suptitle, fontsize=12, fontweight="bold")
-    handles = _legend(any(p.violation is not None for p in panels))
+    handles = _legend(
+        violation=any(p.violation is not None for p in panels),
+        host_idle=any(op.kind == "idle" for p in panels for op in p.trace.ops),
+        cut_off=any(op.start is not None and not op.done for p in panels for op in p.trace.ops),
+    )
     fig.legend(
         handles=handles,
         loc="outside lower center",
@@ -88,11 +112,7 @@ def plot_panels(
         fontsize=8,
         frameon=False,
     )
-    try:
-        fig.savefig(out, dpi=DPI)
-    except OSError as err:
-        raise UserError(f"{out}: cannot write the timeline: {err.strerror or err}") from None
-    return Rendered(out, summaries, size, DPI)
+    return fig, summaries
 
 
 def _caption_lines(panel: Panel) -> int:
@@ -168,8 +188,9 @@ def _draw_panel(
     if lo <= panel.total <= hi:
         ax.axvline(panel.total, color="black", lw=1.0, ls="--", zorder=5)
     title = summary.title
+    outlined: tuple[int, ...] = ()
     if panel.violation is not None:
-        _draw_violation(ax, panel, ys)
+        outlined = _draw_violation(ax, panel, ys, shown, px_per_s)
         title += "\n" + "\n".join(textwrap.wrap(panel.violation.line(), CAPTION_WIDTH))
     ax.set_title(title, loc="left", fontsize=9.5)
     ax.set_xlim(lo, hi)
@@ -177,7 +198,7 @@ def _draw_panel(
     ax.set_yticks(list(ys.values()), [lane.name for lane in lane_list], fontsize=9)
     ax.grid(axis="x", color="#EEEEEE", zorder=-1)
     ax.set_axisbelow(True)
-    return replace(summary, boxes=boxes)
+    return replace(summary, boxes=boxes, outlined=outlined)
 
 
 def _box(
@@ -216,25 +237,35 @@ def _box(
     return text
 
 
-def _draw_violation(ax: Axes, panel: Panel, ys: dict[str, float]) -> None:
+def _draw_violation(
+    ax: Axes, panel: Panel, ys: dict[str, float], shown: Interval, px_per_s: float
+) -> tuple[int, ...]:
+    """Outline the boxes of both operations, arrow from the first access to the second, mark
+    where it broke; return the seqs of the outlined boxes."""
     v = panel.violation
     assert v is not None
     first, second = violation_ops(panel.trace, v)
     target = _point(second, ys, panel.total) if second is not None else (v.time, ys[HOST])
-    for op in (first, second):
-        when = interval(op, panel.total) if op is not None else None
-        if op is not None and when is not None:
-            ax.add_patch(
-                Rectangle(
-                    (when[0], ys[op.agent] - 0.45),
-                    max(when[1] - when[0], 0.0),
-                    0.9,
-                    fill=False,
-                    edgecolor=VIOLATION,
-                    lw=2.0,
-                    zorder=6,
-                )
+    outlined = []
+    for box in highlighted_ops(panel.trace, v):
+        when = interval(box, panel.total)
+        if when is None:
+            continue
+        # A zero-length op (a record, a copy that never ran long) still gets a visible frame.
+        pad = max(0.0, MIN_OUTLINE_PX / px_per_s - (when[1] - when[0])) / 2
+        ax.add_patch(
+            Rectangle(
+                (when[0] - pad, ys[box.agent] - 0.45),
+                when[1] - when[0] + 2 * pad,
+                0.9,
+                fill=False,
+                edgecolor=VIOLATION,
+                lw=2.0,
+                zorder=6,
+                gid=f"outline-{box.seq}",
             )
+        )
+        outlined.append(box.seq)
     if first is not None:
         source = _point(first, ys, panel.total)
         ax.annotate(
@@ -253,17 +284,24 @@ def _draw_violation(ax: Axes, panel: Panel, ys: dict[str, float]) -> None:
         )
         ax.plot(*source, marker="o", ms=7, mfc="white", mec=VIOLATION, mew=2, zorder=8)
     ax.plot(*target, marker="X", ms=12, color=VIOLATION, mec="white", zorder=8)
+    # Near the right edge the label goes left of the marker, so it stays inside the picture.
+    lo, hi = shown
+    on_left = target[0] >= lo + LABEL_LEFT_FROM * (hi - lo)
     ax.annotate(
         v.invariant,
         xy=target,
-        xytext=(10, 10),
+        xytext=(-9 if on_left else 9, 6),
         textcoords="offset points",
+        ha="right" if on_left else "left",
+        va="bottom",
         zorder=9,
         color=VIOLATION,
         fontsize=9,
         fontweight="bold",
         bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": VIOLATION, "lw": 1},
+        gid="violation-label",
     )
+    return tuple(outlined)
 
 
 def _point(op: Op, ys: dict[str, float], end: float) -> tuple[float, float]:
@@ -272,11 +310,15 @@ def _point(op: Op, ys: dict[str, float], end: float) -> tuple[float, float]:
     return (when[0] if when is not None else op.issue), ys[op.agent]
 
 
-def _legend(violation: bool) -> list[Patch | Line2D]:
+def _legend(violation: bool, host_idle: bool, cut_off: bool) -> list[Patch | Line2D]:
     handles: list[Patch | Line2D] = [
         Patch(facecolor=HOST_COLORS["schedule"], label="host: schedule"),
         Patch(facecolor=HOST_COLORS["launch"], label="host: launch"),
         Patch(facecolor=HOST_COLORS["process"], label="host: process results"),
+    ]
+    if host_idle:
+        handles.append(Patch(facecolor=SLEEP, label="host idle (until an arrival)"))
+    handles += [
         Patch(facecolor=PREFILL, label="forward (prefill)"),
         Patch(facecolor=DECODE, label="forward (decode)"),
         Patch(facecolor=H2D, label="H2D copy"),
@@ -285,6 +327,11 @@ def _legend(violation: bool) -> list[Patch | Line2D]:
         Patch(facecolor=IDLE_SHADE, alpha=0.35, label="engine stream idle"),
         Line2D([], [], color=EDGE, lw=0.7, ls=":", marker=".", ms=3, label="event record → wait"),
     ]
+    if cut_off:
+        handles.append(Patch(facecolor="#999999", alpha=0.5, label="unfinished when it stopped"))
     if violation:
-        handles.append(Line2D([], [], color=VIOLATION, marker="X", lw=2, label="violation"))
+        handles += [
+            Patch(fill=False, edgecolor=VIOLATION, lw=2.0, label="operations involved"),
+            Line2D([], [], color=VIOLATION, marker="X", lw=2, label="violation"),
+        ]
     return handles

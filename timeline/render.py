@@ -55,9 +55,13 @@ def render_trace(
     window: Interval | None = None,
     total: float | None = None,
 ) -> Rendered:
-    """Draw one trace (and the violation it ends in, if any) to a .png, .svg or .json file."""
+    """Draw one trace (and the violation it ends in, if any) to a .png, .svg or .json file.
+
+    The title names the violation too: a counterexample's run is a generated scenario, so its
+    file name and its invariant are what tell one picture from another."""
     end = trace_end(trace) if total is None else total
-    return render_panels([Panel(trace, title or "trace", end, violation)], out, window)
+    panel = Panel(trace, violation_title(title or "trace", violation), end, violation)
+    return render_panels([panel], out, window)
 
 
 def render_result(result: RunResult, out: str | Path, window: Interval | None = None) -> Rendered:
@@ -77,3 +81,10 @@ def result_title(result: RunResult) -> str:
     c = result.config
     faults = f", fault {'+'.join(sorted(c.faults))}" if c.faults else ""
     return f"{result.scenario.name}, {c.loop} loop ({result.backend}{faults})"
+
+
+def violation_title(title: str, violation: Violation | None) -> str:
+    """`title — invariant, step N` for a run that broke an invariant, else `title`."""
+    if violation is None:
+        return title
+    return f"{title} — {violation.invariant}, step {violation.step}"

@@ -1,12 +1,17 @@
-"""The `overlapcheck` command line. Bad input: one line on stderr, exit 2."""
+"""The `overlapcheck` command line.
+
+Exit status: 0 ok, 1 a violation was found, 2 bad input (one line on stderr), 3 a bug of
+overlapcheck's own (`overlapcheck bug:`, with the input saved when a run crashed).
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from overlapcheck import __version__
 from overlapcheck.commands import bench, calibrate, explore, faults, replay, run, timeline
@@ -17,7 +22,24 @@ from overlapcheck.formats.bug_report import save_checker_bug
 COMMANDS = [run, explore, replay, timeline, faults, bench, calibrate]
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help ends with its default, unless the help already states it or there is
+    none to state (a flag, an empty list, None: then the help says in words what happens)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, [], argparse.SUPPRESS):
+            return text
+        return super()._get_help_string(action)
+
+
 class _Parser(argparse.ArgumentParser):
+    # Every subcommand's parser is one of these (add_subparsers(parser_class=...)), so the help
+    # format is set here once for all of them.
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:
         print(f"{self.prog}: error: {message}", file=sys.stderr)
         raise SystemExit(2)
@@ -48,6 +70,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("overlapcheck: interrupted", file=sys.stderr)
         return 130
+    except Exception as err:  # anything else escaping a command is our bug
+        # Python's own exit status for an uncaught exception is 1, which means "violation" here.
+        traceback.print_exc()
+        print(f"overlapcheck bug: {type(err).__name__}: {err}; please report it", file=sys.stderr)
+        return 3
 
 
 def _report_bug(bug: CheckerBug, folder: Path) -> int:

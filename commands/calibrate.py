@@ -5,22 +5,34 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from overlapcheck.commands.common import load_profile
+from overlapcheck.commands.common import add_model_options, load_profile
 from overlapcheck.errors import UserError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("calibrate", help="fit the simulator's latencies to a GPU (or check a fit)")
-    p.add_argument("--backend", choices=("cuda", "cpu"), default="cuda")
-    p.add_argument("--preset", help="model preset (default tiny)")
-    p.add_argument("--model", help="a Hugging Face checkpoint directory")
-    p.add_argument("-o", "--out", default="profile.json", help="where the fitted profile goes")
-    p.add_argument("--check", metavar="PROFILE", help="compare sim and GPU per named scenario")
+    p.add_argument(
+        "--backend",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="the real engine to time: cuda (a GPU, two streams) or cpu",
+    )
+    add_model_options(p, prefix="")
+    p.add_argument(
+        "-o", "--out", default="profile.json", help="where the fitted profile goes (JSON)"
+    )
+    p.add_argument(
+        "--check",
+        metavar="PROFILE",
+        help="compare sim and GPU per named scenario with this profile instead of fitting one "
+        "(default: fit)",
+    )
     p.add_argument(
         "--traces",
         metavar="DIR",
         type=Path,
-        help="with --check: save each scenario's real and simulated traces there (for timeline)",
+        help="with --check: save each scenario's real and simulated traces there (for timeline) "
+        "(default: not saved)",
     )
     p.set_defaults(main=main)
 

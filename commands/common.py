@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+import math
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
-from overlapcheck.backends.sim.timing import Profile, SeededDelay, Timing
+from overlapcheck.backends.sim.timing import Profile, ProfileError, SeededDelay, Timing
 from overlapcheck.core.config import CACHE_KINDS, LOOP_KINDS, POLICIES, ConfigError
 from overlapcheck.core.scenario import Scenario
 from overlapcheck.errors import UserError
-from overlapcheck.invariants.registry import make_invariant
-from overlapcheck.reference.faults import UnknownFaultError, parse_faults
+from overlapcheck.invariants.registry import INVARIANTS, make_invariant
+from overlapcheck.reference.faults import FAULTS, UnknownFaultError, parse_faults
 from overlapcheck.scenarios.loader import ScenarioError, load_scenario_file
 from overlapcheck.scenarios.named import NAMED, named_scenario
 from overlapcheck.scheduler_spec import REFERENCE, SchedulerSpec, parse_spec
@@ -35,6 +38,47 @@ positive_int = _int_at_least(1, "a positive integer")
 nonneg_int = _int_at_least(0, "an integer >= 0")
 
 
+def _finite_float(allow_zero: bool, name: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        # float() takes "nan" and "inf": a budget of nan compares false with everything and
+        # would silently run nothing, so both are refused here, with the negatives.
+        if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+            raise argparse.ArgumentTypeError(f"expected {name}, got {text!r}")
+        return value
+
+    return parse
+
+
+# argparse types for float options (seconds, probabilities, scales): nan, inf and negatives are
+# refused when the arguments are parsed, as one line and exit 2.
+finite_positive_float = _finite_float(False, "a finite number > 0")
+finite_nonneg_float = _finite_float(True, "a finite number >= 0")
+
+
+# The real engine's model presets (backends/gpu/weights.PRESETS, which needs torch to import; a
+# test keeps the two equal) and the one it uses when neither --model nor --preset is given.
+PRESET_NAMES = ("tiny", "qwen3-0.6b")
+DEFAULT_PRESET = "tiny"
+
+
+def add_model_options(parser: argparse.ArgumentParser, prefix: str = "(cpu/cuda) ") -> None:
+    parser.add_argument(
+        "--model",
+        metavar="DIR",
+        help=f"{prefix}a Hugging Face checkpoint directory (default: none, use --preset)",
+    )
+    parser.add_argument(
+        "--preset",
+        choices=PRESET_NAMES,
+        help=f"{prefix}a model preset with deterministic random weights, when no --model is "
+        f"given (default: {DEFAULT_PRESET})",
+    )
+
+
 def add_config_overrides(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--loop", choices=LOOP_KINDS, help="scheduler loop (default: the scenario's)"
@@ -42,7 +86,12 @@ def add_config_overrides(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cache", choices=CACHE_KINDS, help="prefix cache (default: the scenario's)"
     )
-    parser.add_argument("--page-size", type=positive_int, help="tokens per KV page")
+    parser.add_argument(
+        "--page-size",
+        type=positive_int,
+        metavar="N",
+        help="tokens per KV page (default: the scenario's)",
+    )
     parser.add_argument(
         "--policy",
         choices=POLICIES,
@@ -52,14 +101,16 @@ def add_config_overrides(parser: argparse.ArgumentParser) -> None:
         "--chunk",
         type=positive_int,
         dest="max_extend_tokens",
-        help="prefill token budget per batch (max_extend_tokens)",
+        metavar="N",
+        help="prefill token budget per batch (max_extend_tokens; default: the scenario's)",
     )
     parser.add_argument(
         "--fault",
         action="append",
         default=[],
         metavar="NAME",
-        help="re-enable a named known bug (repeatable; see `overlapcheck faults`)",
+        help="re-enable a named known bug (repeatable; one of " + ", ".join(FAULTS) + "; "
+        "see `overlapcheck faults`; default: none)",
     )
 
 
@@ -68,10 +119,13 @@ def add_timing(parser: argparse.ArgumentParser) -> None:
         "--seed",
         type=nonneg_int,
         default=None,
+        metavar="N",
         help="draw random operation delays from this seed (default: nominal timing)",
     )
     parser.add_argument(
-        "--timing", metavar="FILE", help="a timing profile (JSON), e.g. from calibrate"
+        "--timing",
+        metavar="FILE",
+        help="a timing profile (JSON), e.g. from calibrate (default: the built-in nominal one)",
     )
 
 
@@ -102,17 +156,25 @@ def apply_overrides(scenario: Scenario, args: argparse.Namespace) -> Scenario:
 
 
 def load_profile(path: str) -> Profile:
-    """A timing profile file, or one clear UserError."""
+    """A timing profile file, validated (no unknown field, no negative, nan or infinite latency),
+    or one clear UserError."""
     try:
         return Profile.load(path)
     except FileNotFoundError:
         raise UserError(f"{path}: no such timing profile") from None
-    except (OSError, ValueError, TypeError) as err:
-        raise UserError(f"{path}: bad timing profile: {err}") from None
+    except ProfileError as err:
+        raise UserError(str(err)) from None
 
 
 def check_spec(text: str) -> str:
-    """`--check ID=ARG`, validated when the arguments are parsed."""
+    """`--check ID=ARG`, validated when the arguments are parsed. A default invariant is always
+    on: naming it did nothing before, and silently, so it is an error now."""
+    name, has_arg, _ = text.partition("=")
+    if name in INVARIANTS and not has_arg:
+        raise argparse.ArgumentTypeError(
+            f"{name} is already on (every default invariant is checked; --check adds an opt-in "
+            "one such as bounded-wait=K)"
+        )
     try:
         make_invariant(text)
     except ValueError as err:
@@ -120,14 +182,32 @@ def check_spec(text: str) -> str:
     return text
 
 
+class _AppendCheck(argparse.Action):
+    """`--check` (repeatable): the same opt-in check twice is an error, not a silent no-op."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        chosen = list(getattr(namespace, self.dest, None) or [])
+        if values in chosen:
+            parser.error(f"argument --check: {values} is already on (given twice)")
+        setattr(namespace, self.dest, [*chosen, values])
+
+
 def add_check_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--check",
-        action="append",
+        action=_AppendCheck,
         default=[],
         type=check_spec,
         metavar="ID=ARG",
-        help="also check an opt-in property, e.g. bounded-wait=K (repeatable)",
+        help="also check an opt-in property (repeatable): bounded-wait=K, no request is "
+        "overtaken by more than K later arrivals (default: none; the default invariants are "
+        "always on)",
     )
 
 
@@ -145,6 +225,25 @@ def add_scheduler_option(parser: argparse.ArgumentParser, default: str | None = 
         help="the scheduler under test: PATH.py:FACTORY, module:FACTORY or reference "
         "(default: " + (default or "the one the file records") + ")",
     )
+
+
+def finish_with_outputs(ok: bool, writes: Sequence[Callable[[], object]]) -> int:
+    """Attempt every output write (after the verdict is printed) and give the exit status.
+
+    A write that fails is one line on stderr; the others are still attempted. The status says
+    what was found, so a failed write exits 2 only when nothing was: a violation keeps exit 1
+    (the finding matters more than the file, and a script that tests for 1 must not miss it).
+    """
+    failed = False
+    for write in writes:
+        try:
+            write()
+        except UserError as err:
+            print(f"overlapcheck: error: {err}", file=sys.stderr)
+            failed = True
+    if not ok:
+        return 1
+    return 2 if failed else 0
 
 
 def scheduler_from_args(args: argparse.Namespace) -> SchedulerSpec | None:

@@ -8,7 +8,13 @@ import sys
 
 import networkx as nx
 
-from overlapcheck.commands.common import add_scheduler_option, positive_int, scheduler_from_args
+from overlapcheck.commands.common import (
+    add_model_options,
+    add_scheduler_option,
+    finish_with_outputs,
+    positive_int,
+    scheduler_from_args,
+)
 from overlapcheck.errors import UserError
 from overlapcheck.formats import counterexample
 from overlapcheck.invariants.base import Violation
@@ -18,7 +24,12 @@ from overlapcheck.runner import RunResult
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("replay", help="replay a counterexample (exit 1 when it reproduces)")
-    p.add_argument("file")
+    p.add_argument(
+        "file",
+        metavar="FILE",
+        help="a counterexample file (JSON), as explore saves it under --out "
+        "(counterexamples/<invariant>-<hash>.json)",
+    )
     p.add_argument(
         "--backend",
         choices=("sim", "cpu", "cuda"),
@@ -26,21 +37,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="sim: exact replay; cuda: on a GPU with the delays injected (cpu: same path, "
         "synchronous streams, for debugging)",
     )
-    p.add_argument("--repeat", type=positive_int, default=1, help="(cpu/cuda) repeats")
-    p.add_argument("--preset", help="(cpu/cuda) model preset (default tiny)")
-    p.add_argument("--model", help="(cpu/cuda) a Hugging Face checkpoint directory")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--repeat", type=positive_int, default=1, metavar="N", help="(cpu/cuda) repeats")
+    add_model_options(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
     add_scheduler_option(p, default=None)
     p.add_argument(
         "--ray",
         metavar="ADDRESS",
         help="(cpu/cuda) spread the repeats over a Ray cluster, one engine per GPU (cuda) or "
-        "per CPU (cpu); `local` starts a local Ray instance",
+        "per CPU (cpu); `local` starts a local Ray instance (default: no cluster, this machine)",
     )
     p.add_argument(
         "--hb-graph",
         metavar="OUT.graphml",
-        help="for a race: write the happens-before graph around it (GraphML)",
+        help="for a race: write the happens-before graph around it (GraphML) (default: not "
+        "written)",
     )
     p.set_defaults(main=main)
 
@@ -75,8 +86,6 @@ def main(args: argparse.Namespace) -> int:
         )
     result = cex.replay(scheduler)
     hit = cex.reproduced(result)
-    if args.hb_graph:
-        _write_hb_graph(result, hit, args.hb_graph)
     same_hash = result.trace_hash == cex.trace_hash
     if args.json:
         json.dump(
@@ -98,7 +107,10 @@ def main(args: argparse.Namespace) -> int:
     else:
         others = "; ".join(v.line() for v in result.violations) or "none"
         print(f"did not reproduce {cex.invariant} (violations now: {others})")
-    return 1 if hit is not None else 0
+    # The verdict first, flushed: a graph that cannot be written must never hide it.
+    sys.stdout.flush()
+    writes = [lambda: _write_hb_graph(result, hit, args.hb_graph)] if args.hb_graph else []
+    return finish_with_outputs(hit is None, writes)
 
 
 def _write_hb_graph(result: RunResult, hit: Violation | None, out: str) -> None:

@@ -5,27 +5,41 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 
 from overlapcheck.backends.registry import BACKENDS, make_backend
 from overlapcheck.commands.common import (
     add_check_option,
     add_config_overrides,
+    add_model_options,
     add_scheduler_option,
     add_timing,
     apply_overrides,
+    finish_with_outputs,
     make_timing,
     resolve_scenario,
     scheduler_from_args,
 )
 from overlapcheck.invariants.registry import INVARIANTS
 from overlapcheck.runner import RunResult, run_scenario
+from overlapcheck.scenarios.named import NAMED
 from overlapcheck.scheduler_spec import SchedulerSpec
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run one scenario and check every invariant")
-    p.add_argument("--backend", choices=BACKENDS, default="sim")
-    p.add_argument("--scenario", default="basic", help="a named scenario or a .json/.toml file")
+    p.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="sim",
+        help="sim: the SimPy GPU model; cpu/cuda: the real engine in torch",
+    )
+    p.add_argument(
+        "--scenario",
+        default="basic",
+        metavar="NAME|FILE",
+        help=f"a named scenario ({', '.join(NAMED)}) or a .json/.toml scenario file",
+    )
     add_config_overrides(p)
     add_timing(p)
     add_check_option(p)
@@ -36,14 +50,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="record every violation (each invariant once per request) instead of stopping at "
         "the first",
     )
-    p.add_argument("--model", help="(cpu/cuda) a Hugging Face checkpoint directory")
-    p.add_argument("--preset", help="(cpu/cuda) a model preset when no --model is given")
+    add_model_options(p)
     p.add_argument(
         "--sanitize", action="store_true", help="(cuda) run under PyTorch's CUDA sanitizer"
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--trace", metavar="PATH", help="save the trace (JSON)")
-    p.add_argument("--timeline", metavar="OUT", help="draw the timeline (.png, .svg or .json)")
+    p.add_argument("--trace", metavar="PATH", help="save the trace (JSON) (default: not saved)")
+    p.add_argument(
+        "--timeline",
+        metavar="OUT",
+        help="draw the timeline (.png, .svg or Perfetto .json) (default: not drawn)",
+    )
     p.set_defaults(main=main)
 
 
@@ -59,20 +76,27 @@ def main(args: argparse.Namespace) -> int:
         scheduler=spec.factory(),
         keep_going=args.keep_going,
     )
-    if args.trace:
-        from overlapcheck.formats.trace_file import save_trace
-
-        save_trace(result, args.trace)
-    if args.timeline:
-        from overlapcheck.timeline.render import render_result
-
-        render_result(result, args.timeline)
+    # The verdict first, flushed: an output file that cannot be written must never hide it.
     if args.json:
         json.dump(result.to_json(), sys.stdout)
         print()
     else:
         print_human(result)
-    return 0 if result.ok else 1
+    sys.stdout.flush()
+    return finish_with_outputs(result.ok, _outputs(result, args))
+
+
+def _outputs(result: RunResult, args: argparse.Namespace) -> list[Callable[[], object]]:
+    writes: list[Callable[[], object]] = []
+    if args.trace:
+        from overlapcheck.formats.trace_file import save_trace
+
+        writes.append(lambda: save_trace(result, args.trace))
+    if args.timeline:
+        from overlapcheck.timeline.render import render_result
+
+        writes.append(lambda: render_result(result, args.timeline))
+    return writes
 
 
 def print_human(result: RunResult) -> None:

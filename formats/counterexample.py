@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 from pathlib import Path
 from typing import Any
 
 from overlapcheck import __version__
 from overlapcheck.backends.sim.backend import SimBackend
-from overlapcheck.backends.sim.timing import Profile, ReplayDelay, Timing
+from overlapcheck.backends.sim.timing import Profile, ProfileError, ReplayDelay, Timing
 from overlapcheck.core.scenario import Scenario
 from overlapcheck.errors import UserError
 from overlapcheck.formats.jsonfile import check_header, read_json_file
@@ -125,34 +126,46 @@ class Counterexample:
     def __init__(self, data: dict[str, Any], where: str) -> None:
         self.data = data
         self.where = where
-        self.invariant: str = data["invariant"]
-        self.trace_hash: str = data["trace_hash"]
         try:
-            faults = parse_faults(data.get("faults", []))
-            base = scenario_from_dict(data["scenario"], where=f"{where}: scenario")
+            self.invariant: str = _text(data["invariant"], "invariant")
+            self.trace_hash: str = _text(data["trace_hash"], "trace_hash")
+            faults = parse_faults(_list(data.get("faults", []), "faults"))
+            base = scenario_from_dict(data["scenario"], where="scenario")
             self.scenario: Scenario = base.with_config(faults=faults)
-            timing = data.get("timing", {})
-            self.profile = Profile(**{k: float(v) for k, v in timing.get("profile", {}).items()})
-            self.draws = {int(k): float(v) for k, v in timing.get("draws", {}).items()}
-            self.skip = frozenset(str(i) for i in data.get("skip", []))
+            timing = _object(data.get("timing", {}), "timing")
+            self.profile = Profile.from_dict(_object(timing.get("profile", {}), "timing.profile"))
+            self.draws = _draws(_object(timing.get("draws", {}), "timing.draws"))
+            self.skip = frozenset(_text(i, "skip") for i in _list(data.get("skip", []), "skip"))
             unknown = sorted(self.skip - set(INVARIANTS))
             if unknown:
-                raise ValueError(f"unknown invariant {', '.join(unknown)} in 'skip'")
-            self.extra_checks = tuple(str(c) for c in data.get("checks", []))
+                raise ValueError(f"skip: unknown invariant {', '.join(unknown)}")
+            self.extra_checks = tuple(
+                _text(c, "checks") for c in _list(data.get("checks", []), "checks")
+            )
             recorded_checks = data.get("invariants")
             if recorded_checks is None:
                 self.invariants = check_specs(self.skip, self.extra_checks, LEGACY_INVARIANTS)
             else:
-                self.invariants = [str(c) for c in recorded_checks]
+                self.invariants = [
+                    _text(c, "invariants") for c in _list(recorded_checks, "invariants")
+                ]
             for spec in self.invariants:
-                make_invariant(spec)  # validates: ValueError names the problem
-            recorded = data.get("scheduler") or {}
-            self.scheduler: SchedulerSpec = parse_spec(str(recorded.get("spec", "reference")))
-            self.scheduler_hash: str | None = recorded.get("source_hash")
-        except (UnknownFaultError, ScenarioError, UserError) as err:
+                try:
+                    make_invariant(spec)  # validates: ValueError names the problem
+                except ValueError as err:
+                    raise ValueError(f"invariants: {err}") from None
+            recorded = _object(data.get("scheduler") or {}, "scheduler")
+            self.scheduler: SchedulerSpec = parse_spec(
+                _text(recorded.get("spec", "reference"), "scheduler.spec")
+            )
+            source_hash = recorded.get("source_hash")
+            self.scheduler_hash: str | None = (
+                None if source_hash is None else _text(source_hash, "scheduler.source_hash")
+            )
+        except ProfileError as err:
+            raise UserError(f"{where}: timing.profile: {err}") from None
+        except (UnknownFaultError, ScenarioError, UserError, ValueError, TypeError) as err:
             raise UserError(f"{where}: {err}") from None
-        except (TypeError, ValueError, AttributeError) as err:
-            raise UserError(f"{where}: malformed timing: {err}") from None
 
     def timing(self) -> Timing:
         return Timing(self.profile, ReplayDelay(self.draws))
@@ -198,6 +211,37 @@ class Counterexample:
     def without_faults(self) -> Counterexample:
         """The same workload, timing and checks with the injected faults off: the fixed code."""
         return Counterexample({**self.data, "faults": []}, f"{self.where} (fault off)")
+
+
+def _text(value: Any, field: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{field}: expected a string, got {value!r}")
+    return value
+
+
+def _list(value: Any, field: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise ValueError(f"{field}: expected a list, got {value!r}")
+    return value
+
+
+def _object(value: Any, field: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError(f"{field}: expected an object, got {value!r}")
+    return value
+
+
+def _draws(raw: dict[str, Any]) -> dict[int, float]:
+    """Recorded delays, site -> seconds: a bad one would fail deep in the simulator instead."""
+    draws: dict[int, float] = {}
+    for key, value in raw.items():
+        if not key.isdigit():
+            raise ValueError(f"timing.draws: site {key!r} is not an integer >= 0")
+        finite = isinstance(value, int | float) and not isinstance(value, bool)
+        if not finite or not math.isfinite(value) or value < 0:
+            raise ValueError(f"timing.draws[{key}]: expected a finite delay >= 0, got {value!r}")
+        draws[int(key)] = float(value)
+    return draws
 
 
 def load(path: str | Path) -> Counterexample:

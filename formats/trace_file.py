@@ -172,7 +172,7 @@ def trace_file_from_json(data: Any, where: str = "trace") -> SavedTrace:
         run = data.get("run", {})
         if not isinstance(scenario, dict) or not isinstance(run, dict):
             raise TypeError("'scenario' and 'run' must be objects")
-    except (KeyError, TypeError, ValueError, IndexError) as err:
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
         raise UserError(f"{where}: malformed trace: {_reason(err)}") from None
     return SavedTrace(trace, violations, scenario, run, lossless)
 
@@ -221,7 +221,7 @@ def _message(raw: dict[str, Any]) -> Message:
         uid=int(raw["uid"]),
         kind=str(raw["kind"]),
         token=int(raw["token"]),
-        finished=bool(raw["finished"]),
+        finished=_flag(raw["finished"], "finished"),
         reason=str(raw["reason"]),
     )
 
@@ -251,6 +251,13 @@ def _violation(raw: dict[str, Any]) -> Violation:
         message=str(raw["message"]),
         details=dict(raw.get("details", {})),
     )
+
+
+def _flag(value: Any, name: str) -> bool:
+    # bool("false") is True: a string here would silently mean the opposite.
+    if not isinstance(value, bool):
+        raise TypeError(f"message field {name!r} must be true or false, got {value!r}")
+    return value
 
 
 def _opt_int(value: Any) -> int | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import tomllib
 from collections.abc import Callable
 from dataclasses import fields
@@ -17,7 +18,12 @@ class ScenarioError(ValueError):
     """A scenario that cannot be built; the message is one line for the user."""
 
 
-CONFIG_FIELDS = {f.name for f in fields(SchedulerConfig)} - {"faults"}
+# Each config field's type, from its default: ints for sizes and thresholds, strings for the
+# switches (whose allowed values SchedulerConfig itself checks).
+CONFIG_TYPES: dict[str, type] = {
+    f.name: type(f.default) for f in fields(SchedulerConfig) if f.name != "faults"
+}
+CONFIG_FIELDS = set(CONFIG_TYPES)
 REQUEST_FIELDS = {f.name for f in fields(RequestSpec)}
 T = TypeVar("T")
 
@@ -26,7 +32,10 @@ def load_scenario_file(path: str | Path) -> Scenario:
     p = Path(path)
     if not p.is_file():
         raise ScenarioError(f"{p}: no such scenario file")
-    text = p.read_text()
+    try:
+        text = p.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ScenarioError(f"{p}: cannot read the scenario file: {err}") from None
     try:
         data = tomllib.loads(text) if p.suffix == ".toml" else json.loads(text)
     except (json.JSONDecodeError, tomllib.TOMLDecodeError) as err:
@@ -51,6 +60,11 @@ def scenario_from_dict(
     bad = sorted(set(cfg) - CONFIG_FIELDS)
     if bad:
         raise ScenarioError(f"{where}: unknown config field {', '.join(bad)}")
+    for name, value in cfg.items():
+        if CONFIG_TYPES[name] is int:
+            _int(value, f"{where}: config.{name}")
+        elif not isinstance(value, str):
+            raise ScenarioError(f"{where}: config.{name}: expected a string, got {value!r}")
     try:
         config = SchedulerConfig(**cfg)
     except (ConfigError, TypeError) as err:
@@ -63,10 +77,10 @@ def scenario_from_dict(
     if not 0.0 <= eos_probability <= 1.0:
         raise ScenarioError(f"{where}: eos_probability must be in [0, 1], got {eos_probability}")
     return Scenario(
-        str(data.get("name", default_name)),
+        _str(data.get("name", default_name), f"{where}: name"),
         config,
         specs,
-        str(data.get("description", "")),
+        _str(data.get("description", ""), f"{where}: description"),
         eos_probability=eos_probability,
     )
 
@@ -80,21 +94,20 @@ def _request(raw: Any, index: int, where: str) -> RequestSpec:
         raise ScenarioError(f"{at}: unknown field {', '.join(bad)}")
     if "uid" not in raw or "prompt" not in raw:
         raise ScenarioError(f"{at}: needs 'uid' and 'prompt'")
+    uid = _int(raw["uid"], f"{at}.uid")
+    at = f"{where}: requests[{index}] (uid {uid})"  # from here on, name the request both ways
     spec = RequestSpec(
-        uid=_int(raw["uid"], f"{at}.uid"),
-        prompt=tuple(_int(t, f"{at}.prompt") for t in _list(raw["prompt"], f"{at}.prompt")),
+        uid=uid,
+        prompt=_tokens(raw["prompt"], f"{at}.prompt"),
         max_tokens=_int(raw.get("max_tokens", 8), f"{at}.max_tokens"),
-        arrival=_float(raw.get("arrival", 0.0), f"{at}.arrival"),
-        ignore_eos=bool(raw.get("ignore_eos", False)),
-        continuation=tuple(
-            _int(t, f"{at}.continuation")
-            for t in _list(raw.get("continuation", []), f"{at}.continuation")
-        ),
-        abort_at=_maybe(raw, "abort_at", _float, at),
+        arrival=_seconds(raw.get("arrival", 0.0), f"{at}.arrival"),
+        ignore_eos=_bool(raw.get("ignore_eos", False), f"{at}.ignore_eos"),
+        continuation=_tokens(raw.get("continuation", []), f"{at}.continuation"),
+        abort_at=_maybe(raw, "abort_at", _seconds, at),
         arrival_iteration=_maybe(raw, "arrival_iteration", _int, at),
         abort_iteration=_maybe(raw, "abort_iteration", _int, at),
         after=_maybe(raw, "after", _int, at),
-        think=_float(raw.get("think", 0.0), f"{at}.think"),
+        think=_seconds(raw.get("think", 0.0), f"{at}.think"),
     )
     problem = spec.problem(index)
     if problem is not None:
@@ -113,12 +126,37 @@ def _int(value: Any, at: str) -> int:
 
 
 def _float(value: Any, at: str) -> float:
+    # bool is an int subclass: `true` where a number belongs is a mistake, not 1.
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ScenarioError(f"{at}: expected a number, got {value!r}")
     return float(value)
 
 
-def _list(value: Any, at: str) -> list[Any]:
-    if not isinstance(value, list):
-        raise ScenarioError(f"{at}: expected a list")
+def _seconds(value: Any, at: str) -> float:
+    """A moment or a span in simulated seconds: finite and >= 0 (nan would compare false with
+    every bound and slip through every later check)."""
+    seconds = _float(value, at)
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ScenarioError(f"{at}: expected a finite number of seconds >= 0, got {value!r}")
+    return seconds
+
+
+def _bool(value: Any, at: str) -> bool:
+    # A string such as "false" is truthy: taken as given it would mean the opposite.
+    if not isinstance(value, bool):
+        raise ScenarioError(f"{at}: expected true or false, got {value!r}")
     return value
+
+
+def _str(value: Any, at: str) -> str:
+    if not isinstance(value, str):
+        raise ScenarioError(f"{at}: expected a string, got {value!r}")
+    return value
+
+
+def _tokens(value: Any, at: str) -> tuple[int, ...]:
+    """A list of token ids (each an integer; ids outside the vocabulary are the scheduler's to
+    reject, so they load)."""
+    if not isinstance(value, list):
+        raise ScenarioError(f"{at}: expected a list of token ids, got {value!r}")
+    return tuple(_int(t, f"{at}[{i}]") for i, t in enumerate(value))

@@ -7,12 +7,19 @@ source gives each site an extra delay; every draw is recorded so that a run can 
 from __future__ import annotations
 
 import json
+import math
 import random
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 US = 1e-6
+# Offsets from the end of the launch phase, not durations: a calibrated GPU puts them before it.
+SIGNED_FIELDS = frozenset({"forward_tail", "d2h_queued"})
+
+
+class ProfileError(ValueError):
+    """A timing profile that cannot be used; the message is one line that names the field."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,16 +55,35 @@ class Profile:
 
     @classmethod
     def load(cls, path: str | Path) -> Profile:
-        """A profile from a JSON object of field -> seconds (a calibrated one, say)."""
-        data = json.loads(Path(path).read_text())
+        """A profile from a JSON file: an object of field -> seconds, or one whose `profile` is
+        (as `calibrate` writes it). Raises FileNotFoundError, or ProfileError naming the file."""
+        try:
+            data = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ProfileError(f"{path}: not a readable JSON timing profile: {err}") from None
+        if isinstance(data, dict) and "profile" in data:
+            data = data["profile"]
+        try:
+            return cls.from_dict(data)
+        except ProfileError as err:
+            raise ProfileError(f"{path}: timing profile: {err}") from None
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Profile:
+        """A profile from field -> seconds, checked: every field known, every value a finite
+        number, none negative but the two offsets (`SIGNED_FIELDS`). Raises ProfileError: a bad
+        latency would otherwise surface deep inside the simulator as our own bug."""
         if not isinstance(data, dict):
-            raise ValueError(f"{path}: a timing profile must be a JSON object")
-        data = data.get("profile", data)
+            raise ProfileError(f"expected a JSON object of field -> seconds, got {data!r}")
         known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
+        unknown = sorted(str(k) for k in set(data) - known)
         if unknown:
-            raise ValueError(f"{path}: unknown timing fields {', '.join(unknown)}")
-        return cls(**{k: float(v) for k, v in data.items()})
+            raise ProfileError(
+                f"unknown field {', '.join(unknown)} (known: {', '.join(sorted(known))})"
+            )
+        return cls(**{name: _seconds(name, value) for name, value in data.items()})
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -65,6 +91,16 @@ class Profile:
     def forward_time(self, tokens: int, context: int) -> float:
         """A forward's device time (once all of its kernels are queued)."""
         return self.forward + self.forward_per_token * tokens + self.forward_per_context * context
+
+
+def _seconds(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ProfileError(f"{name} must be a number of seconds, got {value!r}")
+    if not math.isfinite(value):
+        raise ProfileError(f"{name} must be finite, got {value}")
+    if value < 0 and name not in SIGNED_FIELDS:
+        raise ProfileError(f"{name} must be >= 0 seconds, got {value}")
+    return float(value)
 
 
 class DelaySource(Protocol):

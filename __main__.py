@@ -1,0 +1,9 @@
+"""`python -m overlapcheck`: the same command line as the `overlapcheck` script."""
+
+from __future__ import annotations
+
+import sys
+
+from overlapcheck.cli import main
+
+sys.exit(main())

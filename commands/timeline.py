@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from pathlib import Path
+from typing import Any
 
 from overlapcheck.backends.registry import make_backend
 from overlapcheck.commands.common import (
+    add_model_options,
     add_scheduler_option,
     add_timing,
     make_timing,
@@ -21,51 +25,74 @@ from overlapcheck.formats.trace_file import FORMAT as TRACE_FORMAT
 from overlapcheck.formats.trace_file import trace_file_from_json
 from overlapcheck.orchestrate.calibrate_fit import as_ran
 from overlapcheck.runner import run_scenario
+from overlapcheck.scenarios.named import NAMED
 from overlapcheck.scheduler_spec import SchedulerSpec
 from overlapcheck.timeline.model import Interval, Rendered
-from overlapcheck.timeline.render import output_path, render_result, render_trace
+from overlapcheck.timeline.render import FORMATS, output_path, render_trace
+
+# What `--json` says a file holds, by its extension.
+FORMAT_NAMES = {".png": "png", ".svg": "svg", ".json": "perfetto"}
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "timeline",
         help="draw a trace or counterexample (.png, .svg, or .json for Perfetto)",
         description="Draw FILE (a trace saved by `run --trace`, or a counterexample, which is "
         "replayed) or, with --compare, a scenario run with both loops.",
     )
-    p.add_argument("file", nargs="?", metavar="FILE", help="a saved trace or a counterexample")
+    p.add_argument(
+        "file",
+        nargs="?",
+        metavar="FILE",
+        help="a trace saved by `run --trace`, or a counterexample (replayed, then drawn); "
+        "required unless --compare or --compare-backends (default: none)",
+    )
     p.add_argument(
         "-o",
         "--output",
         required=True,
         metavar="OUT",
-        help="where to write: .png or .svg (picture), .json (Chrome trace for Perfetto)",
+        help=f"where to write, the format by the extension: {', '.join(FORMATS)} (.png or .svg: "
+        "a picture; .json: a Chrome trace for Perfetto) (required, no default)",
     )
     p.add_argument(
         "--window",
         type=parse_window,
         metavar="START:END",
-        help="draw only this stretch, in µs (pictures; the JSON holds the whole run)",
+        help="draw only this stretch, in µs (pictures; the JSON holds the whole run) "
+        "(default: the whole run)",
     )
     p.add_argument(
         "--compare",
         action="store_true",
-        help="run --scenario with both loops (simulator), draw one above the other",
+        help="run --scenario with both loops (simulator), draw one above the other (default: off)",
     )
     p.add_argument(
         "--compare-backends",
         action="store_true",
         help="run --scenario on a real device (--backend) and on the simulator (--timing "
-        "profile, ideally from calibrate), draw the real one above",
+        "profile, ideally from calibrate), draw the real one above (default: off)",
     )
     p.add_argument(
         "--backend",
         choices=("cuda", "cpu"),
         default="cuda",
-        help="with --compare-backends: the real device",
+        help="with --compare-backends: the real device, cuda or cpu (default: cuda)",
     )
-    p.add_argument("--preset", help="with --compare-backends: model preset (default tiny)")
-    p.add_argument("--scenario", help="with --compare: a named scenario or a .json/.toml file")
+    add_model_options(p, prefix="with --compare-backends: ")
+    p.add_argument(
+        "--scenario",
+        metavar="NAME|FILE",
+        help=f"with --compare or --compare-backends: a named scenario ({', '.join(NAMED)}) or a "
+        ".json/.toml scenario file (default: none, required with them)",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object describing what was written on stdout; the human lines go "
+        "to stderr (default: off)",
+    )
     add_scheduler_option(p, default=None)
     add_timing(p)
     p.set_defaults(main=main)
@@ -100,11 +127,48 @@ def main(args: argparse.Namespace) -> int:
                 "--scenario goes with --compare; to draw one run use `overlapcheck run "
                 "--scenario NAME --timeline OUT`"
             )
+        if args.seed is not None or args.timing:
+            # Silently ignored they would draw another timing than the user asked for.
+            raise UserError(
+                "--seed and --timing go with --compare and --compare-backends: a saved trace "
+                "keeps its times, a counterexample replays with the timing it recorded"
+            )
         rendered = _draw_file(Path(args.file), out, args.window, scheduler_from_args(args))
+    human = sys.stderr if args.json else sys.stdout
     for panel in rendered.panels:
-        print(panel.title)
-    print(f"wrote {rendered.path}")
+        print(panel.title, file=human)
+    print(f"wrote {rendered.path}", file=human)
+    if args.json:
+        json.dump(rendered_json(rendered, args.window), sys.stdout)
+        print()
     return 0
+
+
+def rendered_json(rendered: Rendered, window: Interval | None) -> dict[str, Any]:
+    """What `timeline --json` prints: the file written and what each panel shows."""
+    return {
+        "output": str(rendered.path),
+        "format": FORMAT_NAMES[rendered.path.suffix.lower()],
+        "size_px": list(rendered.size_px) if rendered.size_in is not None else None,
+        # The Perfetto JSON always holds the whole run; a window only limits pictures.
+        "window_us": (
+            [round(window[0] * 1e6, 3), round(window[1] * 1e6, 3)]  # to the nanosecond
+            if window is not None and rendered.size_in is not None
+            else None
+        ),
+        "panels": [
+            {
+                "title": p.title,
+                "total_s": p.total,
+                "engine_idle": p.engine_idle,
+                "operations": p.operations,
+                "drawn": p.boxes if rendered.size_in is not None else p.operations,
+                "violation": p.violation,
+                "outlined": list(p.outlined),
+            }
+            for p in rendered.panels
+        ],
+    }
 
 
 def _compare(args: argparse.Namespace, out: Path) -> Rendered:
@@ -127,7 +191,7 @@ def _compare_backends(args: argparse.Namespace, out: Path) -> Rendered:
     if args.file is not None or not args.scenario:
         raise UserError("--compare-backends runs a scenario: give --scenario NAME, not FILE")
     scenario = resolve_scenario(args.scenario)
-    real_backend = make_backend(args.backend, preset=args.preset)
+    real_backend = make_backend(args.backend, model=args.model, preset=args.preset)
     run_scenario(scenario, real_backend, [])  # warm-up: kernels compile, caches fill
     real = run_scenario(scenario, real_backend, [])
     finish = getattr(getattr(real_backend, "device", None), "finish", None)
@@ -156,8 +220,13 @@ def _draw_file(
             saved.trace, out, violation, title, window=window, total=saved.simulated_seconds
         )
     if kind == COUNTEREXAMPLE:
-        # The scheduler the file records, unless --scheduler names another.
-        return render_result(counterexample.load(path).replay(scheduler), out, window)
+        # The scheduler the file records, unless --scheduler names another. Named after the file:
+        # its scenario is a generated one, which every counterexample shares.
+        result = counterexample.load(path).replay(scheduler)
+        violation = result.violations[0] if result.violations else None
+        return render_trace(
+            result.trace, out, violation, path.stem, window=window, total=result.simulated_seconds
+        )
     raise UserError(
         f'{path}: neither a trace ("format": "{TRACE_FORMAT}") nor a '
         f'counterexample ("format": "{COUNTEREXAMPLE}")'

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import struct
 from collections import defaultdict
@@ -10,9 +11,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from matplotlib.colors import to_rgb, to_rgba
+from matplotlib.patches import Rectangle
 
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.backends.sim.timing import Profile, SeededDelay, Timing
+from overlapcheck.cli import build_parser
 from overlapcheck.cli import main as cli
 from overlapcheck.core.trace import Access, Op, Trace
 from overlapcheck.formats.trace_file import load_trace, save_trace, trace_from_json, trace_to_json
@@ -20,6 +24,8 @@ from overlapcheck.reference.faults import parse_faults
 from overlapcheck.runner import RunResult, run_scenario
 from overlapcheck.scenarios.named import named_scenario
 from overlapcheck.timeline.compare import render_compare, run_both
+from overlapcheck.timeline.model import Panel, highlighted_ops, interval, violation_ops
+from overlapcheck.timeline.plot import VIOLATION, build_figure
 from overlapcheck.timeline.render import render_result, render_trace
 
 LANES = ["host", "scheduler stream", "engine stream"]
@@ -39,6 +45,18 @@ def race() -> RunResult:
     result = run_scenario(scenario, SimBackend())
     assert [v.invariant for v in result.violations] == ["no-race"]
     return result
+
+
+@pytest.fixture(scope="module")
+def slot() -> RunResult:
+    scenario = named_scenario("abort").with_config(faults=parse_faults(["free-slot-early"]))
+    result = run_scenario(scenario, SimBackend())
+    assert [v.invariant for v in result.violations] == ["slot-not-in-flight"]
+    return result
+
+
+def panel(result: RunResult) -> Panel:
+    return Panel(result.trace, "t", result.simulated_seconds, next(iter(result.violations), None))
 
 
 def chrome(result: RunResult, tmp_path: Path) -> list[dict[str, Any]]:
@@ -168,9 +186,94 @@ def test_window_limits_what_is_drawn(pair: Pair, tmp_path: Path) -> None:
 
 
 def test_render_trace_for_exploration(race: RunResult, tmp_path: Path) -> None:
-    out = render_trace(race.trace, tmp_path / "cx.png", race.violations[0], title="cx")
+    # explore names the picture after the counterexample file; the title adds its invariant.
+    v = race.violations[0]
+    out = render_trace(race.trace, tmp_path / "cx.png", v, title="no-race-1a2b3c4d")
+    assert out.panels[0].title.startswith(f"no-race-1a2b3c4d — no-race, step {v.step}: ")
     assert out.panels[0].total == pytest.approx(race.simulated_seconds)
     assert png_size(out.path) == out.size_px
+
+
+def outlines(fig: Any) -> dict[int, Rectangle]:
+    """The violation outlines drawn, by the seq of the op whose box each frames."""
+    found = {}
+    for patch in fig.axes[0].patches:
+        gid = patch.get_gid() or ""
+        if gid.startswith("outline-"):
+            assert not patch.get_fill() and patch.get_edgecolor() == to_rgba(VIOLATION)
+            found[int(gid.removeprefix("outline-"))] = patch
+    return found
+
+
+def test_race_outlines_the_boxes_of_both_accesses(race: RunResult) -> None:
+    v = race.violations[0]
+    first, second = (race.trace.ops[v.details[key]["seq"]] for key in ("first", "second"))
+    # The host's read of the output takes no time: its box is the `process` span it ran in.
+    assert second.agent == "host" and second.start == second.end
+    boxes = highlighted_ops(race.trace, v)
+    assert boxes[0] is first
+    span = boxes[1]
+    assert (span.agent, span.kind, span.label) == ("host", "span", "process")
+    assert span.start is not None and span.end is not None
+    assert span.start <= second.issue <= span.end
+    fig, summaries = build_figure([panel(race)])
+    drawn = outlines(fig)
+    assert set(drawn) == {first.seq, span.seq}
+    assert summaries[0].outlined == (first.seq, span.seq)
+    for op in boxes:  # each frame covers its box, so both show
+        when = interval(op, race.simulated_seconds)
+        assert when is not None and when[1] > when[0]
+        frame = drawn[op.seq]
+        assert frame.get_x() <= when[0] and frame.get_x() + frame.get_width() >= when[1]
+
+
+def test_slot_violation_outlines_both_forwards(slot: RunResult) -> None:
+    v = slot.violations[0]
+    first, second = violation_ops(slot.trace, v)
+    assert first is not None and second is not None
+    assert first.kind == second.kind == "forward" and first.seq < second.seq
+    # The report names them only in words: "slot 1 used by P3 for request 3 while P2 (step 1)".
+    assert f"used by {second.label} for request {v.uids[0]} " in v.message
+    assert f"while {first.label} (step {first.step}), which uses it for request {v.uids[1]}" in (
+        v.message
+    )
+    fig, summaries = build_figure([panel(slot)])
+    assert set(outlines(fig)) == {first.seq, second.seq}
+    assert summaries[0].outlined == (first.seq, second.seq)
+
+
+def test_violation_marker_and_label_stay_inside(race: RunResult) -> None:
+    fig, _ = build_figure([panel(race)])
+    fig.draw_without_rendering()  # lays the figure out, as saving it does
+    ax = fig.axes[0]
+    axes_box = ax.get_window_extent()
+    # The race's second access is the host's read at the very end of the run...
+    marker = next(line for line in ax.lines if line.get_marker() == "X")
+    x = float(np.asarray(marker.get_xdata(), dtype=float)[0])
+    assert x == pytest.approx(race.simulated_seconds)
+    # ... and the whole marker (12 pt across) and its label are drawn inside the time axis.
+    right = ax.transData.transform((x, 0))[0] + 12 / 72 * fig.dpi / 2
+    assert ax.get_xlim()[0] < x and right < axes_box.x1
+    label = next(t for t in ax.texts if t.get_gid() == "violation-label")
+    assert label.get_text() == "no-race"
+    box = label.get_window_extent()
+    assert axes_box.x0 <= box.x0 and box.x1 <= axes_box.x1 and box.y1 <= axes_box.y1
+
+
+def test_legend_explains_every_colour_drawn(slot: RunResult) -> None:
+    clean = run_scenario(named_scenario("abort"), SimBackend())
+    assert any(op.kind == "idle" for op in clean.trace.ops)  # the host sleeps until an abort
+    fig, _ = build_figure([panel(clean), panel(slot)])
+    legend = fig.legends[0]
+    explained = {
+        to_rgb(h.get_facecolor()) for h in legend.legend_handles if isinstance(h, Rectangle)
+    }
+    labels = [t.get_text() for t in legend.get_texts()]
+    assert {"host idle (until an arrival)", "violation", "operations involved"} <= set(labels)
+    for ax in fig.axes:
+        for patch in ax.patches:
+            if patch.get_fill():  # outlines are explained by their own entry
+                assert to_rgb(patch.get_facecolor()) in explained, patch
 
 
 # -- overlap vs normal -------------------------------------------------------------------------
@@ -191,9 +294,13 @@ def first_op(trace: Trace, kind: str, batch: int) -> Op:
     return next(op for op in trace.ops if op.kind == kind and op.batch == batch)
 
 
+def forward_batches(trace: Trace) -> list[int]:
+    return sorted({op.batch for op in trace.ops if op.kind == "forward" and op.batch is not None})
+
+
 def test_overlap_launches_next_batch_before_processing(pair: Pair) -> None:
     overlap, normal = pair
-    batches = sorted({op.batch for op in overlap.trace.ops if op.kind == "forward"})
+    batches = forward_batches(overlap.trace)
     assert len(batches) >= 3
     for n in batches[:-1]:
         launch, read = (
@@ -203,7 +310,7 @@ def test_overlap_launches_next_batch_before_processing(pair: Pair) -> None:
         assert launch.seq < read.seq and launch.issue <= read.issue
         # ... and batch N+1's forward runs on the engine while the host processes batch N.
         assert launch.end is not None and launch.end > read.issue
-    for n in sorted({op.batch for op in normal.trace.ops if op.kind == "forward"})[:-1]:
+    for n in forward_batches(normal.trace)[:-1]:
         read, launch = (
             first_op(normal.trace, "read_output", n),
             first_op(normal.trace, "forward", n + 1),
@@ -273,8 +380,58 @@ def test_cli_counterexample_is_replayed(race: RunResult, tmp_path: Path) -> None
     path = counterexample.save(race, Profile(), {}, tmp_path)
     out = tmp_path / "cx.json"
     assert cli(["timeline", str(path), "-o", str(out)]) == 0
-    names = [e["name"] for e in json.loads(out.read_text())["traceEvents"]]
-    assert "VIOLATION no-race" in names
+    events = json.loads(out.read_text())["traceEvents"]
+    assert "VIOLATION no-race" in [e["name"] for e in events]
+    # Titled by the file and its invariant, not by the generated scenario every one shares.
+    [process] = [e["args"]["name"] for e in events if e["name"] == "process_name"]
+    assert process == f"{path.stem} — no-race, step {race.violations[0].step}"
+
+
+def test_cli_json_describes_the_picture(
+    race: RunResult, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    counterexample = pytest.importorskip("overlapcheck.formats.counterexample")
+    path = counterexample.save(race, Profile(), {}, tmp_path)
+    out = tmp_path / "cx.png"
+    assert cli(["timeline", str(path), "-o", str(out), "--window", "0:100", "--json"]) == 0
+    captured = capsys.readouterr()
+    data = json.loads(captured.out)  # one object and nothing else on stdout
+    assert data["output"] == str(out) and data["format"] == "png"
+    assert data["size_px"] == list(png_size(out))
+    assert data["window_us"] == [0, 100]
+    [shown] = data["panels"]
+    assert shown["operations"] == len(race.trace.ops)
+    assert 0 < shown["drawn"] < shown["operations"]
+    assert shown["violation"] == "no-race" and len(shown["outlined"]) == 2
+    assert shown["title"].startswith(f"{path.stem} — no-race")
+    # The human lines go to stderr.
+    assert captured.err.splitlines() == [shown["title"], f"wrote {out}"]
+
+
+def test_cli_json_describes_the_perfetto_file(
+    pair: Pair, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace, out = tmp_path / "t.json", tmp_path / "perfetto.json"
+    save_trace(pair[0], trace)
+    assert cli(["timeline", str(trace), "-o", str(out), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["format"] == "perfetto" and data["size_px"] is None
+    assert data["window_us"] is None
+    [shown] = data["panels"]
+    assert shown["violation"] is None and shown["outlined"] == []
+    assert shown["operations"] == shown["drawn"] == len(pair[0].trace.ops)
+
+
+def test_every_timeline_option_states_its_default_and_choices() -> None:
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    parser = sub.choices["timeline"]
+    for action in parser._actions:
+        if action.dest != "help":
+            assert "default" in (action.help or ""), action.dest
+    text = " ".join(parser.format_help().split())
+    assert "{cuda,cpu}" in text and "{tiny,qwen3-0.6b}" in text
+    assert "basic, shared-prefix" in text  # the named scenarios
+    assert ".png, .svg, .json" in text
 
 
 def write(tmp_path: Path, name: str, text: str) -> str:
@@ -315,6 +472,7 @@ def write(tmp_path: Path, name: str, text: str) -> str:
             "9:3",
         ],
         lambda d: ["timeline", "-o", str(d / "out.png")],
+        lambda d: ["timeline", write(d, "t.json", "{}"), "-o", str(d / "out.png"), "--seed", "3"],
         lambda d: ["timeline", "--compare", "--scenario", "nope", "-o", str(d / "out.png")],
         lambda d: [
             "timeline",
@@ -334,6 +492,7 @@ def write(tmp_path: Path, name: str, text: str) -> str:
         "fields",
         "window",
         "no-file",
+        "seed-with-file",
         "scenario",
         "folder",
     ],

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from typing import Any
 
 from overlapcheck.explore.parallel import search_streams
 from overlapcheck.explore.search import SearchSpec
@@ -16,8 +17,10 @@ from overlapcheck.reference.faults import FAULTS
 SEEDS = range(5)
 
 
-def main(workers: int = 1, seeds: range = SEEDS) -> None:
+def main(workers: int = 1, seeds: range = SEEDS) -> list[dict[str, Any]]:
+    """Print the table; return its rows (medians; None where no seed found the fault)."""
     n = len(seeds)
+    rows: list[dict[str, Any]] = []
     print(
         f"fault search: explore from an empty database, all invariants on, median of {n} seeds, "
         f"{workers} worker(s)"
@@ -32,6 +35,8 @@ def main(workers: int = 1, seeds: range = SEEDS) -> None:
         for seed in seeds:
             spec = SearchSpec(faults=frozenset([name]), budget=120, max_examples=20_000, seed=seed)
             outcome = search_streams(spec, workers)
+            if outcome.interrupted:
+                raise KeyboardInterrupt  # Ctrl-C ends the benchmark, not one search
             if outcome.found is None:
                 continue
             firsts.append(outcome.stats.first_failure or 0.0)
@@ -41,9 +46,20 @@ def main(workers: int = 1, seeds: range = SEEDS) -> None:
             reqs.append(outcome.found["size"]["requests"])
             iters.append(outcome.found["size"]["iterations"])
             invs.add(outcome.found["invariant"])
+        row: dict[str, Any] = {"fault": name, "found": len(firsts), "seeds": n}
+        rows.append(row)
         if not firsts:
             print(f"{name:<24}{f'0/{n}':>6}")
             continue
+        row.update(
+            first_failure_s=statistics.median(firsts),
+            examples=statistics.median(examples),
+            total_s=statistics.median(totals),
+            shrink_s=statistics.median(shrinks),
+            requests=statistics.median(reqs),
+            iterations=statistics.median(iters),
+            invariants=sorted(invs),
+        )
         print(
             f"{name:<24}{len(firsts):>4}/{n}{statistics.median(firsts):>13.2f}"
             f"{statistics.median(examples):>9.0f}{statistics.median(totals):>9.2f}"
@@ -57,6 +73,7 @@ def main(workers: int = 1, seeds: range = SEEDS) -> None:
             "median shrink time over every found fault and seed: "
             f"{statistics.median(all_shrinks):.2f} s"
         )
+    return rows
 
 
 if __name__ == "__main__":

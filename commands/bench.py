@@ -1,21 +1,44 @@
-"""`overlapcheck bench`: measurements that print numbers (never timed tests)."""
+"""`overlapcheck bench`: measurements that print numbers (never timed tests).
+
+Each flag picks a measurement; with none, the simulator's speed. `--json` prints one JSON object
+on stdout, a key per measurement (README: JSON output); the tables go to stderr then.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
 
-from overlapcheck.commands.common import positive_int
+from overlapcheck.commands.common import finite_positive_float, positive_int
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="measure the simulator's speed (and more, by flag)")
-    p.add_argument("--faults", action="store_true", help="time to first failure per named fault")
+    p = sub.add_parser(
+        "bench",
+        help="measurements: the simulator's speed (default), and more by flag",
+    )
+    p.add_argument(
+        "--speed",
+        action="store_true",
+        help="simulated iterations per second (what runs when no other measurement is asked)",
+    )
+    p.add_argument(
+        "--faults",
+        action="store_true",
+        help="time to first failure and shrunk size per named fault (median of 5 seeds)",
+    )
     p.add_argument(
         "--workers",
         type=positive_int,
-        default=1,
         metavar="N",
-        help="--faults: each search as N streams in processes (like explore --workers)",
+        help="--faults: each search as N streams in processes, like explore --workers "
+        "(default 1); --reliability: processes for the examples and the replays (default: "
+        "every available core)",
     )
     p.add_argument(
         "--policies",
@@ -27,32 +50,90 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         nargs="*",
         metavar="ID",
         help="mutation score: search each one-spot mutant of the reference scheduler "
-        "(bench/mutants.py; all of them, or the ids given)",
+        "(bench/mutants.py; default: all of them, or the ids given)",
     )
     p.add_argument(
         "--mutant-budget",
-        type=float,
+        type=finite_positive_float,
         default=60.0,
         metavar="S",
         help="--mutants: search seconds per mutant (default 60)",
+    )
+    p.add_argument(
+        "--reliability",
+        action="store_true",
+        help="the fixed scheduler over --examples generated workloads (violations must be 0), "
+        "and --replays replays of saved counterexamples in fresh processes (every trace hash "
+        "identical); exit 1 otherwise",
+    )
+    p.add_argument(
+        "--examples",
+        type=positive_int,
+        default=2000,
+        metavar="N",
+        help="--reliability: generated examples of the fixed scheduler (default 2000)",
+    )
+    p.add_argument(
+        "--replays",
+        type=positive_int,
+        default=100,
+        metavar="N",
+        help="--reliability: replays in all, round-robin over the counterexamples (default 100)",
+    )
+    p.add_argument(
+        "--counterexamples",
+        metavar="DIR",
+        help="--reliability: replay the counterexample files in DIR (default: search one per "
+        "named fault first, into a temporary folder)",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object on stdout, a key per measurement; tables on stderr (default: "
+        "tables on stdout)",
     )
     p.set_defaults(main=main)
 
 
 def main(args: argparse.Namespace) -> int:
-    from overlapcheck.bench import sim_speed
+    # With --json the tables are progress for a person (stderr); stdout is the one document.
+    tables = contextlib.redirect_stdout(sys.stderr) if args.json else contextlib.nullcontext()
+    report: dict[str, Any] = {"command": "bench"}
+    code = 0
+    with tables:
+        chosen = args.faults or args.policies or args.mutants is not None or args.reliability
+        if args.speed or not chosen:
+            from overlapcheck.bench import sim_speed
 
-    sim_speed.main()
-    if args.faults:
-        from overlapcheck.bench import fault_search
+            report["speed"] = [
+                asdict(r) | {"iterations_per_second": r.iterations_per_second}
+                for r in sim_speed.main()
+            ]
+        if args.faults:
+            from overlapcheck.bench import fault_search
 
-        fault_search.main(args.workers)
-    if args.policies:
-        from overlapcheck.bench import policies
+            report["faults"] = fault_search.main(args.workers or 1)
+        if args.policies:
+            from overlapcheck.bench import policies
 
-        policies.main()
-    if args.mutants is not None:
-        from overlapcheck.bench import mutation_score
+            report["policies"] = [asdict(r) for r in policies.main()]
+        if args.mutants is not None:
+            from overlapcheck.bench import mutation_score
 
-        mutation_score.main(args.mutants, args.mutant_budget)
-    return 0
+            scores = mutation_score.main(args.mutants, args.mutant_budget)
+            report["mutants"] = [
+                {k: v for k, v in vars(s).items() if k != "mutant"}
+                | {"mutant": s.mutant.id, "equivalent": s.mutant.equivalent, "ok": s.ok}
+                for s in scores
+            ]
+        if args.reliability:
+            from overlapcheck.bench import reliability
+
+            folder = Path(args.counterexamples) if args.counterexamples else None
+            result = reliability.run(args.examples, args.workers, args.replays, folder)
+            reliability.print_report(result)
+            report["reliability"] = result.to_json()
+            code = 0 if result.ok else 1
+    if args.json:
+        print(json.dumps(report, indent=1))
+    return code

@@ -1,4 +1,8 @@
-"""`overlapcheck explore`: search workloads and timings for a violation, shrink, save, replay."""
+"""`overlapcheck explore`: search workloads and timings for a violation, shrink, save, replay.
+
+A found failure is on disk from the moment it is found (see `explore/keeper.py`); Ctrl-C or the
+budget while shrinking keeps the smallest one so far as the counterexample, and exits 1.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +21,7 @@ from overlapcheck.backends.sim.timing import Profile
 from overlapcheck.commands.common import (
     add_check_option,
     add_scheduler_option,
+    finite_positive_float,
     load_profile,
     nonneg_int,
     positive_int,
@@ -25,19 +31,22 @@ from overlapcheck.commands.common import (
 from overlapcheck.core.config import POLICIES
 from overlapcheck.core.scenario import Scenario
 from overlapcheck.errors import UserError
+from overlapcheck.explore.keeper import FailureKeeper
 from overlapcheck.explore.parallel import (
     Live,
     Outcome,
     available_cores,
     search_streams,
 )
-from overlapcheck.explore.search import SearchSpec, probe_scheduler
+from overlapcheck.explore.search import CUT_BUDGET, CUT_INTERRUPTED, SearchSpec, probe_scheduler
 from overlapcheck.formats import counterexample
 from overlapcheck.invariants.registry import INVARIANTS
 from overlapcheck.reference.faults import UnknownFaultError, parse_faults
 from overlapcheck.runner import RunResult
 from overlapcheck.scenarios.named import NAMED
 from overlapcheck.scheduler_spec import SchedulerSpec
+
+DB_FOLDER = ".examples-db"  # under --out: see the --db help
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -49,29 +58,56 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "file (.json/.toml): variations of it",
     )
     p.add_argument(
-        "--fault", action="append", default=[], metavar="NAME", help="re-enable a known bug"
+        "--fault",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="re-enable a known bug (repeatable; default none: the scheduler as shipped; "
+        "see `overlapcheck faults`)",
     )
     p.add_argument(
-        "--budget", type=float, default=60.0, metavar="SECONDS", help="time budget (default 60)"
+        "--budget",
+        type=finite_positive_float,
+        default=60.0,
+        metavar="SECONDS",
+        help="wall seconds for the whole search, shrinking included: a shrink the budget cuts "
+        "short keeps the smallest failure so far (default 60)",
     )
-    p.add_argument("--max-examples", type=positive_int, default=100_000, help="example budget")
-    p.add_argument("--seed", type=nonneg_int, default=0)
-    p.add_argument("--out", default="counterexamples", help="where counterexamples go")
+    p.add_argument(
+        "--max-examples",
+        type=positive_int,
+        default=100_000,
+        metavar="N",
+        help="examples at most, over all workers (default 100000)",
+    )
+    p.add_argument("--seed", type=nonneg_int, default=0, help="the search's seed (default 0)")
+    p.add_argument(
+        "--out",
+        default="counterexamples",
+        metavar="DIR",
+        help="where counterexamples go (default counterexamples)",
+    )
     p.add_argument(
         "--db",
-        help="a Hypothesis example database directory (shared by the workers, with HypoFuzz, "
-        "and by later runs; default: a temporary one)",
+        metavar="DIR",
+        help="the Hypothesis example database: saved failures a rerun replays first, shared by "
+        f"the workers (processes and Ray), by HypoFuzz and by later runs (default: "
+        f"OUT/{DB_FOLDER}, beside the counterexamples it reproduces; `none`: no database)",
     )
-    p.add_argument("--timing", metavar="FILE", help="nominal timing profile (JSON)")
+    p.add_argument(
+        "--timing", metavar="FILE", help="nominal timing profile (JSON; default: the built-in one)"
+    )
     p.add_argument(
         "--skip",
         action="append",
         default=[],
         metavar="INVARIANT",
-        help="do not check this invariant (e.g. --skip no-race: look for races that corrupt "
-        "tokens, the ones a GPU replay can show)",
+        help="do not check this invariant (repeatable; default: check all of them; e.g. "
+        "--skip no-race: look for races that corrupt tokens, the ones a GPU replay can show)",
     )
-    p.add_argument("--policy", choices=POLICIES, help="pin the queue policy (default: drawn)")
+    p.add_argument(
+        "--policy", choices=POLICIES, help="pin the queue policy (default: drawn per example)"
+    )
     add_check_option(p)
     add_scheduler_option(p)
     p.add_argument(
@@ -84,12 +120,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--ray",
         metavar="ADDRESS",
-        help="run the search streams as Ray tasks: `local` starts a local Ray instance, an "
-        "address (HOST:PORT, ray://HOST:PORT, auto) joins a cluster (pip install "
+        help="run the search streams as Ray tasks (default: no Ray): `local` starts a local Ray "
+        "instance, an address (HOST:PORT, ray://HOST:PORT, auto) joins a cluster (pip install "
         "'overlapcheck[cluster]')",
     )
     p.add_argument(
-        "--no-timeline", action="store_true", help="do not draw timelines next to counterexamples"
+        "--no-timeline",
+        action="store_true",
+        help="do not draw timelines next to counterexamples (default: draw them)",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object on stdout at the end (README: JSON output); the human "
+        "lines go to stderr (default: human lines on stdout)",
     )
     p.set_defaults(main=main)
 
@@ -101,8 +145,6 @@ def main(args: argparse.Namespace) -> int:
     unknown = sorted(set(args.skip) - set(INVARIANTS))
     if unknown:
         raise UserError(f"unknown invariant {', '.join(unknown)} (known: {', '.join(INVARIANTS)})")
-    if args.budget <= 0:
-        raise UserError("--budget must be > 0 seconds")
     out = Path(args.out)
     _check_writable(out)  # before the search: a found bug must have somewhere to go
     try:
@@ -117,38 +159,48 @@ def main(args: argparse.Namespace) -> int:
         max_examples=args.max_examples,
         seed=args.seed,
         profile=profile,
-        database=args.db,
+        database=_database(args.db, out),
         skip=frozenset(args.skip),
         policy=args.policy,
         extra_checks=tuple(args.check),
         scheduler=scheduler_from_args(args) or SchedulerSpec(),
     )
+    # With --json, stdout is the one JSON document: every human line goes to stderr.
+    human = sys.stderr if args.json else sys.stdout
+
+    def say(line: str) -> None:
+        print(line, file=human, flush=True)
+
     for line in probe_scheduler(spec):
         print(line, file=sys.stderr)
-    outcome, unshrunk = _search(spec, args, out)
+    keeper = FailureKeeper(out, lambda line: print(line, file=sys.stderr, flush=True))
+    outcome = _search(spec, args, keeper)
+    report = _Report(args.json, outcome, keeper)
     stats = outcome.stats
     summary = (
         f"{stats.examples} examples, {stats.iterations} scheduler iterations simulated, "
         f"{stats.seconds:.1f} s"
     )
-    data = outcome.found or outcome.unshrunk
+    data = outcome.counterexample
     if data is None and outcome.bug is not None:
         raise outcome.bug  # the CLI saves its input and exits 3
     if data is None:
+        if outcome.interrupted:
+            print(f"overlapcheck: interrupted; nothing found in {summary}", file=sys.stderr)
+            return report.end(130)
         if outcome.deaths and len(outcome.deaths) == outcome.workers:
-            print(f"every worker died; nothing found in {summary}")
-            return 3
-        print(f"no violation found: {summary}")
-        return 0
+            say(f"every worker died; nothing found in {summary}")
+            return report.end(3)
+        say(f"no violation found: {summary}")
+        return report.end(0)
     try:
-        path = counterexample.save_data(data, out)
+        path = keeper.finish(data)
     except OSError as err:  # the folder went away mid-search: print it rather than lose it
         print(json.dumps({k: v for k, v in data.items() if k != "trace"}))
         raise UserError(
             f"{args.out}: cannot save the counterexample ({err.strerror}); it is printed above"
         ) from None
-    if unshrunk and unshrunk[0] != path:
-        unshrunk[0].unlink(missing_ok=True)  # the saved one (shrunk, if it got there) replaces it
+    report.counterexample = path
     cex = counterexample.load(path)
     run = cex.replay()
     if run.trace_hash != cex.trace_hash:
@@ -157,32 +209,111 @@ def main(args: argparse.Namespace) -> int:
             f"({run.trace_hash} != {cex.trace_hash}); the file is kept, please report it",
             file=sys.stderr,
         )
-        return 3
+        return report.end(3)
     v = cex.reproduced(run) or run.violations[0]
-    print(f"VIOLATION {v.line()}")
+    report.violation = v.to_json() | {"line": v.line()}
+    say(f"VIOLATION {v.line()}")
     size = f"{len(run.scenario.requests)} request(s), {run.iterations} iterations"
     first = (outcome.unshrunk or {}).get("invariant")
     if outcome.found is not None and first is not None and first != v.invariant:
-        print(
+        say(
             f"(the first failure was {first}; shrinking settled on a smaller failure of "
             f"{v.invariant}: add --skip {v.invariant} to get {first} shrunk)"
         )
-    if outcome.found is not None:
-        print(f"found after {summary}; shrunk to {size}")
+    smaller = f"{stats.smaller} smaller failure(s) found while shrinking"
+    if outcome.cut == CUT_INTERRUPTED:
+        print(
+            f"shrinking interrupted after {smaller}; the smallest so far is the "
+            f"counterexample: {path}",
+            file=sys.stderr,
+            flush=True,
+        )
+        say(f"found after {summary}; shrinking interrupted at {size}")
+    elif outcome.cut == CUT_BUDGET:
+        print(
+            f"shrinking stopped at the --budget of {args.budget:g} s after {smaller}; the "
+            f"smallest so far is the counterexample: {path}",
+            file=sys.stderr,
+            flush=True,
+        )
+        say(f"found after {summary}; shrinking cut short by the budget at {size}")
+    elif outcome.found is not None:
+        say(f"found after {summary}; shrunk to {size}")
     else:
-        print(f"found after {summary}; not shrunk (its worker died while shrinking): {size}")
-    print(f"counterexample: {path}")
+        say(f"found after {summary}; its worker died while shrinking; the smallest so far: {size}")
+    say(f"counterexample: {path}")
     if not args.no_timeline:
-        _draw(run, path)
-    print(f"replay: overlapcheck replay {path}")
-    return 1
+        report.timelines = _draw(run, path, say)
+    say(f"replay: overlapcheck replay {path}")
+    return report.end(1)
 
 
-def _search(spec: SearchSpec, args: argparse.Namespace, out: Path) -> tuple[Outcome, list[Path]]:
+def _database(db: str | None, out: Path) -> str | None:
+    """`--db`, or the default beside the counterexamples (an absolute path: Ray tasks and worker
+    processes open it from wherever they run)."""
+    if db is not None and db.lower() == "none":
+        return None
+    return str(Path(db).resolve() if db is not None else (out / DB_FOLDER).resolve())
+
+
+class _Report:
+    """`--json`: what explore prints on stdout at the end (schema: README, JSON output)."""
+
+    def __init__(self, enabled: bool, outcome: Outcome, keeper: FailureKeeper) -> None:
+        self.enabled = enabled
+        self.outcome = outcome
+        self.keeper = keeper
+        self.counterexample: Path | None = None
+        self.violation: dict[str, Any] | None = None
+        self.timelines: list[Path] = []
+
+    def end(self, code: int) -> int:
+        if self.enabled:
+            print(json.dumps(self.to_json(code), indent=1), flush=True)
+        return code
+
+    def to_json(self, code: int) -> dict[str, Any]:
+        o, stats = self.outcome, self.outcome.stats
+        data = o.counterexample
+        unshrunk = None
+        if o.unshrunk is not None:
+            unshrunk = {
+                "path": str(self.keeper.path) if self.keeper.path is not None else None,
+                "kept": self.keeper.kept,
+                "invariant": o.unshrunk["invariant"],
+                "size": o.unshrunk["size"],
+            }
+        return {
+            "command": "explore",
+            "exit": code,
+            "found": data is not None,
+            "interrupted": o.interrupted,
+            "shrink": None if data is None else (o.cut or ("done" if o.found else "worker-died")),
+            "stats": {
+                "examples": stats.examples,
+                "iterations": stats.iterations,
+                "seconds": round(stats.seconds, 3),
+                "workers": o.workers,
+                "examples_to_failure": stats.examples_to_failure,
+                "seconds_to_failure": stats.first_failure,
+                "smaller_found": stats.smaller,
+                "replaced": self.keeper.replaced,
+                "deaths": list(o.deaths),
+            },
+            "counterexample": str(self.counterexample) if self.counterexample else None,
+            "unshrunk": unshrunk,
+            "violation": self.violation,
+            "size": data["size"] if data is not None else None,
+            "timelines": [str(p) for p in self.timelines],
+            "replay": f"overlapcheck replay {self.counterexample}" if self.counterexample else None,
+        }
+
+
+def _search(spec: SearchSpec, args: argparse.Namespace, keeper: FailureKeeper) -> Outcome:
     """Run the search where the options say, with one progress display on stderr (only on a
-    terminal: piped output stays clean); notices (a worker died, the unshrunk file) always."""
+    terminal: piped output stays clean); notices (a worker died, a failure found and being
+    shrunk) always, printed above the display and flushed at once."""
     console = Console(stderr=True, highlight=False, soft_wrap=True)
-    unshrunk: list[Path] = []
     with Progress(
         TextColumn("exploring"),
         BarColumn(),
@@ -197,35 +328,37 @@ def _search(spec: SearchSpec, args: argparse.Namespace, out: Path) -> tuple[Outc
         def on_progress(live: Live) -> None:
             rate = max(live.seconds, 1e-9)
             workers = f", {live.alive}/{live.workers} workers" if live.workers > 1 else ""
+            shrinking = ""
+            if keeper.first_data is not None:
+                invariant = keeper.first_data["invariant"]
+                shrinking = f"; shrinking {invariant}: {keeper.replaced} smaller"
             progress.update(
                 task,
                 completed=min(live.seconds, spec.budget),
                 description=f"{live.examples} examples ({live.examples / rate:.0f}/s), "
-                f"{live.iterations} iterations ({live.iterations / rate:.0f}/s){workers}",
+                f"{live.iterations} iterations ({live.iterations / rate:.0f}/s){workers}"
+                f"{shrinking}",
             )
 
         def on_notice(line: str) -> None:
             console.print(line, markup=False)
+            console.file.flush()
 
-        def on_unshrunk(data: dict[str, Any]) -> None:
-            try:
-                unshrunk.append(counterexample.save_data(data, out, unshrunk=True))
-            except OSError as err:
-                on_notice(f"cannot save the unshrunk counterexample ({err.strerror})")
-                return
-            on_notice(f"found {data['invariant']}; saved before shrinking: {unshrunk[0]}")
-
+        keeper.notice = on_notice
+        hooks: dict[str, Callable[..., None]] = {
+            "on_progress": on_progress,
+            "on_unshrunk": keeper.first,
+            "on_notice": on_notice,
+            "on_smaller": keeper.smaller,
+        }
         if args.ray is not None:
             from overlapcheck.explore.ray_search import search_ray
 
             workers = args.workers
             if workers is None and args.ray == "local":
                 workers = available_cores()
-            outcome = search_ray(spec, args.ray, workers, on_progress, on_unshrunk, on_notice)
-        else:
-            workers = args.workers or available_cores()
-            outcome = search_streams(spec, workers, on_progress, on_unshrunk, on_notice)
-    return outcome, unshrunk
+            return search_ray(spec, args.ray, workers, **hooks)
+        return search_streams(spec, args.workers or available_cores(), **hooks)
 
 
 def _check_writable(out: Path) -> None:
@@ -237,12 +370,15 @@ def _check_writable(out: Path) -> None:
         raise UserError(f"--out {out}: the folder is not writable")
 
 
-def _draw(run: RunResult, path: Path) -> None:
+def _draw(run: RunResult, path: Path, say: Callable[[str], None]) -> list[Path]:
     try:
         from overlapcheck.timeline.render import render_trace
     except ImportError:
-        return
+        return []
+    drawn = []
     # The Perfetto file must not take the counterexample's own name.
     for out in (path.with_suffix(".png"), path.with_name(f"{path.stem}.perfetto.json")):
         render_trace(run.trace, out, violation=run.violations[0], title=path.stem)
-        print(f"timeline: {out}")
+        say(f"timeline: {out}")
+        drawn.append(out)
+    return drawn

@@ -7,13 +7,16 @@ process queue and a Ray queue carry the same):
 
     ("progress", index, examples, iterations)      after every round
     ("unshrunk", index, cex)                        the first failing example, before shrinking
-    ("done", index, examples, iterations, cex)      the end: the shrunk counterexample, or None
+    ("smaller", index, cex)                         a smaller failure found while shrinking
+    ("done", index, examples, iterations, cex, cut) the end: the shrunk counterexample (cut:
+                                                    the budget ended the shrink), or None
     ("error", index, line)                          it failed (then ends without "done")
     ("bug", index, scenario, line, traceback, extra) overlapcheck itself crashed (a CheckerBug)
 
-The driver adds them up, hands the unshrunk counterexample to the caller at once (it goes to
-disk before shrinking starts), stops the other streams on the first violation, and reports a
-stream that died without saying "done" in one line while the rest carry on.
+The driver adds them up, hands the unshrunk counterexample and each smaller one to the caller at
+once (they go to disk while shrinking goes on), stops the other streams on the first violation,
+and reports a stream that died without saying "done" in one line while the rest carry on. Ctrl-C
+in the driver ends the search with the smallest failure it has heard of.
 """
 
 from __future__ import annotations
@@ -31,7 +34,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from overlapcheck.crash import CheckerBug
-from overlapcheck.explore.search import Found, SearchSpec, SearchStats, search
+from overlapcheck.explore.search import (
+    CUT_BUDGET,
+    CUT_INTERRUPTED,
+    Found,
+    SearchInterrupted,
+    SearchSpec,
+    SearchStats,
+    search,
+)
 from overlapcheck.formats import counterexample
 
 Message = tuple[Any, ...]
@@ -65,7 +76,8 @@ def run_stream(
     should_stop: Callable[[], bool] | None = None,
 ) -> Message:
     """One search stream: reports progress, the unshrunk failure (if `claim` says this stream is
-    the first to find one) and its end; returns the "done" message too."""
+    the first to find one), each smaller one while shrinking, and its end; returns the "done"
+    message too."""
 
     def on_round(stats: SearchStats) -> None:
         report(("progress", index, stats.examples, stats.iterations))
@@ -76,9 +88,13 @@ def run_stream(
         report(("unshrunk", index, cex_data(found, spec)))
         return True
 
-    result = search(spec, on_round, on_failure, should_stop)
+    def on_smaller(found: Found) -> None:
+        report(("smaller", index, cex_data(found, spec)))
+
+    result = search(spec, on_round, on_failure, should_stop, on_smaller)
     data = cex_data(result.found, spec) if result.found is not None else None
-    done: Message = ("done", index, result.stats.examples, result.stats.iterations, data)
+    stats = result.stats
+    done: Message = ("done", index, stats.examples, stats.iterations, data, result.cut)
     report(done)
     return done
 
@@ -108,10 +124,18 @@ class Outcome:
     stats: SearchStats
     found: dict[str, Any] | None = None  # the shrunk counterexample (file JSON)
     unshrunk: dict[str, Any] | None = None  # the first failing example, before shrinking
+    best: dict[str, Any] | None = None  # the smallest failure so far (the unshrunk one at first)
+    cut: str | None = None  # CUT_INTERRUPTED or CUT_BUDGET: shrinking ended short; found = best
+    interrupted: bool = False  # Ctrl-C ended the search (before or during shrinking)
     winner: int | None = None
     deaths: list[str] = field(default_factory=list)
     workers: int = 1
     bug: CheckerBug | None = None  # overlapcheck crashed in a worker: the input to save
+
+    @property
+    def counterexample(self) -> dict[str, Any] | None:
+        """What to save: the shrunk failure, else the smallest one so far (a cut or a death)."""
+        return self.found or self.best
 
 
 @dataclass
@@ -133,12 +157,14 @@ class _Driver:
         on_progress: Callable[[Live], None] | None,
         on_unshrunk: Callable[[dict[str, Any]], None] | None,
         on_notice: Callable[[str], None] | None,
+        on_smaller: Callable[[dict[str, Any]], None] | None,
     ) -> None:
         self.pool = pool
         self.spec = spec
         self.on_progress = on_progress
         self.on_unshrunk = on_unshrunk
         self.on_notice = on_notice
+        self.on_smaller = on_smaller
         self.examples = [0] * pool.size
         self.iterations = [0] * pool.size
         self.running = set(range(pool.size))
@@ -167,17 +193,23 @@ class _Driver:
         elif kind == "unshrunk":
             if self.outcome.winner is None:
                 self.outcome.winner = index
-                self.outcome.unshrunk = msg[2]
+                self.outcome.unshrunk = self.outcome.best = msg[2]
                 stats = self.outcome.stats
                 stats.first_failure = time.perf_counter() - self.started
                 stats.examples_to_failure = sum(self.examples) + 1
                 self.pool.stop(keep=index)
                 if self.on_unshrunk is not None:
                     self.on_unshrunk(msg[2])
+        elif kind == "smaller":
+            if index == self.outcome.winner:
+                self.outcome.best = msg[2]
+                self.outcome.stats.smaller += 1
+                if self.on_smaller is not None:
+                    self.on_smaller(msg[2])
         elif kind == "done":
             self.examples[index], self.iterations[index] = msg[2], msg[3]
             if index == self.outcome.winner and msg[4] is not None:
-                self.outcome.found = msg[4]
+                self.outcome.found, self.outcome.cut = msg[4], msg[5]
             elif msg[4] is not None and self.outcome.winner is None:  # no "unshrunk" came first
                 self.outcome.winner, self.outcome.found = index, msg[4]
                 self.pool.stop(keep=index)
@@ -189,6 +221,30 @@ class _Driver:
             msg = self.pool.get(0.0)
 
     def run(self) -> Outcome:
+        try:
+            self._loop()
+        except KeyboardInterrupt:
+            self._interrupted()
+        stats = self.outcome.stats
+        stats.examples, stats.iterations = sum(self.examples), sum(self.iterations)
+        stats.seconds = time.perf_counter() - self.started
+        return self.outcome
+
+    def _interrupted(self) -> None:
+        """Ctrl-C: keep what has arrived (a smaller failure may be queued), then end. The
+        caller closes the pool."""
+        self.outcome.interrupted = True
+        try:
+            msg = self.pool.get(0.0)
+            while msg is not None:
+                self.handle(msg)
+                msg = self.pool.get(0.0)
+        except (KeyboardInterrupt, Exception):  # a second Ctrl-C, or the queue went with Ray
+            pass
+        if self.outcome.winner is not None and self.outcome.found is None:
+            self.outcome.cut = CUT_INTERRUPTED
+
+    def _loop(self) -> None:
         last_progress = 0.0
         while self.running:
             self.drain(0.1)
@@ -215,14 +271,21 @@ class _Driver:
             ):
                 self.stopped_all = True
                 self.pool.stop(keep=None)
+            # The winner cuts its own shrink at the budget, after an example; one stuck in a
+            # long example is stopped (it has reported its smallest failure so far).
+            if (
+                not self.stopped_all
+                and self.outcome.winner is not None
+                and (elapsed > self.spec.budget + 10.0)
+            ):
+                self.stopped_all = True
+                self.pool.stop(keep=None)
             now = time.perf_counter()
             if self.on_progress is not None and now - last_progress > 0.25:
                 last_progress = now
                 self.on_progress(self.live())
-        stats = self.outcome.stats
-        stats.examples, stats.iterations = sum(self.examples), sum(self.iterations)
-        stats.seconds = time.perf_counter() - self.started
-        return self.outcome
+        if self.stopped_all and self.outcome.winner is not None and self.outcome.found is None:
+            self.outcome.cut = CUT_BUDGET
 
     def live(self) -> Live:
         return Live(
@@ -240,9 +303,10 @@ def drive(
     on_progress: Callable[[Live], None] | None = None,
     on_unshrunk: Callable[[dict[str, Any]], None] | None = None,
     on_notice: Callable[[str], None] | None = None,
+    on_smaller: Callable[[dict[str, Any]], None] | None = None,
 ) -> Outcome:
     try:
-        return _Driver(pool, spec, on_progress, on_unshrunk, on_notice).run()
+        return _Driver(pool, spec, on_progress, on_unshrunk, on_notice, on_smaller).run()
     finally:
         pool.close()
 
@@ -373,18 +437,21 @@ def search_processes(
     on_progress: Callable[[Live], None] | None = None,
     on_unshrunk: Callable[[dict[str, Any]], None] | None = None,
     on_notice: Callable[[str], None] | None = None,
+    on_smaller: Callable[[dict[str, Any]], None] | None = None,
 ) -> Outcome:
     """`workers` search streams in processes over one example database."""
     if not spec.scheduler.is_reference:
         spec.scheduler.factory()  # a bad --scheduler fails here, once, not in every worker
     with shared_database(spec) as shared:
-        return drive(ProcessPool(shared, workers), shared, on_progress, on_unshrunk, on_notice)
+        pool = ProcessPool(shared, workers)
+        return drive(pool, shared, on_progress, on_unshrunk, on_notice, on_smaller)
 
 
 def search_here(
     spec: SearchSpec,
     on_progress: Callable[[Live], None] | None = None,
     on_unshrunk: Callable[[dict[str, Any]], None] | None = None,
+    on_smaller: Callable[[dict[str, Any]], None] | None = None,
 ) -> Outcome:
     """One stream in this process (`--workers 1`), reported like the parallel ones."""
 
@@ -392,16 +459,27 @@ def search_here(
         if on_progress is not None:
             on_progress(Live(stats.examples, stats.iterations, stats.seconds, 1, 1))
 
-    unshrunk: list[dict[str, Any]] = []
+    outcome = Outcome(SearchStats())
 
     def on_failure(found: Found) -> bool:
-        unshrunk.append(cex_data(found, spec))
+        outcome.unshrunk = outcome.best = cex_data(found, spec)
+        outcome.winner = 0
         if on_unshrunk is not None:
-            on_unshrunk(unshrunk[0])
+            on_unshrunk(outcome.unshrunk)
         return True
 
-    result = search(spec, on_round, on_failure)
-    outcome = Outcome(result.stats, unshrunk=unshrunk[0] if unshrunk else None)
+    def on_smaller_found(found: Found) -> None:
+        outcome.best = cex_data(found, spec)
+        if on_smaller is not None:
+            on_smaller(outcome.best)
+
+    try:
+        result = search(spec, on_round, on_failure, on_smaller=on_smaller_found)
+    except SearchInterrupted as stop:  # nothing found yet
+        outcome.stats, outcome.interrupted = stop.stats, True
+        return outcome
+    outcome.stats, outcome.cut = result.stats, result.cut
+    outcome.interrupted = result.cut == CUT_INTERRUPTED
     if result.found is not None:
         outcome.found, outcome.winner = cex_data(result.found, spec), 0
     return outcome
@@ -413,8 +491,9 @@ def search_streams(
     on_progress: Callable[[Live], None] | None = None,
     on_unshrunk: Callable[[dict[str, Any]], None] | None = None,
     on_notice: Callable[[str], None] | None = None,
+    on_smaller: Callable[[dict[str, Any]], None] | None = None,
 ) -> Outcome:
     """`workers` streams: in this process for 1, else in worker processes."""
     if workers == 1:
-        return search_here(spec, on_progress, on_unshrunk)
-    return search_processes(spec, workers, on_progress, on_unshrunk, on_notice)
+        return search_here(spec, on_progress, on_unshrunk, on_smaller)
+    return search_processes(spec, workers, on_progress, on_unshrunk, on_notice, on_smaller)

@@ -163,6 +163,7 @@ def search_ray(
     on_progress: Callable[[Live], None] | None = None,
     on_unshrunk: Callable[[dict[str, Any]], None] | None = None,
     on_notice: Callable[[str], None] | None = None,
+    on_smaller: Callable[[dict[str, Any]], None] | None = None,
 ) -> Outcome:
     """Search streams as Ray tasks: `workers` of them (None: one per CPU of the cluster)."""
     if not spec.scheduler.is_reference:
@@ -172,7 +173,8 @@ def search_ray(
         if on_notice is not None:
             on_notice(f"ray: {n} search streams on {_where(ray, address)}")
         with shared_database(spec) as shared:
-            return drive(RayPool(ray, shared, n), shared, on_progress, on_unshrunk, on_notice)
+            pool = RayPool(ray, shared, n)
+            return drive(pool, shared, on_progress, on_unshrunk, on_notice, on_smaller)
 
 
 def _where(ray: Any, address: str) -> str:

@@ -2,15 +2,19 @@
 
 Each invariant raises its own exception class, so Hypothesis shrinks a failure while keeping the
 same invariant broken. A time budget is honoured by running the search in rounds of a few
-examples, each round with its own seed.
+examples, each round with its own seed. While shrinking, every failure smaller than the best so far
+is reported as it is found, and Ctrl-C or the budget ends the shrink with that best one: a found bug
+is never lost.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from hypothesis import HealthCheck, Phase, given, settings, target
 from hypothesis import seed as hypothesis_seed
@@ -27,6 +31,12 @@ from overlapcheck.runner import RunResult, run_scenario
 from overlapcheck.scenarios.named import named_scenario
 from overlapcheck.scenarios.strategies import HypothesisDelay, scenarios, variations
 from overlapcheck.scheduler_spec import SchedulerSpec
+
+_choice_order: Callable[[Any], tuple[Any, ...]] | None
+try:  # Hypothesis's own order on examples; internal, hence the fallback below
+    from hypothesis.internal.conjecture.shrinker import sort_key as _choice_order
+except ImportError:  # pragma: no cover - another Hypothesis layout
+    _choice_order = None
 
 
 class Found(Exception):
@@ -48,6 +58,21 @@ def _found_class(invariant: str) -> type[Found]:
     return _FOUND[invariant]
 
 
+class SearchInterrupted(KeyboardInterrupt):
+    """Ctrl-C before any failure was found; carries the totals so far (a KeyboardInterrupt still,
+    for callers that do not care)."""
+
+    def __init__(self, stats: SearchStats) -> None:
+        super().__init__()
+        self.stats = stats
+
+
+class _BudgetCut(KeyboardInterrupt):
+    """Raised at the end of an example once the budget ran out while shrinking. A
+    KeyboardInterrupt because Hypothesis lets one through untouched: it neither records the
+    example nor saves it to the database."""
+
+
 class _Stopped(BaseException):
     """Raised at the end of an example to end the search: Hypothesis lets a BaseException through
     without shrinking or replaying it. (Raised any earlier, or an example cut short, the run
@@ -62,12 +87,33 @@ class SearchStats:
     seconds: float = 0.0
     first_failure: float | None = None  # seconds to the first violating example (before shrinking)
     examples_to_failure: int | None = None
+    smaller: int = 0  # failures found while shrinking that were smaller than the best so far
+
+
+CUT_INTERRUPTED = "interrupted"  # Ctrl-C while shrinking
+CUT_BUDGET = "budget"  # the time budget ran out while shrinking
 
 
 @dataclass
 class SearchResult:
+    """`found`: the shrunk failure, or with `cut` set (`CUT_INTERRUPTED`, `CUT_BUDGET`) the
+    smallest one seen before shrinking was cut short."""
+
     stats: SearchStats
     found: Found | None
+    cut: str | None = None
+
+
+def failure_order(data: st.DataObject, result: RunResult) -> tuple[Any, ...]:
+    """How simple a failing example is, in Hypothesis's own order (fewer choices, then smaller
+    ones): its shrinker keeps a candidate only when it is smaller in this order, so the smallest
+    failure seen so far is the one it would report if it stopped now. Without that internal
+    helper: the scenario's size (requests, then tokens, then iterations)."""
+    if _choice_order is not None:
+        return (0, _choice_order(data.conjecture_data.nodes))
+    reqs = result.scenario.requests
+    tokens = sum(len(r.prompt) + r.max_tokens for r in reqs)
+    return (1, (len(reqs), tokens, result.iterations))
 
 
 def near_race_gap(trace: Trace) -> float | None:
@@ -90,29 +136,38 @@ class FailureDatabase(ExampleDatabase):
     """A directory example database that keeps failures (Hypothesis's primary and secondary
     corpora) and drops the pareto front of `target()` scores. Hypothesis replays that front at
     the start of every run, and a search runs in rounds of a few examples: replaying it cost
-    a third of the search's throughput, for little (a front is one stream's own history)."""
+    a third of the search's throughput, for little (a front is one stream's own history).
 
-    def __init__(self, path: str) -> None:
+    Every key is prefixed with `namespace` (`SearchSpec.database_namespace`): Hypothesis keys
+    examples by the test function alone, and the search's function is the same for every fault
+    set, scenario and scheduler. Unprefixed, a run with other faults replayed the saved failures
+    of the last one, found they pass, and deleted them from the database."""
+
+    def __init__(self, path: str, namespace: bytes = b"") -> None:
         super().__init__()
         self.inner = DirectoryBasedExampleDatabase(path)
+        self.namespace = namespace
+
+    def _key(self, key: bytes) -> bytes:
+        return self.namespace + b":" + key if self.namespace else key
 
     def save(self, key: bytes, value: bytes) -> None:
         if not key.endswith(b".pareto"):
-            self.inner.save(key, value)
+            self.inner.save(self._key(key), value)
 
     def fetch(self, key: bytes) -> Iterable[bytes]:
         if key.endswith(b".pareto"):
             return iter(())
-        return self.inner.fetch(key)
+        return self.inner.fetch(self._key(key))
 
     def delete(self, key: bytes, value: bytes) -> None:
-        self.inner.delete(key, value)
+        self.inner.delete(self._key(key), value)
 
     def move(self, src: bytes, dest: bytes, value: bytes) -> None:
         if dest.endswith(b".pareto"):
-            self.inner.delete(src, value)
+            self.inner.delete(self._key(src), value)
         else:
-            self.inner.move(src, dest, value)
+            self.inner.move(self._key(src), self._key(dest), value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +209,25 @@ class SearchSpec:
             return variations(base, self.faults)
         return scenarios(self.scenario, self.faults, self.policy)
 
+    def database_namespace(self) -> bytes:
+        """What a saved example means: the same choices replay as the same test only under the
+        same scenario, faults, checks, policy, scheduler and timing profile. The seed and the
+        budgets are left out (streams and later runs share what they find); so is the
+        scheduler's source hash (a rerun after a fix must replay the failure it fixed)."""
+        scenario: Any = self.scenario
+        if isinstance(scenario, Scenario):
+            scenario = scenario.to_json()
+        what = {
+            "scenario": scenario,
+            "faults": sorted(self.faults),
+            "checks": self.checks,
+            "policy": self.policy,
+            "scheduler": self.scheduler.text,
+            "profile": self.profile.as_dict(),
+        }
+        text = json.dumps(what, sort_keys=True, default=str)
+        return hashlib.blake2b(text.encode(), digest_size=12).hexdigest().encode()
+
     def stream(self, index: int, streams: int) -> SearchSpec:
         """The spec of search stream `index` of `streams`: its own seed, its share of examples."""
         share = self.max_examples // streams + (index < self.max_examples % streams)
@@ -192,29 +266,38 @@ def search(
     on_round: Callable[[SearchStats], None] | None = None,
     on_failure: Callable[[Found], bool] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    on_smaller: Callable[[Found], None] | None = None,
 ) -> SearchResult:
-    """Search until a violation, `max_examples` examples, or `budget` seconds (checked per round).
+    """Search until a violation, `max_examples` examples, or `budget` seconds (checked per round;
+    while shrinking, after every example).
 
     `on_round` sees the running totals after each round. `on_failure` is called once, with the
     first failing example before shrinking starts (save it: a kill during shrinking must not lose
-    it); returning False drops the failure (another search stream already has one). `should_stop`
-    is polled before each example: once it says so, the search winds down without running more.
+    it); returning False drops the failure (another search stream already has one). `on_smaller`
+    is called with each later failure smaller than the best so far (replace the saved one with
+    it). `should_stop` is polled before each example: once it says so, the search winds down
+    without running more. Ctrl-C or the budget during shrinking return the best so far, `cut`;
+    Ctrl-C before any failure raises `SearchInterrupted` with the totals.
     """
     prof = spec.profile
     stats = SearchStats()
     started = time.perf_counter()
-    db = FailureDatabase(spec.database) if spec.database is not None else None
+    db = None
+    if spec.database is not None:
+        db = FailureDatabase(spec.database, spec.database_namespace())
     strategy = spec.strategy()
     checks = spec.checks
     if not spec.scheduler.is_reference:
         spec.scheduler.factory()  # a bad spec fails here, with one line, not inside Hypothesis
     dropped = False
+    best: Found | None = None
+    best_order: tuple[Any, ...] = ()
 
     def stopped() -> bool:
         return dropped or (should_stop is not None and should_stop())
 
     def example(data: st.DataObject) -> None:
-        nonlocal dropped
+        nonlocal dropped, best, best_order
         sc = data.draw(strategy, label="scenario")
         timing = Timing(prof, HypothesisDelay(data, prof.forward))
         try:
@@ -229,45 +312,67 @@ def search(
             target(-gap, label="near-race gap (-µs)")
         if stopped():
             raise _Stopped
+        found: Found | None = None
         if result.violations:
             found = _found_class(result.violations[0].invariant)(result, dict(timing.draws))
-            if stats.first_failure is None:
+            order = failure_order(data, result)
+            if best is None:
+                best, best_order = found, order
                 stats.first_failure = time.perf_counter() - started
                 stats.examples_to_failure = stats.examples
                 if on_failure is not None and not on_failure(found):
                     dropped = True  # another stream found one first: end this one
                     raise _Stopped
+            elif order < best_order:
+                best, best_order = found, order
+                stats.smaller += 1
+                if on_smaller is not None:
+                    on_smaller(found)
+        # NOTE: checked here, at the end of an example, so a cut never leaves one half drawn.
+        if best is not None and time.perf_counter() - started >= spec.budget:
+            raise _BudgetCut
+        if found is not None:
             raise found
 
-    while (
-        stats.examples < spec.max_examples
-        and time.perf_counter() - started < spec.budget
-        and not stopped()
-    ):
-        n = min(spec.round_size, spec.max_examples - stats.examples)
-        # NOTE: the seed goes on first: `@seed` turns the database off for the settings it
-        # finds, and the settings applied after it keep ours (the streams share what they find).
-        seeded = hypothesis_seed(spec.seed * 100_003 + stats.rounds)(given(st.data())(example))
-        test = settings(
-            max_examples=n,
-            deadline=None,
-            database=db,
-            derandomize=False,
-            suppress_health_check=list(HealthCheck),
-            report_multiple_bugs=False,
-            phases=[Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
-            print_blob=False,
-        )(seeded)
-        stats.rounds += 1
-        try:
-            test()
-        except Found as found:
-            stats.seconds = time.perf_counter() - started
-            return SearchResult(stats, found)
-        except _Stopped:
-            break
-        finally:
-            stats.seconds = time.perf_counter() - started
-            if on_round is not None:
-                on_round(stats)
+    try:
+        while (
+            stats.examples < spec.max_examples
+            and time.perf_counter() - started < spec.budget
+            and not stopped()
+        ):
+            n = min(spec.round_size, spec.max_examples - stats.examples)
+            # NOTE: the seed goes on first: `@seed` turns the database off for the settings it
+            # finds, and the settings applied after it keep ours (the streams share what they
+            # find).
+            seed = spec.seed * 100_003 + stats.rounds
+            seeded = hypothesis_seed(seed)(given(st.data())(example))
+            test = settings(
+                max_examples=n,
+                deadline=None,
+                database=db,
+                derandomize=False,
+                suppress_health_check=list(HealthCheck),
+                report_multiple_bugs=False,
+                phases=[Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
+                print_blob=False,
+            )(seeded)
+            stats.rounds += 1
+            try:
+                test()
+            except Found as found:
+                stats.seconds = time.perf_counter() - started
+                return SearchResult(stats, found)
+            except _Stopped:
+                break
+            except _BudgetCut:
+                return SearchResult(stats, best, cut=CUT_BUDGET)
+            finally:
+                stats.seconds = time.perf_counter() - started
+                if on_round is not None:
+                    on_round(stats)
+    except KeyboardInterrupt:  # Ctrl-C, wherever it lands
+        stats.seconds = time.perf_counter() - started
+        if best is None:
+            raise SearchInterrupted(stats) from None
+        return SearchResult(stats, best, cut=CUT_INTERRUPTED)
     return SearchResult(stats, None)

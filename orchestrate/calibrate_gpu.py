@@ -227,7 +227,11 @@ def relative_range(values: list[float]) -> float:
 
 
 def check(
-    backend: TorchBackend, profile: Profile, repeats: int = 9, traces: Path | None = None
+    backend: TorchBackend,
+    profile: Profile,
+    repeats: int = 9,
+    traces: Path | None = None,
+    names: tuple[str, ...] = tuple(NAMED),
 ) -> list[Row]:
     """Per named scenario and figure: the simulator with `profile`, the GPU, and the simulator
     with the host's work (its phases, the leads and tails of forwards) re-measured on this
@@ -243,7 +247,7 @@ def check(
     if traces is not None:
         traces.mkdir(parents=True, exist_ok=True)
     rows: list[Row] = []
-    for name in NAMED:
+    for name in names:
         real, host = real_runs(backend, profile, name, repeats, traces)
         as_measured = fit_profile(host, profile)
         sim: dict[tuple[str, str], Figures] = {}
@@ -277,11 +281,38 @@ def check(
 
 
 TOLERANCE = 0.15  # the fidelity target: each figure within 15 % of the GPU's
+# Figures that do not depend on how fast the host runs today: the calibrated profile is held to
+# them. Totals follow the host's speed, which drifts by tens of percent between runs on a shared
+# machine; with the calibrated profile they are reported, and judged with the host as run.
+HOST_FREE = ("engine idle %", "overlap speed-up")
+
+
+class Miss(NamedTuple):
+    row: Row
+    column: str  # "sim" (the calibrated profile) or "as run"
+    error: float  # relative to the GPU's median
+    bound: float  # the larger of TOLERANCE and the GPU's own p10-p90 range
+
+
+def misses(rows: list[Row]) -> list[Miss]:
+    """The figures the simulator gets wrong: further from the GPU's median than `TOLERANCE` and
+    than the GPU's own p10-p90 range over the same repeats (no model can be closer to the GPU
+    than the GPU is to itself). Every figure is judged with the host as run; the host-free ones
+    with the calibrated profile too."""
+    found = []
+    for r in rows:
+        bound = max(TOLERANCE, r.gpu_spread)
+        judged = [("as run", r.as_run)] + ([("sim", r.sim)] if r.figure in HOST_FREE else [])
+        for column, value in judged:
+            error = abs(value - r.gpu) / abs(r.gpu) if r.gpu else abs(value)
+            if error > bound:
+                found.append(Miss(r, column, error, bound))
+    return found
 
 
 def verdict(rows: list[Row]) -> str:
     """One line under the table: how many figures are within `TOLERANCE`, per simulator column,
-    next to the GPU's own noise (no model gets closer than the device is to itself)."""
+    next to the GPU's own noise, and which figures miss both it and the noise."""
 
     def within(value: float, real: float) -> bool:
         return abs(value - real) <= TOLERANCE * abs(real)
@@ -289,10 +320,15 @@ def verdict(rows: list[Row]) -> str:
     calibrated = sum(within(r.sim, r.gpu) for r in rows)
     as_run = sum(within(r.as_run, r.gpu) for r in rows)
     noisiest = max((r.gpu_spread for r in rows), default=0.0)
+    wrong = misses(rows)
+    judged = ", ".join(
+        f"{m.row.scenario} {m.row.figure} ({m.column}) off by {m.error:.0%} > {m.bound:.0%}"
+        for m in wrong
+    )
     return (
         f"within {TOLERANCE:.0%}: {calibrated}/{len(rows)} figures with the calibrated profile, "
         f"{as_run}/{len(rows)} with the host as run; the GPU's own p10-p90 range reaches "
-        f"{noisiest:.0%}"
+        f"{noisiest:.0%}; beyond both: {judged or 'none'}"
     )
 
 

@@ -6,6 +6,7 @@ engine with the fault on and is clean with it off, and the calibrated simulator 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,8 +18,14 @@ if not torch.cuda.is_available():
 pytest.importorskip("flashinfer")
 
 from overlapcheck.backends.gpu.backend import TorchBackend, make_torch_backend  # noqa: E402
+from overlapcheck.backends.sim.timing import Profile  # noqa: E402
 from overlapcheck.formats import counterexample  # noqa: E402
-from overlapcheck.orchestrate.calibrate_gpu import TOLERANCE, calibrate, check  # noqa: E402
+from overlapcheck.orchestrate.calibrate_gpu import (  # noqa: E402
+    calibrate,
+    check,
+    misses,
+    verdict,
+)
 from overlapcheck.orchestrate.gpu_replay import (  # noqa: E402
     replay_verdicts,
     sleep_cycles_per_second,
@@ -52,20 +59,28 @@ def test_the_counterexample_reproduces_on_the_gpu_and_the_fix_holds(
     assert all(v.clean for v in off), [v.to_json() for v in off if not v.clean][:3]
 
 
-def test_the_calibrated_simulator_predicts_the_gpu(cuda: TorchBackend, tmp_path: Path) -> None:
-    """Engine idle share and overlap speed-up hold with the calibrated profile itself; totals
-    follow the host's speed, which drifts on a shared machine (see the README), so they are held
-    to the target with the host's work re-measured on the check's own runs."""
-    fitted = calibrate(cuda, tmp_path / "profile.json")
-    rows = check(cuda, fitted.profile)
+@pytest.fixture(scope="module")
+def calibrated(cuda: TorchBackend, tmp_path_factory: pytest.TempPathFactory) -> Profile:
+    return calibrate(cuda, tmp_path_factory.mktemp("calibration") / "profile.json").profile
 
-    def error(value: float, real: float) -> float:
-        return abs(value - real) / abs(real)
 
-    misses = [r for r in rows if error(r.as_run, r.gpu) > TOLERANCE]
-    misses += [
-        r
-        for r in rows
-        if r.figure in ("engine idle %", "overlap speed-up") and error(r.sim, r.gpu) > TOLERANCE
-    ]
-    assert not misses, misses
+def test_the_calibrated_simulator_predicts_the_gpu(cuda: TorchBackend, calibrated: Profile) -> None:
+    """Every figure within 15 % of the GPU's median or within the GPU's own run-to-run range in
+    this very run, whichever is wider (`misses`); totals with the calibrated profile follow the
+    host's drift and are reported, not judged (see the README)."""
+    rows = check(cuda, calibrated)
+    assert not misses(rows), verdict(rows)
+
+
+def test_the_fidelity_check_fails_a_wrong_model(cuda: TorchBackend, calibrated: Profile) -> None:
+    """The judge has teeth: a profile whose forwards take four times what the GPU's do is caught
+    even on two scenarios and three repeats, however noisy the host."""
+    wrong = replace(
+        calibrated,
+        forward=4 * calibrated.forward,
+        forward_per_token=4 * calibrated.forward_per_token,
+        forward_per_context=4 * calibrated.forward_per_context,
+    )
+    rows = check(cuda, wrong, repeats=3, names=("basic", "chunked-long"))
+    wrong_figures = {m.row.figure for m in misses(rows)}
+    assert {"total ms", "engine idle %"} <= wrong_figures, verdict(rows)

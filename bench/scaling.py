@@ -6,7 +6,9 @@ Two measurements per worker count:
 - throughput: the shipped scheduler (nothing to find) searched for `--seconds`: examples/s and
   scheduler iterations/s over all streams, and the speed-up against one worker;
 - time to find: the named fault that one worker takes longest to find (`--fault` to pin one),
-  median over `--seeds` seeds, each search from an empty example database.
+  and the slowest-to-find mutant of the mutation bench (`--mutant`, default `evict-locked-node`,
+  the slowest in the README's table), median over `--seeds` seeds, each search from an empty
+  example database.
 
 Target (issue 14): at least 0.8 N speed-up on N cores. Run it on a quiet machine with at least as
 many cores as the largest count; the numbers go into the README's scaling table.
@@ -16,7 +18,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
+from dataclasses import replace
+from pathlib import Path
 
+from overlapcheck.bench.mutants import BY_ID
+from overlapcheck.bench.mutation_score import materialize
 from overlapcheck.explore.parallel import Live, available_cores, search_streams
 from overlapcheck.explore.search import SearchSpec
 from overlapcheck.reference.faults import FAULTS
@@ -43,11 +50,14 @@ def throughput(workers: int, seconds: float) -> tuple[float, float]:
     return (last.examples - first.examples) / wall, (last.iterations - first.iterations) / wall
 
 
-def time_to_find(fault: str, workers: int, seeds: int, budget: float) -> tuple[float | None, int]:
-    """Median seconds to the first failure over `seeds` seeds, and how many found it."""
+def time_to_find(
+    target: SearchSpec, workers: int, seeds: int, budget: float
+) -> tuple[float | None, int]:
+    """Median seconds to the first failure of `target` (its faults or its scheduler) over
+    `seeds` seeds, and how many found it."""
     times = []
     for seed in range(seeds):
-        spec = SearchSpec(faults=frozenset([fault]), budget=budget, max_examples=10**9, seed=seed)
+        spec = replace(target, budget=budget, max_examples=10**9, seed=seed)
         outcome = search_streams(spec, workers)
         if outcome.stats.first_failure is not None:
             times.append(outcome.stats.first_failure)
@@ -58,7 +68,7 @@ def slowest_fault(seeds: int, budget: float) -> str:
     """The named fault one worker takes longest to find (median over seeds)."""
     worst, worst_time = next(iter(FAULTS)), -1.0
     for name in FAULTS:
-        median, _ = time_to_find(name, 1, seeds, budget)
+        median, _ = time_to_find(SearchSpec(faults=frozenset([name])), 1, seeds, budget)
         t = budget if median is None else median
         print(f"  1 worker: {name:<24} {t:6.2f} s", flush=True)
         if t > worst_time:
@@ -73,6 +83,12 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3, help="seeds per time-to-find median")
     parser.add_argument("--budget", type=float, default=120.0, help="time-to-find budget")
     parser.add_argument("--fault", help="time this fault (default: the slowest to find)")
+    parser.add_argument(
+        "--mutant",
+        default="evict-locked-node",
+        choices=sorted(BY_ID),
+        help="time this mutant too (default: evict-locked-node)",
+    )
     args = parser.parse_args()
     counts = [int(c) for c in args.workers.split(",")]
     print(f"{available_cores()} cores available; worker counts {counts}")
@@ -82,23 +98,27 @@ def main() -> None:
     if fault is None:
         print("finding the slowest-to-find named fault with 1 worker:")
         fault = slowest_fault(args.seeds, args.budget)
-    print(f"time to find: {fault}, median of {args.seeds} seeds, empty database")
+    print(
+        f"time to find: fault {fault} and mutant {args.mutant}, median of {args.seeds} seeds, "
+        "empty database"
+    )
     print(
         f"{'workers':>7}{'examples/s':>12}{'iter/s':>10}{'speed-up':>10}{'per core':>10}"
-        f"{'find s':>9}{'found':>7}"
+        f"{'fault s':>9}{'found':>7}{'mutant s':>10}{'found':>7}"
     )
     base: float | None = None
-    for n in counts:
-        eps, ips = throughput(n, args.seconds)
-        base = base or eps
-        found_s, hits = time_to_find(fault, n, args.seeds, args.budget)
-        speed = eps / base
-        find = "-" if found_s is None else f"{found_s:.2f}"
-        print(
-            f"{n:>7}{eps:>12.0f}{ips:>10.0f}{speed:>9.2f}x{speed / n:>10.2f}"
-            f"{find:>9}{hits:>5}/{args.seeds}",
-            flush=True,
-        )
+    with tempfile.TemporaryDirectory(prefix="overlapcheck-scaling-") as tmp:
+        mutant = SearchSpec(scheduler=materialize(BY_ID[args.mutant], Path(tmp)))
+        for n in counts:
+            eps, ips = throughput(n, args.seconds)
+            base = base or eps
+            speed = eps / base
+            row = f"{n:>7}{eps:>12.0f}{ips:>10.0f}{speed:>9.2f}x{speed / n:>10.2f}"
+            for target, width in ((SearchSpec(faults=frozenset([fault])), 9), (mutant, 10)):
+                found_s, hits = time_to_find(target, n, args.seeds, args.budget)
+                find = "-" if found_s is None else f"{found_s:.2f}"
+                row += f"{find:>{width}}{hits:>5}/{args.seeds}"
+            print(row, flush=True)
 
 
 if __name__ == "__main__":

@@ -83,8 +83,17 @@ class KvProvenance(Invariant):
     def on_message(self, msg: OutMsg, req: Request | None) -> None:
         # A message may be the first sign of a forward that ran: judge its reads before the
         # message checks judge its tokens.
-        if self.shadow is not None and (self.pending or self.feed.seen != len(self.run.trace.ops)):
-            self._check()
+        shadow = self.shadow
+        if shadow is None:
+            return
+        if self.feed.seen == len(self.run.trace.ops):
+            # No new forward: only the oldest pending one can have become judgeable (it ran).
+            if not self.pending:
+                return
+            rec = shadow.reads.get(self.pending[0][0].seq)
+            if rec is None or rec.samples is None:
+                return
+        self._check()
 
     def on_step_end(self) -> None:
         if self.shadow is not None:

@@ -9,8 +9,8 @@ in between is seen or missed as on hardware.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Generator, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Generator, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 import numpy as np
@@ -78,6 +78,48 @@ class SimOutput(ForwardOutput):
         return [int(t) for t in self.host_buffer]
 
 
+class _Span:
+    """A host phase (`SimDevice.span`): a class rather than a generator-based context manager,
+    since the host enters several per simulated iteration.
+
+    Scheduling and processing cost comes before what they issue or read
+    (HOST_WORK_BEFORE_ISSUE). Launching enqueues a forward kernel by kernel: the GPU can start
+    `forward_lead` into the phase, but cannot finish before the phase has enqueued the last kernel:
+    `forward_tail` from the phase's end (negative when the phase goes on with other host work
+    after it).
+    """
+
+    __slots__ = ("before", "cost", "device", "op", "outer", "phase", "work")
+
+    def __init__(self, device: SimDevice, phase: str, work: int) -> None:
+        self.device = device
+        self.phase = phase
+        self.work = work
+
+    def __enter__(self) -> None:
+        device, phase = self.device, self.phase
+        recorder = device.recorder
+        self.outer = recorder.phase
+        recorder.phase = phase
+        self.op = recorder.span(phase, device.now(), self.work)
+        self.cost = device.timing.host(phase, self.work)
+        self.op.delay = device.timing.last_delay
+        self.before = phase in HOST_WORK_BEFORE_ISSUE
+        if self.before:
+            device._advance(self.cost)
+        if phase == "launch":
+            device._launch = (device.now(), device.now() + self.cost)
+
+    def __exit__(self, *exc: object) -> None:
+        device = self.device
+        if not self.before:
+            device._advance(self.cost)
+        if self.phase == "launch":
+            device._launch = None
+        self.op.end = device.now()
+        device.recorder.phase = self.outer
+
+
 class SimDevice(Device):
     def __init__(
         self, config: SchedulerConfig, model: ToyModel, timing: Timing | None = None
@@ -115,32 +157,8 @@ class SimDevice(Device):
     def set_step(self, step: int) -> None:
         self.recorder.step = step
 
-    @contextmanager
-    def span(self, phase: str, work: int = 0) -> Iterator[None]:
-        outer = self.recorder.phase
-        self.recorder.phase = phase
-        op = self.recorder.span(phase, self.now(), work)
-        cost = self.timing.host(phase, work)
-        op.delay = self.timing.last_delay
-        # Scheduling and processing cost comes before what they issue or read
-        # (HOST_WORK_BEFORE_ISSUE).
-        # Launching enqueues a forward kernel by kernel: the GPU can start `forward_lead` into the
-        # phase, but cannot finish before the phase has enqueued the last kernel: `forward_tail`
-        # from the phase's end (negative when the phase goes on with other host work after it).
-        before = phase in HOST_WORK_BEFORE_ISSUE
-        if before:
-            self._advance(cost)
-        if phase == "launch":
-            self._launch = (self.now(), self.now() + cost)
-        try:
-            yield
-        finally:
-            if not before:
-                self._advance(cost)
-            if phase == "launch":
-                self._launch = None
-            op.end = self.now()
-            self.recorder.phase = outer
+    def span(self, phase: str, work: int = 0) -> AbstractContextManager[None]:
+        return _Span(self, phase, work)
 
     def sleep_until(self, time: float) -> None:
         start = self.now()

@@ -59,19 +59,18 @@ class WorkBound(Invariant):
         ends = context_ends(op, cfg.max_seq_len)
         if len(ends) != len(reqs):
             return
-        offsets = np.cumsum(ends) - ends
         context: np.ndarray | None = None
-        for i, req in enumerate(reqs):
+        for i, (req, end) in enumerate(zip(reqs, ends.tolist(), strict=True)):
             if req is None:
                 continue
-            end, prompt = int(ends[i]), len(req.msg.input_ids)
+            prompt = len(req.msg.input_ids)
             if end >= prompt:
                 self._round(op, req)
             reserved = cfg.pages_for(prompt + req.max_output)
             if end > reserved:  # fewer positions than reserved pages can never be too many pages
                 if context is None:
                     context = next(a.cells for a in op.accesses if a.buffer == KV and a.mode == "r")
-                start = int(offsets[i])
+                start = int(ends[:i].sum())  # where the sequence's context starts in the read
                 pages = np.unique(context[start : start + end] // cfg.page_size)
                 if len(pages) > reserved:
                     self.fail(

@@ -47,35 +47,6 @@ class _Shadow:
         self.used = 0
         self.regions: dict[str, tuple[int, int]] = {}  # buffer -> (first cell, cells)
         self.moves = 0  # regions moved so far
-        # Per buffer and agent, the highest clock of any write / read the agent made there: an
-        # access whose vector clock covers all of them cannot race with any cell of the buffer,
-        # so the common case needs no gather (an upper bound: a cleared read stays counted).
-        self.wrote: dict[str, list[int]] = {}
-        self.read: dict[str, list[int]] = {}
-
-    def note(self, buffer: str, mode: str, agent: int, clock: int) -> None:
-        """`agent` accessed `buffer` at `clock` (its clocks only grow: the new maximum)."""
-        table = self.read if mode == "r" else self.wrote
-        marks = table.get(buffer)
-        if marks is None:
-            marks = table[buffer] = [0] * MAX_AGENTS
-        marks[agent] = clock
-
-    def covered(self, buffer: str, mode: str, agent: int, vc: list[int]) -> bool:
-        """No cell of `buffer` can race with an access of `mode` by `agent` at clock `vc`: every
-        write there (and, for a write, every other agent's read) happens before it."""
-        wrote = self.wrote.get(buffer)
-        if wrote is not None:
-            for clock, known in zip(wrote, vc, strict=True):
-                if clock > known:
-                    return False
-        if mode == "w":
-            read = self.read.get(buffer)
-            if read is not None:
-                for b, (clock, known) in enumerate(zip(read, vc, strict=True)):
-                    if clock > known and b != agent:
-                        return False
-        return True
 
     def base(self, buffer: str, cells: np.ndarray) -> int:
         """Where `buffer`'s region starts, grown to hold `cells` (non-negative indices)."""
@@ -223,19 +194,6 @@ class RaceDetector:
                 acc.cells + shadow.regions[acc.buffer][0] for acc in op.accesses if len(acc.cells)
             ]
         cells = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        clocks = vc.tolist()
-        if all(
-            shadow.covered(acc.buffer, acc.mode, a, clocks) for acc in op.accesses if len(acc.cells)
-        ):
-            # Nothing to check cell by cell: record the accesses (as below, on no race).
-            written = cells[split:]
-            if split:
-                shadow.reads[a][cells[:split]] = clocks[a]
-            if len(written):
-                shadow.writer[written] = clocks[a] * MAX_AGENTS + a
-                shadow.reads[: len(self.hb.agents), written] = 0
-            self._note(op, a, clocks[a])
-            return None
         # The last write races unless this agent's clock covers it: with writes kept as
         # clock * MAX_AGENTS + agent, unless it is at most vc[agent] * MAX_AGENTS + MAX_AGENTS - 1.
         covered = vc * MAX_AGENTS + (MAX_AGENTS - 1)
@@ -255,13 +213,7 @@ class RaceDetector:
         if len(written):
             shadow.writer[written] = vc[a] * MAX_AGENTS + a
             shadow.reads[:n, written] = 0
-        self._note(op, a, clocks[a])
         return None
-
-    def _note(self, op: Op, a: int, clock: int) -> None:
-        for acc in op.accesses:
-            if len(acc.cells):
-                self.shadow.note(acc.buffer, acc.mode, a, clock)
 
     def _one_by_one(self, op: Op, a: int, vc: np.ndarray, accesses: list[Access]) -> Race | None:
         for acc in accesses:
@@ -286,7 +238,6 @@ class RaceDetector:
             return self._race(kind, acc, cells[unordered], first, op)
         if acc.mode == "r":
             shadow.reads[a][at] = vc[a]
-            shadow.note(acc.buffer, "r", a, int(vc[a]))
             return None
         n = len(self.hb.agents)
         reads = shadow.reads[:n, at] > vc[:n, None]
@@ -298,7 +249,6 @@ class RaceDetector:
             return self._race("WAR", acc, conflicting, first, op)
         shadow.writer[at] = vc[a] * MAX_AGENTS + a
         shadow.reads[:n, at] = 0
-        shadow.note(acc.buffer, "w", a, int(vc[a]))
         return None
 
     @staticmethod

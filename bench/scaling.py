@@ -24,7 +24,7 @@ from pathlib import Path
 
 from overlapcheck.bench.mutants import BY_ID
 from overlapcheck.bench.mutation_score import materialize
-from overlapcheck.explore.parallel import Live, available_cores, search_streams
+from overlapcheck.explore.parallel import Listener, Live, available_cores, search_streams
 from overlapcheck.explore.search import SearchSpec
 from overlapcheck.reference.faults import FAULTS
 
@@ -39,7 +39,7 @@ def throughput(workers: int, seconds: float) -> tuple[float, float]:
         samples.append(live)
 
     spec = SearchSpec(budget=seconds, max_examples=10**9, seed=0, round_size=10)
-    outcome = search_streams(spec, workers, on_progress)
+    outcome = search_streams(spec, workers, Listener(progress=on_progress))
     assert outcome.found is None, outcome.found and outcome.found["violation"]
     steady = [s for s in samples if s.examples > 0 and s.alive == workers]
     if len(steady) < 2 or steady[-1].seconds - steady[0].seconds < 1:

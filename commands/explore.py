@@ -33,6 +33,7 @@ from overlapcheck.core.scenario import Scenario
 from overlapcheck.errors import UserError
 from overlapcheck.explore.keeper import FailureKeeper
 from overlapcheck.explore.parallel import (
+    Listener,
     Live,
     Outcome,
     available_cores,
@@ -345,20 +346,15 @@ def _search(spec: SearchSpec, args: argparse.Namespace, keeper: FailureKeeper) -
             console.file.flush()
 
         keeper.notice = on_notice
-        hooks: dict[str, Callable[..., None]] = {
-            "on_progress": on_progress,
-            "on_unshrunk": keeper.first,
-            "on_notice": on_notice,
-            "on_smaller": keeper.smaller,
-        }
+        listener = Listener(on_progress, keeper.first, keeper.smaller, on_notice)
         if args.ray is not None:
             from overlapcheck.explore.ray_search import search_ray
 
             workers = args.workers
             if workers is None and args.ray == "local":
                 workers = available_cores()
-            return search_ray(spec, args.ray, workers, **hooks)
-        return search_streams(spec, args.workers or available_cores(), **hooks)
+            return search_ray(spec, args.ray, workers, listener)
+        return search_streams(spec, args.workers or available_cores(), listener)
 
 
 def _check_writable(out: Path) -> None:

@@ -149,22 +149,28 @@ class Live:
     workers: int
 
 
+def _ignore(_: Any) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class Listener:
+    """What a search tells its caller as it happens; each hook does nothing unless given."""
+
+    progress: Callable[[Live], None] = _ignore  # running totals, a few times a second
+    unshrunk: Callable[[dict[str, Any]], None] = _ignore  # the first failure, before shrinking
+    smaller: Callable[[dict[str, Any]], None] = _ignore  # each smaller failure while shrinking
+    notice: Callable[[str], None] = _ignore  # a line for the user: a worker died, where Ray runs
+
+
+QUIET = Listener()
+
+
 class _Driver:
-    def __init__(
-        self,
-        pool: Pool,
-        spec: SearchSpec,
-        on_progress: Callable[[Live], None] | None,
-        on_unshrunk: Callable[[dict[str, Any]], None] | None,
-        on_notice: Callable[[str], None] | None,
-        on_smaller: Callable[[dict[str, Any]], None] | None,
-    ) -> None:
+    def __init__(self, pool: Pool, spec: SearchSpec, listener: Listener) -> None:
         self.pool = pool
         self.spec = spec
-        self.on_progress = on_progress
-        self.on_unshrunk = on_unshrunk
-        self.on_notice = on_notice
-        self.on_smaller = on_smaller
+        self.listener = listener
         self.examples = [0] * pool.size
         self.iterations = [0] * pool.size
         self.running = set(range(pool.size))
@@ -172,10 +178,6 @@ class _Driver:
         self.outcome = Outcome(SearchStats(), workers=pool.size)
         self.started = time.perf_counter()
         self.stopped_all = False
-
-    def notice(self, line: str) -> None:
-        if self.on_notice is not None:
-            self.on_notice(line)
 
     def handle(self, msg: Message) -> None:
         kind, index = msg[0], msg[1]
@@ -198,14 +200,12 @@ class _Driver:
                 stats.first_failure = time.perf_counter() - self.started
                 stats.examples_to_failure = sum(self.examples) + 1
                 self.pool.stop(keep=index)
-                if self.on_unshrunk is not None:
-                    self.on_unshrunk(msg[2])
+                self.listener.unshrunk(msg[2])
         elif kind == "smaller":
             if index == self.outcome.winner:
                 self.outcome.best = msg[2]
                 self.outcome.stats.smaller += 1
-                if self.on_smaller is not None:
-                    self.on_smaller(msg[2])
+                self.listener.smaller(msg[2])
         elif kind == "done":
             self.examples[index], self.iterations[index] = msg[2], msg[3]
             if index == self.outcome.winner and msg[4] is not None:
@@ -261,7 +261,7 @@ class _Driver:
                     if index == self.outcome.winner and self.outcome.found is None:
                         line += "; its unshrunk counterexample is kept"
                     self.outcome.deaths.append(line)
-                    self.notice(line)
+                    self.listener.notice(line)
             elapsed = time.perf_counter() - self.started
             # A stream checks its budget between rounds; the driver stops them all a little later.
             if (
@@ -281,9 +281,9 @@ class _Driver:
                 self.stopped_all = True
                 self.pool.stop(keep=None)
             now = time.perf_counter()
-            if self.on_progress is not None and now - last_progress > 0.25:
+            if now - last_progress > 0.25:
                 last_progress = now
-                self.on_progress(self.live())
+                self.listener.progress(self.live())
         if self.stopped_all and self.outcome.winner is not None and self.outcome.found is None:
             self.outcome.cut = CUT_BUDGET
 
@@ -297,16 +297,9 @@ class _Driver:
         )
 
 
-def drive(
-    pool: Pool,
-    spec: SearchSpec,
-    on_progress: Callable[[Live], None] | None = None,
-    on_unshrunk: Callable[[dict[str, Any]], None] | None = None,
-    on_notice: Callable[[str], None] | None = None,
-    on_smaller: Callable[[dict[str, Any]], None] | None = None,
-) -> Outcome:
+def drive(pool: Pool, spec: SearchSpec, listener: Listener = QUIET) -> Outcome:
     try:
-        return _Driver(pool, spec, on_progress, on_unshrunk, on_notice, on_smaller).run()
+        return _Driver(pool, spec, listener).run()
     finally:
         pool.close()
 
@@ -431,47 +424,32 @@ def shared_database(spec: SearchSpec) -> Iterator[SearchSpec]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def search_processes(
-    spec: SearchSpec,
-    workers: int,
-    on_progress: Callable[[Live], None] | None = None,
-    on_unshrunk: Callable[[dict[str, Any]], None] | None = None,
-    on_notice: Callable[[str], None] | None = None,
-    on_smaller: Callable[[dict[str, Any]], None] | None = None,
-) -> Outcome:
+def search_processes(spec: SearchSpec, workers: int, listener: Listener = QUIET) -> Outcome:
     """`workers` search streams in processes over one example database."""
     if not spec.scheduler.is_reference:
         spec.scheduler.factory()  # a bad --scheduler fails here, once, not in every worker
     with shared_database(spec) as shared:
         pool = ProcessPool(shared, workers)
-        return drive(pool, shared, on_progress, on_unshrunk, on_notice, on_smaller)
+        return drive(pool, shared, listener)
 
 
-def search_here(
-    spec: SearchSpec,
-    on_progress: Callable[[Live], None] | None = None,
-    on_unshrunk: Callable[[dict[str, Any]], None] | None = None,
-    on_smaller: Callable[[dict[str, Any]], None] | None = None,
-) -> Outcome:
+def search_here(spec: SearchSpec, listener: Listener = QUIET) -> Outcome:
     """One stream in this process (`--workers 1`), reported like the parallel ones."""
 
     def on_round(stats: SearchStats) -> None:
-        if on_progress is not None:
-            on_progress(Live(stats.examples, stats.iterations, stats.seconds, 1, 1))
+        listener.progress(Live(stats.examples, stats.iterations, stats.seconds, 1, 1))
 
     outcome = Outcome(SearchStats())
 
     def on_failure(found: Found) -> bool:
         outcome.unshrunk = outcome.best = cex_data(found, spec)
         outcome.winner = 0
-        if on_unshrunk is not None:
-            on_unshrunk(outcome.unshrunk)
+        listener.unshrunk(outcome.unshrunk)
         return True
 
     def on_smaller_found(found: Found) -> None:
         outcome.best = cex_data(found, spec)
-        if on_smaller is not None:
-            on_smaller(outcome.best)
+        listener.smaller(outcome.best)
 
     try:
         result = search(spec, on_round, on_failure, on_smaller=on_smaller_found)
@@ -485,15 +463,8 @@ def search_here(
     return outcome
 
 
-def search_streams(
-    spec: SearchSpec,
-    workers: int,
-    on_progress: Callable[[Live], None] | None = None,
-    on_unshrunk: Callable[[dict[str, Any]], None] | None = None,
-    on_notice: Callable[[str], None] | None = None,
-    on_smaller: Callable[[dict[str, Any]], None] | None = None,
-) -> Outcome:
+def search_streams(spec: SearchSpec, workers: int, listener: Listener = QUIET) -> Outcome:
     """`workers` streams: in this process for 1, else in worker processes."""
     if workers == 1:
-        return search_here(spec, on_progress, on_unshrunk, on_smaller)
-    return search_processes(spec, workers, on_progress, on_unshrunk, on_notice, on_smaller)
+        return search_here(spec, listener)
+    return search_processes(spec, workers, listener)

@@ -12,13 +12,14 @@ import logging
 import os
 import socket
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from overlapcheck.errors import UserError
 from overlapcheck.explore.parallel import (
-    Live,
+    QUIET,
+    Listener,
     Message,
     Outcome,
     drive,
@@ -160,21 +161,17 @@ def search_ray(
     spec: SearchSpec,
     address: str,
     workers: int | None,
-    on_progress: Callable[[Live], None] | None = None,
-    on_unshrunk: Callable[[dict[str, Any]], None] | None = None,
-    on_notice: Callable[[str], None] | None = None,
-    on_smaller: Callable[[dict[str, Any]], None] | None = None,
+    listener: Listener = QUIET,
 ) -> Outcome:
     """Search streams as Ray tasks: `workers` of them (None: one per CPU of the cluster)."""
     if not spec.scheduler.is_reference:
         spec.scheduler.factory()
     with connected(address, workers) as ray:
         n = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
-        if on_notice is not None:
-            on_notice(f"ray: {n} search streams on {_where(ray, address)}")
+        listener.notice(f"ray: {n} search streams on {_where(ray, address)}")
         with shared_database(spec) as shared:
             pool = RayPool(ray, shared, n)
-            return drive(pool, shared, on_progress, on_unshrunk, on_notice, on_smaller)
+            return drive(pool, shared, listener)
 
 
 def _where(ray: Any, address: str) -> str:

@@ -14,7 +14,7 @@ import pytest
 
 from overlapcheck.cli import main
 from overlapcheck.explore.keeper import FailureKeeper
-from overlapcheck.explore.parallel import Outcome, search_streams
+from overlapcheck.explore.parallel import Listener, Outcome, search_streams
 from overlapcheck.explore.search import CUT_BUDGET, Found, SearchSpec, search
 from overlapcheck.formats import counterexample
 
@@ -115,7 +115,7 @@ def search_keeping(out: Path, seed: int) -> tuple[FailureKeeper, list[dict[str, 
         replaced.append(data)
 
     spec = SearchSpec(faults=frozenset([FAULT]), budget=60, seed=seed)
-    outcome = search_streams(spec, 1, on_unshrunk=keeper.first, on_smaller=smaller)
+    outcome = search_streams(spec, 1, Listener(unshrunk=keeper.first, smaller=smaller))
     assert outcome.found is not None and outcome.cut is None
     return keeper, replaced, outcome
 

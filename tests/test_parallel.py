@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from overlapcheck.explore.parallel import (
+    Listener,
     Live,
     ProcessPool,
     drive,
@@ -44,7 +45,7 @@ def test_the_first_violation_stops_the_others_and_its_counterexample_replays(
 ) -> None:
     spec = SearchSpec(faults=frozenset(["free-slot-early"]), budget=60, seed=1)
     unshrunk: list[dict[str, Any]] = []
-    outcome = search_processes(spec, 2, on_unshrunk=unshrunk.append)
+    outcome = search_processes(spec, 2, Listener(unshrunk=unshrunk.append))
     assert outcome.found is not None and outcome.winner in (0, 1)
     assert not outcome.deaths
     # The other stream stopped long before its budget: the search ended with the shrink.
@@ -70,7 +71,7 @@ def test_a_killed_worker_is_reported_and_the_others_carry_on() -> None:
                 killed.append(live.examples)
                 os.kill(pool.procs[1].pid or 0, signal.SIGKILL)
 
-        outcome = drive(pool, shared, on_progress=on_progress, on_notice=notices.append)
+        outcome = drive(pool, shared, Listener(progress=on_progress, notice=notices.append))
     assert killed
     assert outcome.found is None
     assert len(outcome.deaths) == 1 and notices == outcome.deaths
@@ -124,7 +125,7 @@ def test_the_unshrunk_counterexample_is_on_disk_before_shrinking(tmp_path: Path)
     def on_unshrunk(data: dict[str, Any]) -> None:
         seen.append(counterexample.save_data(data, tmp_path, unshrunk=True))
 
-    outcome = search_streams(spec, 1, on_unshrunk=on_unshrunk)
+    outcome = search_streams(spec, 1, Listener(unshrunk=on_unshrunk))
     assert outcome.found is not None and len(seen) == 1
     assert seen[0].name.startswith(counterexample.UNSHRUNK)
     cex = counterexample.load(seen[0])

@@ -1,8 +1,9 @@
 """Hypothesis strategies for configurations, workloads and timings. Public: write your own `@given`
 tests with them (see the README).
 
-Everything shrinks toward a small, quiet case: one request, no sharing, no abort, arrival at 0,
-no follow-up, no reused uid, short output, no model EOS, the small shape, nominal timing.
+Everything shrinks toward a small, quiet case: one request, no sharing, no conversation tree, no
+abort, arrival at 0, no follow-up, no reused uid, short output, no model EOS, the small shape,
+nominal timing.
 """
 
 from __future__ import annotations
@@ -20,6 +21,11 @@ from overlapcheck.scenarios.named import NAMED
 EOS = 2
 TIMED_KINDS = ("schedule", "launch", "process", "h2d", "forward", "d2h")
 tokens = st.integers(3, 999)
+# A conversation tree (see `workloads`): one workload in BRANCHING_ONE_IN, up to TREE_REQUESTS
+# requests (a root, its turns, branches off its shared prefixes at other depths).
+BRANCHING_ONE_IN = 4
+TREE_REQUESTS = 8
+LONG_SHARES = 64  # a long output is drawn in 64ths of the room its row leaves
 
 
 def rarely(draw: st.DrawFn, one_in: int) -> bool:
@@ -54,17 +60,31 @@ def configs(
 
 @st.composite
 def requests(
-    draw: st.DrawFn, prefixes: Sequence[tuple[int, ...]], uid: int = 0, max_seq_len: int = 48
+    draw: st.DrawFn,
+    prefixes: Sequence[tuple[int, ...]],
+    uid: int = 0,
+    max_seq_len: int = 48,
+    branching: bool = False,
 ) -> RequestSpec:
     """One request. Its `after` and `uid` are raw draws that `workloads` maps onto earlier
-    requests (so deleting a request while shrinking never leaves a dangling reference)."""
+    requests (so deleting a request while shrinking never leaves a dangling reference).
+
+    `branching` (a conversation tree): the prompt takes a shared prefix cut at a drawn depth, so
+    it matches part of what an earlier request left in the cache, follow-ups are common, and
+    arrivals spread over the time the earlier ones decode."""
     prefix: tuple[int, ...] = ()
-    if prefixes and draw(st.booleans()):
+    if prefixes and (branching or draw(st.booleans())):
         prefix = prefixes[draw(st.integers(0, len(prefixes) - 1))]
+        if branching:  # tokens cut off the end; 0 (the shrink target) keeps the whole prefix
+            prefix = prefix[: len(prefix) - draw(st.integers(0, len(prefix) - 1))]
     suffix = tuple(draw(st.lists(tokens, min_size=0 if prefix else 1, max_size=12)))
     prompt = prefix + suffix
     if rarely(draw, 4):  # long-running: up to what the row holds
-        max_tokens = draw(st.integers(1, max(1, max_seq_len - len(prompt))))
+        # A share of the row, not a count: the same draw stays long (and valid) when shrinking
+        # takes the big shape or prompt tokens away, so a failure that needs a long output
+        # shrinks to the small row in one step instead of being stuck at hundreds of iterations.
+        room = max(1, max_seq_len - len(prompt))
+        max_tokens = max(1, room * draw(st.integers(1, LONG_SHARES)) // LONG_SHARES)
     else:
         max_tokens = draw(st.integers(1, 8))
     continuation: tuple[int, ...] = ()
@@ -72,18 +92,20 @@ def requests(
         k = draw(st.integers(0, min(max_tokens, 8) - 1))
         continuation = tuple(draw(st.lists(tokens, min_size=k, max_size=k))) + (EOS,)
     abort_at, abort_iteration = None, None
-    abort = draw(st.sampled_from(("none", "time", "iteration")))
+    abort = "none"
+    if not branching or rarely(draw, 4):  # a conversation's turns mostly run to their end
+        abort = draw(st.sampled_from(("none", "time", "iteration")))
     if abort == "time":
         abort_at = draw(st.integers(0, 800)) * US
     elif abort == "iteration":
         abort_iteration = draw(st.integers(0, 40))
     arrival, arrival_iteration = 0.0, None
-    if rarely(draw, 4):
+    if rarely(draw, 2 if branching else 4):  # a branch: sent while earlier requests decode
         arrival_iteration = draw(st.integers(0, 20))
     else:
-        arrival = draw(st.integers(0, 400)) * US
+        arrival = draw(st.integers(0, 1200 if branching else 400)) * US
     after, think = None, 0.0
-    if rarely(draw, 4):  # a follow-up turn (of the request `after` maps to)
+    if rarely(draw, 2 if branching else 4):  # a follow-up turn (of the request `after` maps to)
         after = draw(st.integers(0, 7))
         think = draw(st.integers(0, 300)) * US
         prompt, continuation = suffix or (draw(tokens),), ()
@@ -105,14 +127,51 @@ def requests(
 
 @st.composite
 def workloads(
-    draw: st.DrawFn, max_requests: int = 5, max_seq_len: int = 48
+    draw: st.DrawFn,
+    max_requests: int = 5,
+    max_seq_len: int = 48,
+    tree_requests: int = TREE_REQUESTS,
 ) -> tuple[RequestSpec, ...]:
     """Requests with shared prefixes, EOS positions, aborts (by time or iteration), arrivals (by
-    time or iteration), long outputs, follow-up turns and reused uids."""
-    prefixes = draw(st.lists(st.lists(tokens, min_size=1, max_size=16).map(tuple), max_size=2))
+    time or iteration), long outputs, follow-up turns and reused uids; now and then (one in
+    `BRANCHING_ONE_IN`) a conversation tree instead. Shrinks to plain requests."""
+    tree = rarely(draw, BRANCHING_ONE_IN)
+    # NOTE: the plain requests are drawn even for a tree, before it: the shrinker's first move on
+    # the gate (to 0) then lands on an example it already has, instead of reading the tree's
+    # choices as plain ones, so a failure that does not need the tree drops it in one step.
+    plain = draw(_workloads(max_requests, max_seq_len, branching=False))
+    return draw(conversation_trees(tree_requests, max_seq_len)) if tree else plain
+
+
+def conversation_trees(
+    max_requests: int = TREE_REQUESTS, max_seq_len: int = 48
+) -> st.SearchStrategy[tuple[RequestSpec, ...]]:
+    """Workloads of shared conversations: every prompt starts with one of a few shared prefixes
+    cut at a drawn depth, half the requests are turns that extend an earlier request, and the
+    others arrive while earlier ones decode (half of them keyed to iterations). A radix cache
+    then meets what plain prompts rarely give it: a request matching part of a cached prefix
+    that a live turn holds locked (the node is split under the lock), and eviction around it."""
+    return _workloads(max_requests, max_seq_len, branching=True)
+
+
+@st.composite
+def _workloads(
+    draw: st.DrawFn, max_requests: int, max_seq_len: int, branching: bool
+) -> tuple[RequestSpec, ...]:
+    prefixes = draw(
+        st.lists(
+            st.lists(tokens, min_size=1, max_size=16).map(tuple),
+            min_size=1 if branching else 0,
+            max_size=2,
+        )
+    )
     # A list (not a count, then draws) so that the shrinker can delete any one request.
     specs = draw(
-        st.lists(requests(prefixes, max_seq_len=max_seq_len), min_size=1, max_size=max_requests)
+        st.lists(
+            requests(prefixes, max_seq_len=max_seq_len, branching=branching),
+            min_size=1,
+            max_size=max_requests,
+        )
     )
     reuse: list[int] = []  # i-th entry: request i + 1 takes the uid of an earlier one (0: fresh)
     if rarely(draw, 4):
@@ -169,14 +228,33 @@ def mixed_scenarios(
 ) -> Scenario:
     """Generated workloads, and now and then a variation of a named scenario: those carry shapes
     the generator rarely reaches at once (eight requests on two shared prefixes in a pool that
-    must evict them, long chunked prompts). Shrinks to a generated one."""
-    if rarely(draw, 8):
-        name = draw(st.sampled_from(sorted(NAMED)))
-        base = NAMED[name]()
-        if policy is not None:
-            base = base.with_config(policy=policy)
-        return draw(variations(base, faults))
-    return draw(generated_scenarios(faults, policy))
+    must evict them, long chunked prompts). Shrinks to a generated one, or to the few requests
+    of a variation that its failure needs."""
+    if not rarely(draw, 8):
+        return draw(generated_scenarios(faults, policy))
+    base = NAMED[draw(st.sampled_from(sorted(NAMED)))]()
+    if policy is not None:
+        base = base.with_config(policy=policy)
+    varied = draw(variations(base, faults))
+    # Each request stays unless its draw is 0, the shrink target: the shrinker can take a
+    # variation down to the requests its failure needs (`scenarios(name)` keeps them all).
+    keep = draw(
+        st.lists(st.integers(0, 7), min_size=len(varied.requests), max_size=len(varied.requests))
+    )
+    return replace(varied, requests=kept(varied.requests, [k > 0 for k in keep]))
+
+
+def kept(reqs: Sequence[RequestSpec], keep: Sequence[bool]) -> tuple[RequestSpec, ...]:
+    """The kept requests, with `after` renumbered; a follow-up of a dropped request is dropped
+    too (its prompt grows out of that one's). With none kept, the first stays."""
+    index: dict[int, int] = {}
+    out: list[RequestSpec] = []
+    for i, (spec, k) in enumerate(zip(reqs, keep, strict=True)):
+        if not k or (spec.after is not None and spec.after not in index):
+            continue
+        index[i] = len(out)
+        out.append(spec if spec.after is None else replace(spec, after=index[spec.after]))
+    return tuple(out) or tuple(reqs[:1])
 
 
 def scenarios(

@@ -1,24 +1,33 @@
-"""Workloads people actually send: follow-up turns, reused uids, long outputs beside short ones,
-iteration-keyed arrivals and aborts, a model that says EOS by itself, bigger shapes. Each is drawn
-by the strategies, runs clean on the reference scheduler, and replays."""
+"""Workloads people actually send: follow-up turns, conversation trees (branches off shared
+prefixes at any depth), reused uids, long outputs beside short ones, iteration-keyed arrivals and
+aborts, a model that says EOS by itself, bigger shapes. Each is drawn by the strategies, runs clean
+on the reference scheduler, and replays."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, Phase, find, settings
+from hypothesis import strategies as st
 
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.backends.sim.toy_model import ToyModel
 from overlapcheck.cli import main
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.scenario import RequestSpec, Scenario
+from overlapcheck.reference.cache.radix import RadixCache, RadixNode
 from overlapcheck.runner import RunResult, run_scenario
 from overlapcheck.scenarios.loader import ScenarioError, scenario_from_dict
-from overlapcheck.scenarios.strategies import generated_scenarios
+from overlapcheck.scenarios.strategies import (
+    configs,
+    conversation_trees,
+    generated_scenarios,
+    kept,
+)
 
 US = 1e-6
 # The first drawn example of a kind, unshrunk (shrinking is for failures; the first draw of all
@@ -54,7 +63,23 @@ def replays(scenario: Scenario) -> RunResult:
     return first
 
 
+def shared_depth(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    return next(
+        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
+
+
+def branches(scenario: Scenario) -> bool:
+    """A conversation tree: a turn extends an earlier request, and prompts share prefixes that
+    end at two or more depths (whole shared prefixes would all end at the same one)."""
+    reqs = scenario.requests
+    depths = {shared_depth(a.prompt, b.prompt) for i, a in enumerate(reqs) for b in reqs[i + 1 :]}
+    return len(depths - {0}) >= 2 and any(r.after is not None for r in reqs)
+
+
 KINDS: dict[str, Callable[[Scenario], bool]] = {
+    # More requests than a plain workload holds (5): only a tree has up to 8.
+    "conversation-tree": lambda s: len(s.requests) > 5 and branches(s),
     "follow-up": lambda s: any(r.after is not None for r in s.requests),
     "uid-reuse": lambda s: len({r.uid for r in s.requests}) < len(s.requests),
     "long": lambda s: any(r.max_tokens > 8 for r in s.requests),
@@ -77,6 +102,35 @@ def test_the_smallest_draw_is_the_quiet_case() -> None:
     assert spec == RequestSpec(0, spec.prompt, max_tokens=1)
     assert quiet.eos_probability == 0 and quiet.config.max_seq_len == 48
     assert quiet.config.num_slots == 1
+
+
+def test_conversation_trees_split_prefixes_that_live_requests_hold_locked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The point of the trees: a radix node that a live request holds locked is split by a
+    request matching only part of it (the mutant `split-drops-lock` needs exactly this)."""
+    splits: list[bool] = []  # per split: was the node locked
+    original = RadixCache._split
+
+    def split(self: RadixCache, node: RadixNode, at: int) -> RadixNode:
+        splits.append(node.lock_ref > 0)
+        return original(self, node, at)
+
+    monkeypatch.setattr(RadixCache, "_split", split)
+
+    def splits_a_locked_node(scenario: Scenario) -> bool:
+        splits.clear()
+        run(scenario)
+        return any(splits)
+
+    trees = st.builds(
+        lambda config, reqs: Scenario("tree", config, reqs),
+        configs(),
+        conversation_trees(),
+    )
+    drawn = find(trees, splits_a_locked_node, settings=FIND)
+    assert drawn.config.cache == "radix" and len(drawn.requests) >= 2
+    replays(drawn)
 
 
 def chat() -> Scenario:
@@ -230,3 +284,17 @@ def test_a_uid_reused_right_after_its_finished_message_is_served_in_the_overlap_
     assert run(scenario.with_config(loop="normal")).ok
     result = run(scenario)
     assert result.ok, result.violations[0].line()
+
+
+def test_a_variation_drops_requests_and_renumbers_follow_ups() -> None:
+    """How a named variation shrinks to what its failure needs: a dropped request's follow-ups go
+    with it, the others point at the same requests as before; nothing kept leaves the first."""
+    reqs = chat().requests  # 1 follows 0, 2 follows 1, 4 follows 3
+    assert kept(reqs, [True, False, True, True, True]) == (
+        reqs[0],
+        reqs[3],
+        replace(reqs[4], after=1),
+    )
+    assert kept(reqs, [False, True, False, True, False]) == (reqs[3],)
+    assert kept(reqs, [False] * 5) == (reqs[0],)
+    assert kept(reqs, [True] * 5) == reqs

@@ -239,7 +239,7 @@ def mixed_scenarios(
     # Each request stays unless its draw is 0, the shrink target: the shrinker can take a
     # variation down to the requests its failure needs (`scenarios(name)` keeps them all).
     keep = draw(
-        st.lists(st.integers(0, 7), min_size=len(varied.requests), max_size=len(varied.requests))
+        st.lists(st.integers(0, 63), min_size=len(varied.requests), max_size=len(varied.requests))
     )
     return replace(varied, requests=kept(varied.requests, [k > 0 for k in keep]))
 

@@ -37,8 +37,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=positive_int,
         metavar="N",
         help="--faults: each search as N streams in processes, like explore --workers "
-        "(default 1); --reliability: processes for the examples and the replays (default: "
-        "every available core)",
+        "(default 1); --mutants: mutants searched at once, each on one core in a process of "
+        "its own (default 1); --reliability: processes for the examples and the replays "
+        "(default: every available core)",
     )
     p.add_argument(
         "--policies",
@@ -120,7 +121,8 @@ def main(args: argparse.Namespace) -> int:
         if args.mutants is not None:
             from overlapcheck.bench import mutation_score
 
-            scores = mutation_score.main(args.mutants, args.mutant_budget)
+            workers = args.workers or 1
+            scores = mutation_score.main(args.mutants, args.mutant_budget, workers=workers)
             report["mutants"] = [
                 {k: v for k, v in vars(s).items() if k != "mutant"}
                 | {"mutant": s.mutant.id, "equivalent": s.mutant.equivalent, "ok": s.ok}

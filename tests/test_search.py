@@ -115,3 +115,33 @@ def test_explore_takes_a_scenario_file_and_explores_variations_of_it(tmp_path: P
     result = search(SearchSpec(base, faults=frozenset(["copy-done-wrong-stream"]), budget=60))
     assert result.found is not None
     assert sorted(r.uid for r in result.found.result.scenario.requests) == [7, 8]
+
+
+def test_the_examples_of_a_seed_do_not_depend_on_the_modules_imported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hypothesis mines the literals of every local module in `sys.modules` for its draws; the
+    search must not: the same seed gives the same examples whatever else the process imported."""
+    import importlib
+
+    import overlapcheck.explore.search as search_module
+
+    seen: list[str] = []
+    run_example = search_module.run_example
+
+    def recording(scenario, backend, checks, scheduler):  # type: ignore[no-untyped-def]
+        seen.append(repr(scenario))
+        return run_example(scenario, backend, checks, scheduler)
+
+    monkeypatch.setattr(search_module, "run_example", recording)
+    spec = SearchSpec(budget=60, max_examples=30, seed=5)
+    search(spec)
+    before, seen[:] = list(seen), []
+    # A module full of the small integers a workload is made of, as a user's own code might be.
+    (tmp_path / "constants_elsewhere.py").write_text(
+        "VALUES = (" + ", ".join(str(n) for n in range(3, 400, 7)) + ")\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.import_module("constants_elsewhere")
+    search(spec)
+    assert len(before) == 30 and seen == before

@@ -43,29 +43,35 @@ except ImportError:  # pragma: no cover - another Hypothesis layout
 @contextmanager
 def _examples_from_the_seed_alone() -> Iterator[None]:
     """Generation that depends on the seed and the strategies, not on which modules happen to be
-    imported.
+    imported or what else ran in the process.
 
     NOTE: Hypothesis draws now and then from the literal constants of every "local" module in
-    `sys.modules` (an editable install counts as local). Importing one more module of ours
-    changed the examples a seed gives: the mutation bench found `admit-beyond-slots` after 6
-    examples and shrank it in 1.1 s, but after 17 and a 40 s shrink in a process that had
-    imported `commands/explore.py`; and any edit to any literal anywhere moved every search. The
-    hook is internal, so without it the search runs as before."""
+    `sys.modules` (an editable install counts as local), through a process-wide cache of the
+    constants each kind of draw permits. Importing one more module of ours changed the examples a
+    seed gives: the mutation bench found `admit-beyond-slots` after 6 examples and shrank it in
+    1.1 s, but after 17 and a 40 s shrink in a process that had imported `commands/explore.py`;
+    any edit to any literal anywhere moved every search; and a cache filled by an earlier
+    Hypothesis test changed a later search. During a search there are no local constants and the
+    cache is the search's own. The hooks are internal: without them the search runs as before."""
     try:
+        from hypothesis.internal.cache import LRUCache
         from hypothesis.internal.conjecture import providers
         from hypothesis.internal.constants_ast import Constants
     except ImportError:  # pragma: no cover - another Hypothesis layout
         yield
         return
     found = getattr(providers, "_get_local_constants", None)
-    if found is None:  # pragma: no cover
+    cache = getattr(providers, "CONSTANTS_CACHE", None)
+    if found is None or cache is None:  # pragma: no cover
         yield
         return
     providers._get_local_constants = Constants  # an empty set of constants
+    providers.CONSTANTS_CACHE = LRUCache(1024)
     try:
         yield
     finally:
         providers._get_local_constants = found
+        providers.CONSTANTS_CACHE = cache
 
 
 class Found(Exception):

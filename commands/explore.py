@@ -222,22 +222,20 @@ def main(args: argparse.Namespace) -> int:
             f"{v.invariant}: add --skip {v.invariant} to get {first} shrunk)"
         )
     smaller = f"{stats.smaller} smaller failure(s) found while shrinking"
-    if outcome.cut == CUT_INTERRUPTED:
+    cut = {
+        CUT_INTERRUPTED: ("shrinking interrupted", "shrinking interrupted"),
+        CUT_BUDGET: (
+            f"shrinking stopped at the --budget of {args.budget:g} s",
+            "shrinking cut short by the budget",
+        ),
+    }.get(outcome.cut or "")
+    if cut is not None:
         print(
-            f"shrinking interrupted after {smaller}; the smallest so far is the "
-            f"counterexample: {path}",
+            f"{cut[0]} after {smaller}; the smallest so far is the counterexample: {path}",
             file=sys.stderr,
             flush=True,
         )
-        say(f"found after {summary}; shrinking interrupted at {size}")
-    elif outcome.cut == CUT_BUDGET:
-        print(
-            f"shrinking stopped at the --budget of {args.budget:g} s after {smaller}; the "
-            f"smallest so far is the counterexample: {path}",
-            file=sys.stderr,
-            flush=True,
-        )
-        say(f"found after {summary}; shrinking cut short by the budget at {size}")
+        say(f"found after {summary}; {cut[1]} at {size}")
     elif outcome.found is not None:
         say(f"found after {summary}; shrunk to {size}")
     else:

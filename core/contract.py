@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from overlapcheck.core.batch import BatchInput, RowWrite
+import numpy as np
+
+from overlapcheck.core.batch import BatchInput, RowWrite, SeqWork
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.errors import InvariantError
 from overlapcheck.core.trace import PAGE_TABLE, TOKEN_POOL
@@ -32,30 +34,47 @@ def check_batch_size(config: SchedulerConfig, batch: BatchInput) -> None:
 
 
 def check_batch(config: SchedulerConfig, batch: BatchInput) -> None:
-    """Every sequence inside the pools: rows, positions, sample cell, KV cells; one row each."""
+    """Every sequence inside the pools: rows, positions, sample cell, enough KV cells; one row
+    each. The KV cells' values are checked by `check_kv_cells`, on the array the footprints
+    already made of them (a scan per sequence here was a tenth of a simulated iteration)."""
     check_batch_size(config, batch)
     seqs = batch.seqs
     slots = [s.slot for s in seqs]
     if len(set(slots)) != len(slots):
         raise ContractError(f"batch {batch.label} uses a slot twice: {slots}")
-    width, cells = config.max_seq_len, config.num_cells
+    width, num_slots, dummy = config.max_seq_len, config.num_slots, config.dummy_row
     for s in seqs:
-        where = f"batch {batch.label}, request {s.uid}"
-        if not 0 <= s.slot < config.num_slots:
-            raise ContractError(f"{where}: slot {s.slot} outside 0..{config.num_slots - 1}")
+        if not 0 <= s.slot < num_slots:
+            raise ContractError(f"{_where(batch, s)}: slot {s.slot} outside 0..{num_slots - 1}")
         if not 0 <= s.start < s.end <= width:
             raise ContractError(
-                f"{where}: positions {s.start}..{s.end} (need 0 <= start < end <= {width})"
+                f"{_where(batch, s)}: positions {s.start}..{s.end} (need 0 <= start < end <= "
+                f"{width})"
             )
-        if not (0 <= s.out_row <= config.dummy_row and 0 <= s.out_col < width):
+        if not (0 <= s.out_row <= dummy and 0 <= s.out_col < width):
             raise ContractError(
-                f"{where}: sample cell ({s.out_row}, {s.out_col}) outside the token pool"
+                f"{_where(batch, s)}: sample cell ({s.out_row}, {s.out_col}) outside the token pool"
             )
         if len(s.kv_cells) < s.end:
-            raise ContractError(f"{where}: {len(s.kv_cells)} KV cells for {s.end} positions")
-        used = s.kv_cells[: s.end]
-        if used and not (min(used) >= 0 and max(used) < cells):
-            raise ContractError(f"{where}: a KV cell outside 0..{cells - 1}")
+            raise ContractError(
+                f"{_where(batch, s)}: {len(s.kv_cells)} KV cells for {s.end} positions"
+            )
+
+
+def check_kv_cells(config: SchedulerConfig, batch: BatchInput, context: np.ndarray) -> None:
+    """The KV cells the batch reads (`kv_cells[:end]` of each sequence, concatenated in order)
+    are all inside the KV pool."""
+    cells = config.num_cells
+    if not len(context) or (context.min() >= 0 and context.max() < cells):
+        return
+    bad = int(np.flatnonzero((context < 0) | (context >= cells))[0])
+    ends = np.cumsum([s.end for s in batch.seqs])
+    seq = batch.seqs[int(np.searchsorted(ends, bad, side="right"))]
+    raise ContractError(f"{_where(batch, seq)}: a KV cell outside 0..{cells - 1}")
+
+
+def _where(batch: BatchInput, seq: SeqWork) -> str:
+    return f"batch {batch.label}, request {seq.uid}"
 
 
 def check_rows(config: SchedulerConfig, buffer: str, writes: Sequence[RowWrite]) -> None:

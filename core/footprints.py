@@ -13,6 +13,7 @@ import numpy as np
 
 from overlapcheck.core.batch import METADATA_FIELDS, BatchInput, RowWrite, SeqWork
 from overlapcheck.core.config import SchedulerConfig
+from overlapcheck.core.contract import check_batch, check_kv_cells
 from overlapcheck.core.trace import (
     HOST,
     KV,
@@ -31,6 +32,7 @@ class FootprintRecorder:
     """Appends operations with their footprints to a trace, tagged with the current step/phase."""
 
     def __init__(self, config: SchedulerConfig, trace: Trace) -> None:
+        self.config = config
         self.width = config.max_seq_len
         self.metadata_width = METADATA_FIELDS * (config.num_slots + 1)
         self.trace = trace
@@ -42,6 +44,16 @@ class FootprintRecorder:
         self.num_slots = config.num_slots
         self._slot_cells = np.zeros((config.num_slots, self.width), dtype=np.int64)
         self._slot_lists: dict[int, list[int]] = {}
+        # What the contract checks keep every recorded cell below (`Trace.sizes`).
+        trace.sizes.update(
+            {
+                TOKEN_POOL: (config.dummy_row + 1) * self.width,
+                PAGE_TABLE: config.num_slots * self.width,
+                KV: config.num_cells,
+                METADATA: 2 * self.metadata_width,
+                STAGING: self.metadata_width,
+            }
+        )
 
     def op(self, agent: str, kind: str, issue: float, **fields: object) -> Op:
         op = Op(
@@ -82,9 +94,11 @@ class FootprintRecorder:
         )
 
     def forward(self, batch: BatchInput, stream: str, issue: float) -> Op:
-        return self._batch_op(
-            stream, "forward", issue, batch, batch.label, self._forward_accesses(batch)
-        )
+        """The forward's op, once the batch is checked against the device contract (raises
+        `ContractError` before anything is recorded)."""
+        check_batch(self.config, batch)
+        accesses = self._forward_accesses(batch)
+        return self._batch_op(stream, "forward", issue, batch, batch.label, accesses)
 
     def d2h(self, batch: BatchInput, stream: str, issue: float) -> Op:
         """The copy of a batch's samples to its host output buffer."""
@@ -141,6 +155,7 @@ class FootprintRecorder:
         new = _ranges(np.cumsum(ends) - (ends - starts), ends - starts)
         table = _ranges(rows, ends)
         context = self._context(seqs, table, int(ends.sum()))
+        check_kv_cells(self.config, batch, context)  # on the array, not sequence by sequence
         return [
             Access(METADATA, self.metadata_cells(batch), "r"),
             Access(TOKEN_POOL, table[new], "r"),
@@ -183,10 +198,9 @@ class FootprintRecorder:
     def _d2h_accesses(self, batch: BatchInput) -> list[Access]:
         sampled = self._sample_cells(batch)
         out = np.arange(len(batch.seqs), dtype=np.int64)
-        return [
-            Access(TOKEN_POOL, sampled, "r"),
-            Access(host_output_buffer(batch.batch_id), out, "w"),
-        ]
+        buffer = host_output_buffer(batch.batch_id)
+        self.trace.sizes[buffer] = len(batch.seqs)
+        return [Access(TOKEN_POOL, sampled, "r"), Access(buffer, out, "w")]
 
     def staging_write(self, batch: BatchInput, issue: float) -> Op:
         return self.op(

@@ -110,6 +110,10 @@ class Trace:
         self.ops: list[Op] = []
         self.messages: list[Message] = []  # sent by the scheduler
         self.received: list[Message] = []  # handed to the scheduler, with the iteration
+        # Cells per buffer, as the recorder declares them (every access it records stays below):
+        # the race checker sizes its shadow by them instead of scanning each access for its
+        # largest cell. A trace read from a file has none; the checker then grows as it goes.
+        self.sizes: dict[str, int] = {}
         self._next_event = 0
 
     def new_event_id(self) -> int:

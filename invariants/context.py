@@ -144,6 +144,7 @@ class TracePrefix:
         self.ops = _Prefix(trace.ops)
         self.messages = trace.messages
         self.received = trace.received
+        self.sizes = trace.sizes
 
     def at(self, num_ops: int) -> None:
         self.ops.limit = num_ops
@@ -171,6 +172,16 @@ class RunContext:
         self.frozen_now: float | None = None
         self.live_books = True
 
+    @property
+    def scheduler(self) -> object:
+        return self._scheduler
+
+    @scheduler.setter
+    def scheduler(self, scheduler: object) -> None:
+        self._scheduler = scheduler
+        # Checked once: isinstance against a runtime-checkable protocol costs microseconds.
+        self._has_books = isinstance(scheduler, HasBooks)
+
     def scheduler_ran(self) -> None:
         """The scheduler may have changed its books (the harness calls this around `step()`)."""
         self._books = None
@@ -191,12 +202,12 @@ class RunContext:
 
     @property
     def has_books(self) -> bool:
-        return isinstance(self.scheduler, HasBooks)
+        return self._has_books
 
     def books(self) -> Books | None:
         """The scheduler's resource books, if it offers them (see `core/protocol.py`)."""
         if not self.live_books:
             return None  # replaying after the run: the books of that moment are gone
-        if self._books is None and isinstance(self.scheduler, HasBooks):
-            self._books = self.scheduler.books()
+        if self._books is None and self._has_books:
+            self._books = self.scheduler.books()  # type: ignore[attr-defined]
         return self._books

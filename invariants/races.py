@@ -17,6 +17,7 @@ import numpy as np
 from overlapcheck.core.trace import HOST, Access, Op, Trace
 
 MAX_AGENTS = 8
+_AGENT_BITS = 3  # MAX_AGENTS == 1 << _AGENT_BITS
 # The hot path's reductions, without numpy's Python wrappers around them.
 _max = np.maximum.reduce
 _count = np.count_nonzero
@@ -46,15 +47,26 @@ class _Shadow:
         self.reads = np.zeros((MAX_AGENTS, 1024), dtype=np.int64)
         self.used = 0
         self.regions: dict[str, tuple[int, int]] = {}  # buffer -> (first cell, cells)
+        self.fixed: dict[str, int] = {}  # buffer -> first cell, for regions of a declared size
         self.moves = 0  # regions moved so far
 
-    def base(self, buffer: str, cells: np.ndarray) -> int:
-        """Where `buffer`'s region starts, grown to hold `cells` (non-negative indices)."""
+    def base(self, buffer: str, cells: np.ndarray, size: int | None = None) -> int:
+        """Where `buffer`'s region starts, grown to hold `cells` (non-negative indices). A region
+        of a declared `size` (`Trace.sizes`) is made that size once, and never scanned or moved:
+        its start goes in `fixed`."""
+        if size is not None and buffer not in self.regions:
+            start = self._place(buffer, max(size, 1), None)
+            self.fixed[buffer] = start
+            return start
         top = int(_max(cells))
         region = self.regions.get(buffer)
         if region is not None and top < region[1]:
             return region[0]
+        self.fixed.pop(buffer, None)  # past its declared size: it grows like any other now
         size = max(top + 1, 8) if region is None else max(top + 1, 2 * region[1])
+        return self._place(buffer, size, region)
+
+    def _place(self, buffer: str, size: int, region: tuple[int, int] | None) -> int:
         base = self.used
         self.used += size
         if self.used > len(self.writer):
@@ -141,6 +153,7 @@ class Clocks:
 class RaceDetector:
     def __init__(self, clocks: Clocks | None = None) -> None:
         self.clocks = clocks
+        self.sizes: dict[str, int] = {}  # the trace's declared buffer sizes
         self.shadow = _Shadow()
         self.checked = 0
 
@@ -156,6 +169,7 @@ class RaceDetector:
         clocks = self.clocks
         n = clocks.advance()
         ops = trace.ops
+        self.sizes = trace.sizes
         while self.checked < n:
             seq = self.checked
             self.checked += 1
@@ -172,6 +186,7 @@ class RaceDetector:
         the op, as do its writes but for its own reads, which never race with them. Otherwise, or
         on a race, access by access as issued, which names the first racing access."""
         shadow = self.shadow
+        fixed = shadow.fixed
         moves = shadow.moves
         parts: list[np.ndarray] = []
         split, writing, reads_first = 0, False, True  # split: how many of the cells are read
@@ -179,7 +194,10 @@ class RaceDetector:
             cells = acc.cells
             if not len(cells):
                 continue
-            parts.append(cells + shadow.base(acc.buffer, cells))
+            start = fixed.get(acc.buffer)
+            if start is None:
+                start = shadow.base(acc.buffer, cells, self.sizes.get(acc.buffer))
+            parts.append(cells + start)
             if acc.mode == "r":
                 split += len(cells)
                 reads_first = reads_first and not writing
@@ -195,24 +213,24 @@ class RaceDetector:
             ]
         cells = parts[0] if len(parts) == 1 else np.concatenate(parts)
         # The last write races unless this agent's clock covers it: with writes kept as
-        # clock * MAX_AGENTS + agent, unless it is at most vc[agent] * MAX_AGENTS + MAX_AGENTS - 1.
-        covered = vc * MAX_AGENTS + (MAX_AGENTS - 1)
+        # clock * MAX_AGENTS + agent, unless its clock is at most vc[its agent].
         last = shadow.writer[cells]
-        if _count(last > covered[last & (MAX_AGENTS - 1)]):
+        if _count((last >> _AGENT_BITS) > vc[last & (MAX_AGENTS - 1)]):
             return self._one_by_one(op, a, vc, op.accesses)
-        written = cells[split:]
         n = len(self.hb.agents)
-        if len(written):
+        if split < len(cells):
+            written = cells[split:]
             # A write also races with another agent's read since the last write, if not covered.
             late = shadow.reads[:n, written] > vc[:n, None]
             late[a] = False
             if _count(late):
                 return self._one_by_one(op, a, vc, op.accesses)
-        if split:
-            shadow.reads[a][cells[:split]] = vc[a]
-        if len(written):
+            if split:
+                shadow.reads[a][cells[:split]] = vc[a]
             shadow.writer[written] = vc[a] * MAX_AGENTS + a
             shadow.reads[:n, written] = 0
+        else:
+            shadow.reads[a][cells] = vc[a]
         return None
 
     def _one_by_one(self, op: Op, a: int, vc: np.ndarray, accesses: list[Access]) -> Race | None:

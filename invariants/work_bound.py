@@ -32,6 +32,7 @@ class WorkBound(Invariant):
         self.feed = ForwardFeed()
         self.rounds: dict[int, int] = {}  # request index -> output-sampling rounds launched
         self.finished_at: dict[int, int] = {}  # request index -> ops issued before its finish
+        self.limits: dict[int, tuple[int, int]] = {}  # request index -> prompt, pages reserved
 
     def on_receive(self, msg: InMsg, req: Request | None) -> None:
         self._check()
@@ -63,10 +64,13 @@ class WorkBound(Invariant):
         for i, (req, end) in enumerate(zip(reqs, ends.tolist(), strict=True)):
             if req is None:
                 continue
-            prompt = len(req.msg.input_ids)
+            limits = self.limits.get(req.index)
+            if limits is None:
+                prompt = len(req.msg.input_ids)
+                limits = self.limits[req.index] = (prompt, cfg.pages_for(prompt + req.max_output))
+            prompt, reserved = limits
             if end >= prompt:
                 self._round(op, req)
-            reserved = cfg.pages_for(prompt + req.max_output)
             if end > reserved:  # fewer positions than reserved pages can never be too many pages
                 if context is None:
                     context = next(a.cells for a in op.accesses if a.buffer == KV and a.mode == "r")

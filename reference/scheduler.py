@@ -73,11 +73,14 @@ class Scheduler:
         return self.prefill.has_work or bool(self.decode.running) or self.inflight is not None
 
     def books(self) -> Books:
-        """The resource books (the protocol's optional capability), after checking them.
+        """The resource books (the protocol's optional capability), after checking the prefix
+        tree's own structure.
 
-        Raises InvariantError where the books contradict themselves (a lock count gone negative).
+        Raises InvariantError where the tree contradicts itself (a lock count gone negative).
+        Pages and slots are not counted here: `pages-conserved` and `slot-not-in-flight` judge
+        them from these books, so counting them twice per iteration bought nothing.
         """
-        self.check_integrity()
+        self.cache.prefix.check_integrity()
         holdings = tuple(
             Holding(
                 r.uid,

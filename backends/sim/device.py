@@ -20,7 +20,7 @@ from overlapcheck.backends.sim.timing import Timing
 from overlapcheck.backends.sim.toy_model import DTYPE, ToyModel
 from overlapcheck.core.batch import METADATA_FIELDS, BatchInput, RowWrite
 from overlapcheck.core.config import SchedulerConfig
-from overlapcheck.core.contract import check_batch, check_batch_size, check_rows
+from overlapcheck.core.contract import check_batch_size, check_rows
 from overlapcheck.core.device import HOST_WORK_BEFORE_ISSUE, Device, Event, ForwardOutput, Stream
 from overlapcheck.core.errors import InvariantError
 from overlapcheck.core.footprints import FootprintRecorder
@@ -271,7 +271,6 @@ class SimDevice(Device):
         self._enqueue(stream, body)
 
     def forward(self, batch: BatchInput, stream: Stream) -> ForwardOutput:
-        check_batch(self.config, batch)
         output = SimOutput(self, batch)
         kernel = self.recorder.forward(batch, stream.name, self.now())
         duration = self.timing.forward(batch.num_tokens, batch.num_context_tokens)
@@ -335,32 +334,33 @@ class SimDevice(Device):
         # Whatever the metadata says (a race may have garbled it), indices wrap into the buffers,
         # as an out-of-bounds read on hardware returns some other cell rather than stopping.
         slots = meta[:, 0] % self.config.num_slots
-        starts = [min(max(v, 0), width) for v in meta[:, 1].tolist()]
-        ends = [min(max(v, 0), width) for v in meta[:, 2].tolist()]
+        # (ufuncs rather than np.clip and .max(): their Python wrappers cost more than the work)
+        starts = np.minimum(np.maximum(meta[:, 1], 0), width)
+        ends = np.minimum(np.maximum(meta[:, 2], 0), width)
+        longest = np.maximum(starts, ends)
         # One gather for the whole batch, of the columns some sequence reads.
-        used = max(max(starts, default=0), max(ends, default=0))
+        used = int(np.maximum.reduce(longest)) if n else 0
         tables = self.page_table[slots, :used] % len(self.kv)
         pool_rows = self.token_pool[slots, :used]
         cached = self.kv[tables]
         if self.kv_shadow is not None:
-            self.kv_shadow.read(op, tables, np.asarray(starts), np.asarray(ends), cached, pool_rows)
+            self.kv_shadow.read(op, tables, starts, ends, cached, pool_rows)
+        # What each sequence attends over: the cached prefix, then the new ids (both DTYPE, so
+        # a row's bytes are the context's); the cells it writes are its new positions, row by row.
+        columns = np.arange(used)
+        fresh = columns >= starts[:, None]
+        context = np.where(fresh, pool_rows, cached)
+        new = fresh & (columns < ends[:, None])
         next_token_of = self.model.next_token_of
-        cells, ids, tokens = [], [], []
-        for i in range(n):
-            start, end = starts[i], ends[i]
-            new = pool_rows[i, start:end]
-            # The context is the cached prefix then the new ids (both DTYPE): its bytes are theirs.
-            key = cached[i, :start].tobytes() + new.tobytes()
-            tokens.append(next_token_of(key) if key else -1)
-            cells.append(tables[i, start:end])
-            ids.append(new)
-        out_rows = meta[:, 3] % len(self.token_pool)
-        out_cols = meta[:, 4] % width
+        tokens = [
+            next_token_of(context[i, :length].tobytes()) if length else -1
+            for i, length in enumerate(longest.tolist())
+        ]
         return (
-            np.concatenate(cells) if n else np.empty(0, dtype=np.int64),
-            np.concatenate(ids) if n else np.empty(0, dtype=DTYPE),
-            out_rows,
-            out_cols,
+            tables[new],
+            pool_rows[new],
+            meta[:, 3] % len(self.token_pool),
+            meta[:, 4] % width,
             np.array(tokens, dtype=DTYPE),
         )
 

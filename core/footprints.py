@@ -27,6 +27,8 @@ from overlapcheck.core.trace import (
     host_output_buffer,
 )
 
+_count = np.count_nonzero
+
 
 class FootprintRecorder:
     """Appends operations with their footprints to a trace, tagged with the current step/phase."""
@@ -152,7 +154,11 @@ class FootprintRecorder:
         ends = np.fromiter((s.end for s in seqs), np.int64, len(seqs))
         # Each sequence's new positions are the tail of its context; the token pool has the page
         # table's width, so the input ids' cells are the page table cells at those positions.
-        new = _ranges(np.cumsum(ends) - (ends - starts), ends - starts)
+        counts = ends - starts
+        if _count(counts != 1):
+            new = _ranges(np.cumsum(ends) - counts, counts)
+        else:  # a decode batch: each sequence's one new position is the last of its context
+            new = np.cumsum(ends) - 1
         table = _ranges(rows, ends)
         context = self._context(seqs, table, int(ends.sum()))
         check_kv_cells(self.config, batch, context)  # on the array, not sequence by sequence

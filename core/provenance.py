@@ -109,12 +109,13 @@ class KvShadow:
         fresh: np.ndarray,
     ) -> None:
         """`cells`, `cached` (the KV values) and `fresh` (the `token_pool` rows): (n, width)."""
+        # (ufuncs, not the .max() and .all() methods: their Python wrappers cost more here)
         n = len(ends)
-        m = int(ends.max()) if n else 0
+        m = int(np.maximum.reduce(ends)) if n else 0
         cells = cells[:, :m]
         keys = self.key[cells]
         counts = np.maximum(ends - starts, 0)
-        one_each = bool(n and (counts == 1).all())  # a decode batch
+        one_each = bool(n and not np.count_nonzero(counts != 1))  # a decode batch
         if one_each:
             rows, cols = np.arange(n), starts
         else:
@@ -139,7 +140,7 @@ class KvShadow:
     ) -> np.ndarray:
         """The new positions' keys: each sequence's cached prefix key, extended by the ids read."""
         n = len(starts)
-        last = np.clip(starts - 1, 0, keys.shape[1] - 1)
+        last = np.minimum(np.maximum(starts - 1, 0), keys.shape[1] - 1)
         base = np.where(starts > 0, keys[np.arange(n), last], 0)
         base = base.astype(np.uint64) * np.uint64(_BASE)
         terms = (fresh[rows, cols].astype(np.int64) + 2).astype(np.uint64)

@@ -47,7 +47,6 @@ class NoHiddenSync(Invariant):
             seq = self.seen
             self.seen += 1
             op = ops[seq]
-            agent, vc = clocks.agent[seq], clocks.vc[seq]
             if op.records is not None:
                 self.recorded_by[op.records] = op.seq
             if op.kind == "forward":
@@ -56,6 +55,8 @@ class NoHiddenSync(Invariant):
                         if op.step == wait.step or self.last[0].step == wait.step:
                             self._report(wait, self.last[0], op)
                 self.suspects.clear()
+                agent, vc = clocks.agent[seq], clocks.vc[seq]
+                assert vc is not None  # kept for every forward
                 self.last = (op, agent, int(vc[agent]))
             elif op.kind == "host_wait" and self.last is not None and op.waits is not None:
                 event = hb.events.get(op.waits)

@@ -38,8 +38,9 @@ class _Shadow:
     they touch. A region grows (moves to the end) with the largest cell index seen.
 
     `writer[cell]` is the last write as `clock * MAX_AGENTS + agent` (0: never written: clocks
-    start at 1); `reads[agent, cell]` the agent's clock at its last read since (0: none). The ops
-    behind a race are found again from (agent, clock) (`HappensBefore.op_of`).
+    start at 1); `reads[agent, cell]` the agent's clock at its last read (0: none; a write does
+    not clear it). The ops behind a race are found again from (agent, clock)
+    (`HappensBefore.op_of`).
     """
 
     def __init__(self) -> None:
@@ -134,19 +135,22 @@ class Clocks:
         self.trace = trace
         self.hb = HappensBefore()
         self.agent: list[int] = []
-        self.vc: list[np.ndarray] = []
-        self.host_at_issue: dict[int, np.ndarray] = {}  # forward's op seq -> host clock before it
+        # An op's clock is kept for the ops the checks ask about (those with accesses, forwards),
+        # not for every span, record and wait: a copy per op was a sixth of the pass.
+        self.vc: list[np.ndarray | None] = []
+        self.host_at_issue: dict[int, list[int]] = {}  # forward's op seq -> host clock before it
 
     def advance(self) -> int:
         """Clocks for every op issued so far; how many there are."""
         ops = self.trace.ops
         hb, agents, clocks = self.hb, self.agent, self.vc
         for op in ops[len(agents) :]:
-            if op.kind == "forward":
-                self.host_at_issue[op.seq] = hb.clocks[0].copy()
+            forward = op.kind == "forward"
+            if forward:  # as a list: the slot check reads a few of its entries
+                self.host_at_issue[op.seq] = hb.clocks[0].tolist()
             a, vc = hb.advance(op)
             agents.append(a)
-            clocks.append(vc.copy())
+            clocks.append(vc.copy() if op.accesses or forward else None)
         return len(agents)
 
 
@@ -174,8 +178,9 @@ class RaceDetector:
             seq = self.checked
             self.checked += 1
             op = ops[seq]
-            if op.accesses:
-                race = self._op(op, clocks.agent[seq], clocks.vc[seq])
+            vc = clocks.vc[seq]
+            if vc is not None and op.accesses:
+                race = self._op(op, clocks.agent[seq], vc)
                 if race is not None:
                     return race
         return None
@@ -227,8 +232,10 @@ class RaceDetector:
                 return self._one_by_one(op, a, vc, op.accesses)
             if split:
                 shadow.reads[a][cells[:split]] = vc[a]
+            # The reads before this write stay: each is ordered before it (or that was the race
+            # above), so before any later op ordered after it, and a later op not ordered after
+            # it races with the write itself, which the writer check finds first.
             shadow.writer[written] = vc[a] * MAX_AGENTS + a
-            shadow.reads[:n, written] = 0
         else:
             shadow.reads[a][cells] = vc[a]
         return None
@@ -265,8 +272,7 @@ class RaceDetector:
             conflicting = cells[reads[agent]]
             first = self.hb.op_of(int(agent), int(shadow.reads[agent, at[idx]]))
             return self._race("WAR", acc, conflicting, first, op)
-        shadow.writer[at] = vc[a] * MAX_AGENTS + a
-        shadow.reads[:n, at] = 0
+        shadow.writer[at] = vc[a] * MAX_AGENTS + a  # the reads stay: see `_op`
         return None
 
     @staticmethod

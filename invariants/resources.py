@@ -56,12 +56,12 @@ class SlotNotInFlight(Invariant):
             host_knows = clocks.host_at_issue.get(seq)
             if host_knows is None or op.agent == HOST:
                 continue
-            agent = clocks.agent[seq]
-            clock = int(clocks.vc[seq][agent])
-            known = host_knows.tolist()
+            agent, vc = clocks.agent[seq], clocks.vc[seq]
+            assert vc is not None  # kept for every forward
+            clock = int(vc[agent])
             for uid, row in zip(op.uids, sequence_rows(op, width).tolist(), strict=False):
                 prev = self.owner.get(row)
-                if prev is not None and prev[0] != uid and known[prev[1]] < prev[2]:
+                if prev is not None and prev[0] != uid and host_knows[prev[1]] < prev[2]:
                     first = ops[prev[3]]
                     self.fail(
                         f"slot {row} used by {op.label} for request {uid} while {first.label} "

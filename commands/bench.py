@@ -107,7 +107,11 @@ def main(args: argparse.Namespace) -> int:
             from overlapcheck.bench import sim_speed
 
             report["speed"] = [
-                asdict(r) | {"iterations_per_second": r.iterations_per_second}
+                asdict(r)
+                | {
+                    "iterations_per_second": r.iterations_per_second,
+                    "median_iterations_per_second": r.median_iterations_per_second,
+                }
                 for r in sim_speed.main()
             ]
         if args.faults:

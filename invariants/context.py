@@ -168,7 +168,10 @@ class RunContext:
         self._clocks: Clocks | None = None
         # After the run (checks deferred on a real device): the trace as it stood at the event
         # being replayed, that event's time, and whether the scheduler's books are current.
-        self.view: TracePrefix | None = None
+        self._view: TracePrefix | None = None
+        # What the checks read: the device's trace, or the view. An attribute, not a property:
+        # several checks read it at every message.
+        self.trace: Trace = device.trace
         self.frozen_now: float | None = None
         self.live_books = True
 
@@ -187,8 +190,13 @@ class RunContext:
         self._books = None
 
     @property
-    def trace(self) -> Trace:
-        return self.view if self.view is not None else self.device.trace  # type: ignore[return-value]
+    def view(self) -> TracePrefix | None:
+        return self._view
+
+    @view.setter
+    def view(self, view: TracePrefix | None) -> None:
+        self._view = view
+        self.trace = view if view is not None else self.device.trace  # type: ignore[assignment]
 
     @property
     def clocks(self) -> Clocks:

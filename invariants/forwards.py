@@ -48,16 +48,31 @@ def _table_read(op: Op) -> np.ndarray:
 
 def sequence_rows(op: Op, width: int) -> np.ndarray:
     """Each sequence's row (slot), in the forward's sequence order."""
-    cells = _table_read(op)
-    rows: np.ndarray = cells[cells % width == 0] // width
-    return rows
+    return _shape(op, width)[0]
 
 
 def context_ends(op: Op, width: int) -> np.ndarray:
     """Each sequence's context length, from the forward's page-table read."""
+    return _shape(op, width)[1]
+
+
+# The last forward's rows and ends: `slot-not-in-flight` and `work-bound` both ask for the same
+# forward, one after the other. Keyed by the op object itself (held, so never confused with
+# another); a miss only recomputes.
+_last: tuple[Op, int, np.ndarray, np.ndarray] | None = None
+
+
+def _shape(op: Op, width: int) -> tuple[np.ndarray, np.ndarray]:
+    global _last
+    if _last is not None and _last[0] is op and _last[1] == width:
+        return _last[2], _last[3]
     cells = _table_read(op)
     if len(cells) == 0:
-        return np.zeros(len(op.uids), dtype=np.int64)
-    begins = np.flatnonzero(cells % width == 0)
-    ends: np.ndarray = np.diff(np.append(begins, len(cells)))
-    return ends
+        rows = np.zeros(0, dtype=np.int64)
+        ends = np.zeros(len(op.uids), dtype=np.int64)
+    else:
+        begins = np.flatnonzero(cells % width == 0)
+        rows = cells[begins] // width
+        ends = np.diff(np.append(begins, len(cells)))
+    _last = (op, width, rows, ends)
+    return rows, ends

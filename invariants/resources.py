@@ -9,6 +9,7 @@ and also from the books when the scheduler has them. `pages-conserved` needs the
 from __future__ import annotations
 
 from collections import Counter
+from itertools import chain
 
 import numpy as np
 
@@ -114,10 +115,11 @@ class PagesConserved(Invariant):
             self._all = set(range(n))
         # Quickest: no page shared at all. n pages listed, each of 0..n-1 once (one conversion
         # to numpy and three reductions: faster than building a set of them and comparing).
-        listed = [*books.free_pages, *books.cached_pages]
+        total = len(books.free_pages) + len(books.cached_pages)
         for h in books.live:
-            listed += h.pages
-        if len(listed) == n:
+            total += len(h.pages)
+        if total == n:
+            listed = chain(books.free_pages, books.cached_pages, *(h.pages for h in books.live))
             pages = np.fromiter(listed, np.int64, n)
             if n and pages.min() >= 0 and pages.max() < n and _bincount(pages, None, n).min():
                 return not books.locked_pages or set(books.cached_pages).issuperset(

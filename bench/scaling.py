@@ -2,9 +2,13 @@
 
     python -m overlapcheck.bench.scaling --workers 1,2,4,8,16 [--seconds 20] [--seeds 3]
 
-Two measurements per worker count:
+Three measurements per worker count:
 - throughput: the shipped scheduler (nothing to find) searched for `--seconds`: examples/s and
   scheduler iterations/s over all streams, and the speed-up against one worker;
+- the machine's ceiling: N processes that only simulate (the `overlapcheck bench` decode run, no
+  search, no database, no driver) for `--seconds`: what the machine gives N copies of the same
+  work (shared caches, memory bandwidth, all-core clocks). The search's speed-up over it says
+  what the search itself loses;
 - time to find: the named fault that one worker takes longest to find (`--fault` to pin one),
   and the slowest-to-find mutant of the mutation bench (`--mutant`, default `evict-locked-node`,
   the slowest in the README's table), median over `--seeds` seeds, each search from an empty
@@ -17,16 +21,26 @@ many cores as the largest count; the numbers go into the README's scaling table.
 from __future__ import annotations
 
 import argparse
+import multiprocessing as mp
 import statistics
 import tempfile
+import time
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.bench.mutants import BY_ID
 from overlapcheck.bench.mutation_score import materialize
+from overlapcheck.bench.sim_speed import decode_workload
 from overlapcheck.explore.parallel import Listener, Live, available_cores, search_streams
 from overlapcheck.explore.search import SearchSpec
 from overlapcheck.reference.faults import FAULTS
+from overlapcheck.runner import run_scenario
+
+if TYPE_CHECKING:
+    from multiprocessing.queues import Queue
+    from multiprocessing.synchronize import Barrier
 
 
 def throughput(workers: int, seconds: float) -> tuple[float, float]:
@@ -48,6 +62,31 @@ def throughput(workers: int, seconds: float) -> tuple[float, float]:
     first, last = steady[len(steady) // 10], steady[-1]
     wall = last.seconds - first.seconds
     return (last.examples - first.examples) / wall, (last.iterations - first.iterations) / wall
+
+
+def _simulate(seconds: float, start: Barrier, out: Queue[float]) -> None:
+    scenario = decode_workload()
+    run_scenario(scenario, SimBackend(), None)  # warm: imports and first-run caches
+    start.wait()
+    began = time.perf_counter()
+    iterations = 0
+    while time.perf_counter() - began < seconds:
+        iterations += run_scenario(scenario, SimBackend(), None).iterations
+    out.put(iterations / (time.perf_counter() - began))
+
+
+def ceiling(workers: int, seconds: float) -> float:
+    """Simulated iterations/s (every invariant on) of `workers` processes that only simulate,
+    started together."""
+    ctx = mp.get_context("spawn")
+    start, out = ctx.Barrier(workers), ctx.Queue()
+    procs = [ctx.Process(target=_simulate, args=(seconds, start, out)) for _ in range(workers)]
+    for proc in procs:
+        proc.start()
+    total = sum(out.get() for _ in procs)
+    for proc in procs:
+        proc.join()
+    return total
 
 
 def time_to_find(
@@ -89,32 +128,48 @@ def main() -> None:
         choices=sorted(BY_ID),
         help="time this mutant too (default: evict-locked-node)",
     )
+    parser.add_argument("--no-mutant", action="store_true", help="do not time a mutant")
+    parser.add_argument("--no-find", action="store_true", help="throughput and ceiling only")
     args = parser.parse_args()
     counts = [int(c) for c in args.workers.split(",")]
     print(f"{available_cores()} cores available; worker counts {counts}")
     if max(counts) > available_cores():
         print("  (more workers than cores: the larger counts measure oversubscription)")
     fault = args.fault
-    if fault is None:
+    if fault is None and not args.no_find:
         print("finding the slowest-to-find named fault with 1 worker:")
         fault = slowest_fault(args.seeds, args.budget)
-    print(
-        f"time to find: fault {fault} and mutant {args.mutant}, median of {args.seeds} seeds, "
-        "empty database"
-    )
+    if not args.no_find:
+        print(
+            f"time to find: fault {fault}"
+            + ("" if args.no_mutant else f" and mutant {args.mutant}")
+            + f", median of {args.seeds} seeds, empty database"
+        )
     print(
         f"{'workers':>7}{'examples/s':>12}{'iter/s':>10}{'speed-up':>10}{'per core':>10}"
-        f"{'fault s':>9}{'found':>7}{'mutant s':>10}{'found':>7}"
+        f"{'ceiling':>9}{'vs ceil':>9}{'fault s':>9}{'found':>7}{'mutant s':>10}{'found':>7}"
     )
     base: float | None = None
+    ceiling_base: float | None = None
     with tempfile.TemporaryDirectory(prefix="overlapcheck-scaling-") as tmp:
         mutant = SearchSpec(scheduler=materialize(BY_ID[args.mutant], Path(tmp)))
         for n in counts:
             eps, ips = throughput(n, args.seconds)
             base = base or eps
             speed = eps / base
-            row = f"{n:>7}{eps:>12.0f}{ips:>10.0f}{speed:>9.2f}x{speed / n:>10.2f}"
-            for target, width in ((SearchSpec(faults=frozenset([fault])), 9), (mutant, 10)):
+            machine = ceiling(n, args.seconds)
+            ceiling_base = ceiling_base or machine
+            machine_speed = machine / ceiling_base
+            row = (
+                f"{n:>7}{eps:>12.0f}{ips:>10.0f}{speed:>9.2f}x{speed / n:>10.2f}"
+                f"{machine_speed:>8.2f}x{speed / machine_speed:>9.2f}"
+            )
+            targets: list[tuple[SearchSpec, int]] = []
+            if not args.no_find:
+                targets.append((SearchSpec(faults=frozenset([fault or ""])), 9))
+                if not args.no_mutant:
+                    targets.append((mutant, 10))
+            for target, width in targets:
                 found_s, hits = time_to_find(target, n, args.seeds, args.budget)
                 find = "-" if found_s is None else f"{found_s:.2f}"
                 row += f"{find:>{width}}{hits:>5}/{args.seeds}"

@@ -2,8 +2,8 @@
 tests with them (see the README).
 
 Everything shrinks toward a small, quiet case: one request, no sharing, no conversation tree, no
-abort, arrival at 0, no follow-up, no reused uid, short output, no model EOS, the small shape,
-nominal timing.
+memory pressure, no abort, arrival at 0, no follow-up, no reused uid, short output, no model EOS,
+the small shape, nominal timing.
 """
 
 from __future__ import annotations
@@ -26,6 +26,10 @@ tokens = st.integers(3, 999)
 BRANCHING_ONE_IN = 4
 TREE_REQUESTS = 8
 LONG_SHARES = 64  # a long output is drawn in 64ths of the room its row leaves
+# Memory pressure on a cache in use (see `under_pressure`): one generated scenario in
+# PRESSURE_ONE_IN; its pool holds PRESSURE_EIGHTHS (low, high) eighths of its workload's demand.
+PRESSURE_ONE_IN = 4
+PRESSURE_EIGHTHS = (2, 5)
 
 
 def rarely(draw: st.DrawFn, one_in: int) -> bool:
@@ -194,8 +198,48 @@ def generated_scenarios(
 ) -> Scenario:
     config = draw(configs(faults, policy))
     reqs = draw(workloads(max_seq_len=config.max_seq_len))
+    if rarely(draw, PRESSURE_ONE_IN):
+        # NOTE: drawn after the plain workload, as a tree is: shrinking the gate to 0 lands on
+        # the example that workload already is.
+        config, reqs = draw(under_pressure(config))
     eos_probability = draw(st.sampled_from((0.0, 0.02, 0.1, 0.3))) if rarely(draw, 3) else 0.0
     return Scenario("generated", config, reqs, eos_probability=eos_probability)
+
+
+@st.composite
+def under_pressure(
+    draw: st.DrawFn, config: SchedulerConfig
+) -> tuple[SchedulerConfig, tuple[RequestSpec, ...]]:
+    """Memory pressure on a cache in use: a conversation tree (prompts sharing prefixes with
+    requests that finished, turns, arrivals while others decode) on a radix cache with two slots
+    or more, in a pool drawn *after* the workload, as a share of what it needs.
+
+    A pool drawn before the workload (`configs`) rarely runs out, and when it does, the cached
+    prefix that a live request matched was touched by that match and is the newest in LRU order:
+    eviction takes the older leaves first. What needs eviction to reach a prefix in use (a lock
+    ignored, a freed page handed out while a request still reads it) needs several requests
+    finishing while one holds its prefix, in a pool that keeps evicting: demand well above the
+    pool, and concurrency."""
+    reqs = draw(conversation_trees(TREE_REQUESTS, config.max_seq_len))
+    config = replace(config, cache="radix", num_slots=max(2, config.num_slots))
+    low, high = (tight_pool(config, reqs, k).num_pages for k in PRESSURE_EIGHTHS)
+    # A number of pages, not a share: deleting a request while shrinking keeps the pool as it
+    # was (while it stays in bounds), so the rest of the run does not change under the shrinker.
+    return replace(config, num_pages=draw(st.integers(low, high))), reqs
+
+
+def tight_pool(
+    config: SchedulerConfig, reqs: Sequence[RequestSpec], eighths: int
+) -> SchedulerConfig:
+    """`config` with a KV pool of `eighths` eighths of the pages the requests need in all (each
+    its longest prompt plus its output), never less than the largest one needs: every request
+    can still be served, but not all at once, and not with every prefix kept."""
+    scenario = Scenario("pressure", config, tuple(reqs))
+    needs = [
+        config.pages_for(min(scenario.prompt_bound(i) + r.max_tokens, config.max_seq_len))
+        for i, r in enumerate(reqs)
+    ]
+    return replace(config, num_pages=max(*needs, -(-sum(needs) * eighths // 8)))
 
 
 @st.composite

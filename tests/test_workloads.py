@@ -1,7 +1,7 @@
 """Workloads people actually send: follow-up turns, conversation trees (branches off shared
 prefixes at any depth), reused uids, long outputs beside short ones, iteration-keyed arrivals and
-aborts, a model that says EOS by itself, bigger shapes. Each is drawn by the strategies, runs clean
-on the reference scheduler, and replays."""
+aborts, a model that says EOS by itself, bigger shapes, memory pressure on a cache in use. Each is
+drawn by the strategies, runs clean on the reference scheduler, and replays."""
 
 from __future__ import annotations
 
@@ -23,10 +23,13 @@ from overlapcheck.reference.cache.radix import RadixCache, RadixNode
 from overlapcheck.runner import RunResult, run_scenario
 from overlapcheck.scenarios.loader import ScenarioError, scenario_from_dict
 from overlapcheck.scenarios.strategies import (
+    PRESSURE_EIGHTHS,
     configs,
     conversation_trees,
     generated_scenarios,
     kept,
+    tight_pool,
+    under_pressure,
 )
 
 US = 1e-6
@@ -77,6 +80,19 @@ def branches(scenario: Scenario) -> bool:
     return len(depths - {0}) >= 2 and any(r.after is not None for r in reqs)
 
 
+def pressured(scenario: Scenario) -> bool:
+    """A pool drawn after its workload, as a share of what the workload needs, on a radix cache
+    that several requests share."""
+    cfg, reqs = scenario.config, scenario.requests
+    low, high = (tight_pool(cfg, reqs, k).num_pages for k in PRESSURE_EIGHTHS)
+    return (
+        cfg.cache == "radix"
+        and cfg.num_slots >= 2
+        and len(reqs) >= 3
+        and low <= cfg.num_pages <= high
+    )
+
+
 KINDS: dict[str, Callable[[Scenario], bool]] = {
     # More requests than a plain workload holds (5): only a tree has up to 8.
     "conversation-tree": lambda s: len(s.requests) > 5 and branches(s),
@@ -87,6 +103,7 @@ KINDS: dict[str, Callable[[Scenario], bool]] = {
     "abort-iteration": lambda s: any(r.abort_iteration is not None for r in s.requests),
     "model-eos": lambda s: s.eos_probability > 0,
     "big-shape": lambda s: s.config.num_slots > 4 and s.config.max_seq_len == 256,
+    "memory-pressure": pressured,
 }
 
 
@@ -130,6 +147,36 @@ def test_conversation_trees_split_prefixes_that_live_requests_hold_locked(
     )
     drawn = find(trees, splits_a_locked_node, settings=FIND)
     assert drawn.config.cache == "radix" and len(drawn.requests) >= 2
+    replays(drawn)
+
+
+def test_memory_pressure_evicts_past_a_prefix_that_a_live_request_holds_locked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The point of a pool drawn after its workload: eviction reaches the situation where the
+    least recently used leaf is one a live request holds locked (its match touched it, and
+    requests that finished since left newer leaves), so only the lock keeps its pages from
+    being freed under the request (the mutant `evict-locked-node` needs exactly this)."""
+    protected: list[bool] = []  # per eviction: was the LRU leaf locked
+
+    original = RadixCache.evict
+
+    def evict(self: RadixCache, num_pages: int) -> list[int]:
+        leaves = [n for n in self._nodes() if n is not self.root and not n.children]
+        if leaves:
+            protected.append(min(leaves, key=lambda n: (n.last_access, n.node_id)).lock_ref > 0)
+        return original(self, num_pages)
+
+    monkeypatch.setattr(RadixCache, "evict", evict)
+
+    def evicts_around_a_locked_lru_leaf(scenario: Scenario) -> bool:
+        protected.clear()
+        run(scenario)
+        return any(protected)
+
+    pressure = configs().flatmap(under_pressure).map(lambda drawn: Scenario("pressure", *drawn))
+    drawn = find(pressure, evicts_around_a_locked_lru_leaf, settings=FIND)
+    assert pressured(drawn)
     replays(drawn)
 
 

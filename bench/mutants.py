@@ -239,9 +239,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "        return node is not self.root and not node.children",
         "eviction: locked leaves are evictable, so a running request's prefix pages are freed "
         "under it (mini-sglang PR #52: `lock_handle` skipped the matched node itself)",
-        needs="eviction pressure on prefixes in use: long-running requests beside short "
-        "ones in small pools (generated pools rarely run out), then pages-conserved or "
-        "kv-provenance fires",
+        needs="eviction pressure on prefixes in use: a live request's locked prefix older in "
+        "LRU order than an unlocked leaf (requests sharing prefixes finish while it runs, in a "
+        "pool drawn below the workload's demand), then pages-conserved or kv-provenance fires",
     ),
     Mutant(
         "split-drops-lock",

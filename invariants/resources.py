@@ -20,8 +20,6 @@ from overlapcheck.invariants.base import Invariant
 from overlapcheck.invariants.context import Request
 from overlapcheck.invariants.forwards import sequence_rows
 
-_bincount = np.bincount
-
 
 class SlotNotInFlight(Invariant):
     """A slot is never handed to a request while an in-flight batch still uses it for another."""
@@ -121,7 +119,7 @@ class PagesConserved(Invariant):
         if total == n:
             listed = chain(books.free_pages, books.cached_pages, *(h.pages for h in books.live))
             pages = np.fromiter(listed, np.int64, n)
-            if n and pages.min() >= 0 and pages.max() < n and _bincount(pages, None, n).min():
+            if n and pages.min() >= 0 and pages.max() < n and np.bincount(pages, minlength=n).min():
                 return not books.locked_pages or set(books.cached_pages).issuperset(
                     books.locked_pages
                 )

@@ -222,24 +222,22 @@ def under_pressure(
     pool, and concurrency."""
     reqs = draw(conversation_trees(TREE_REQUESTS, config.max_seq_len))
     config = replace(config, cache="radix", num_slots=max(2, config.num_slots))
-    low, high = (tight_pool(config, reqs, k).num_pages for k in PRESSURE_EIGHTHS)
+    low, high = (tight_pool(config, reqs, k) for k in PRESSURE_EIGHTHS)
     # A number of pages, not a share: deleting a request while shrinking keeps the pool as it
     # was (while it stays in bounds), so the rest of the run does not change under the shrinker.
     return replace(config, num_pages=draw(st.integers(low, high))), reqs
 
 
-def tight_pool(
-    config: SchedulerConfig, reqs: Sequence[RequestSpec], eighths: int
-) -> SchedulerConfig:
-    """`config` with a KV pool of `eighths` eighths of the pages the requests need in all (each
-    its longest prompt plus its output), never less than the largest one needs: every request
-    can still be served, but not all at once, and not with every prefix kept."""
+def tight_pool(config: SchedulerConfig, reqs: Sequence[RequestSpec], eighths: int) -> int:
+    """A KV pool (in pages) of `eighths` eighths of the pages the requests need in all (each its
+    longest prompt plus its output), never less than the largest one needs: every request can
+    still be served, but not all at once, and not with every prefix kept."""
     scenario = Scenario("pressure", config, tuple(reqs))
     needs = [
         config.pages_for(min(scenario.prompt_bound(i) + r.max_tokens, config.max_seq_len))
         for i, r in enumerate(reqs)
     ]
-    return replace(config, num_pages=max(*needs, -(-sum(needs) * eighths // 8)))
+    return max(*needs, -(-sum(needs) * eighths // 8))
 
 
 @st.composite

@@ -84,7 +84,7 @@ def pressured(scenario: Scenario) -> bool:
     """A pool drawn after its workload, as a share of what the workload needs, on a radix cache
     that several requests share."""
     cfg, reqs = scenario.config, scenario.requests
-    low, high = (tight_pool(cfg, reqs, k).num_pages for k in PRESSURE_EIGHTHS)
+    low, high = (tight_pool(cfg, reqs, k) for k in PRESSURE_EIGHTHS)
     return (
         cfg.cache == "radix"
         and cfg.num_slots >= 2

@@ -6,7 +6,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-Phase = Literal["prefill", "decode"]
+# What a batch holds, for the backends' choice of kernel and for the timeline's label:
+# * "decode": every sequence has exactly one new token (`end - start == 1`); backends may take the
+#   decode path (one query per sequence, CUDA graphs). The device rejects a decode batch of another
+#   shape (`device-contract`).
+# * "prefill": prompt chunks (a new prompt, its next chunk, or a recompute after preemption), any
+#   number of new tokens per sequence.
+# * "mixed": prompt chunks and decode steps in one forward (vLLM's one batch per iteration).
+# Backends treat "prefill" and "mixed" alike (the general path); a scheduler may label any
+# non-decode batch either way. Where each sample goes is `SeqWork.out_row/out_col`, never the phase.
+Phase = Literal["prefill", "decode", "mixed"]
+PHASES: tuple[Phase, ...] = ("prefill", "decode", "mixed")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +62,7 @@ class BatchInput:
 
     @property
     def label(self) -> str:
-        return f"{'P' if self.phase == 'prefill' else 'D'}{self.batch_id}"
+        return f"{_LABELS[self.phase]}{self.batch_id}"
 
     @property
     def uids(self) -> tuple[int, ...]:
@@ -75,3 +85,4 @@ class BatchInput:
 
 
 METADATA_FIELDS = 5
+_LABELS: dict[str, str] = {"prefill": "P", "decode": "D", "mixed": "M"}

@@ -39,6 +39,7 @@ def check_batch(config: SchedulerConfig, batch: BatchInput) -> None:
     already made of them (a scan per sequence here was a tenth of a simulated iteration)."""
     check_batch_size(config, batch)
     seqs = batch.seqs
+    decode = batch.phase == "decode"
     slots = [s.slot for s in seqs]
     if len(set(slots)) != len(slots):
         raise ContractError(f"batch {batch.label} uses a slot twice: {slots}")
@@ -50,6 +51,11 @@ def check_batch(config: SchedulerConfig, batch: BatchInput) -> None:
             raise ContractError(
                 f"{_where(batch, s)}: positions {s.start}..{s.end} (need 0 <= start < end <= "
                 f"{width})"
+            )
+        if decode and s.end - s.start != 1:
+            raise ContractError(
+                f"{_where(batch, s)}: {s.end - s.start} new tokens in a decode batch (one each; "
+                "label it prefill or mixed)"
             )
         if not (0 <= s.out_row <= dummy and 0 <= s.out_col < width):
             raise ContractError(

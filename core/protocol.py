@@ -74,12 +74,20 @@ SchedulerFactory = Callable[
 
 @dataclass(frozen=True, slots=True)
 class Holding:
-    """What one live request holds: its slot (None while it waits for admission) and KV pages."""
+    """What one live request holds: its slot (None while it waits for admission) and KV pages.
+
+    `finished`: finished or aborted, its resources not all given back yet (a launched batch
+    still holds it). `preempted`: taken off the running set and queued again (its uid is in
+    `Books.pending`); it may still hold its slot and pages until the launched batch that holds it
+    is processed (the release rule above), or hold nothing (recompute: re-prefilled when admitted
+    again), or hold pages whose KV was copied to the host (swap: its `slot` is None while out).
+    """
 
     uid: int
     slot: int | None
     pages: tuple[int, ...]
-    finished: bool = False  # finished or aborted, resources not yet given back
+    finished: bool = False
+    preempted: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -128,8 +128,7 @@ class HappensBefore:
 
 class Clocks:
     """One happens-before pass over a trace, shared by every check that needs vector clocks
-    (`no-race`, `slot-not-in-flight`, `no-hidden-sync`): each op's agent and vector clock, and for
-    each forward the host's clock when it was issued."""
+    (`no-race`, `slot-not-in-flight`, `no-hidden-sync`): each op's agent and vector clock."""
 
     def __init__(self, trace: Trace) -> None:
         self.trace = trace
@@ -138,19 +137,15 @@ class Clocks:
         # An op's clock is kept for the ops the checks ask about (those with accesses, forwards),
         # not for every span, record and wait: a copy per op was a sixth of the pass.
         self.vc: list[np.ndarray | None] = []
-        self.host_at_issue: dict[int, list[int]] = {}  # forward's op seq -> host clock before it
 
     def advance(self) -> int:
         """Clocks for every op issued so far; how many there are."""
         ops = self.trace.ops
         hb, agents, clocks = self.hb, self.agent, self.vc
         for op in ops[len(agents) :]:
-            forward = op.kind == "forward"
-            if forward:  # as a list: the slot check reads a few of its entries
-                self.host_at_issue[op.seq] = hb.clocks[0].tolist()
             a, vc = hb.advance(op)
             agents.append(a)
-            clocks.append(vc.copy() if op.accesses or forward else None)
+            clocks.append(vc.copy() if op.accesses or op.kind == "forward" else None)
         return len(agents)
 
 

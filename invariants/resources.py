@@ -1,7 +1,7 @@
 """Invariants over slots, pages and progress.
 
-`slot-not-in-flight` is judged from footprints for any scheduler (a forward that uses a row for
-one request while an earlier forward that used it for another is still unobserved by the host),
+`slot-not-in-flight` is judged from footprints for any scheduler (a row handed to a new request by
+copies or a forward unordered by happens-before with the last forward that used it for another),
 and also from the books when the scheduler has them. `pages-conserved` needs the books.
 `liveness` is judged from the messages, and from the books when there are any.
 """
@@ -15,14 +15,24 @@ import numpy as np
 
 from overlapcheck.core.messages import OutMsg
 from overlapcheck.core.protocol import Books
-from overlapcheck.core.trace import HOST
+from overlapcheck.core.trace import HOST, PAGE_TABLE, TOKEN_POOL, Op
 from overlapcheck.invariants.base import Invariant
 from overlapcheck.invariants.context import Request
 from overlapcheck.invariants.forwards import sequence_rows
 
+_ROW_BUFFERS = (TOKEN_POOL, PAGE_TABLE)  # the buffers a slot is a row of
+
 
 class SlotNotInFlight(Invariant):
-    """A slot is never handed to a request while an in-flight batch still uses it for another."""
+    """A slot is never handed to a request while a launched forward still uses it for another.
+
+    Judged from happens-before, as `no-race` is: when a forward uses a row for a new request, every
+    write into that row's `token_pool` or `page_table` cells issued since the old request's last
+    forward (the new request's copies), and the new forward itself, must be ordered after that
+    forward. Whether the host has waited for it does not matter: copies queued behind it on its
+    own stream (vLLM's single-stream discipline) are ordered, copies on another stream without a
+    wait are not.
+    """
 
     id = "slot-not-in-flight"
 
@@ -52,24 +62,57 @@ class SlotNotInFlight(Invariant):
             seq = self.seen
             self.seen += 1
             op = ops[seq]
-            host_knows = clocks.host_at_issue.get(seq)
-            if host_knows is None or op.agent == HOST:
+            if op.kind != "forward" or op.agent == HOST:
                 continue
             agent, vc = clocks.agent[seq], clocks.vc[seq]
             assert vc is not None  # kept for every forward
             clock = int(vc[agent])
             for uid, row in zip(op.uids, sequence_rows(op, width).tolist(), strict=False):
                 prev = self.owner.get(row)
-                if prev is not None and prev[0] != uid and host_knows[prev[1]] < prev[2]:
-                    first = ops[prev[3]]
-                    self.fail(
-                        f"slot {row} used by {op.label} for request {uid} while {first.label} "
-                        f"(step {first.step}), which uses it for request {prev[0]}, is still in "
-                        "flight: the host has not waited for it",
-                        (uid, prev[0]),
-                        row=row,
-                    )
+                if prev is not None and prev[0] != uid:
+                    unordered = self._unordered_use(prev, seq, row, width)
+                    if unordered is not None:
+                        self._report(ops[prev[3]], ops[unordered], op, uid, prev[0], row)
                 self.owner[row] = (uid, agent, clock, op.seq)
+
+    def _unordered_use(
+        self, prev: tuple[int, int, int, int], seq: int, row: int, width: int
+    ) -> int | None:
+        """The first op from the old owner's forward to the new one's (`seq`, included) that
+        writes `row` (or is that forward) and is not ordered after the old owner's forward."""
+        _, p_agent, p_clock, p_seq = prev
+        clocks, ops = self.run.clocks, self.run.trace.ops
+        lo, hi = row * width, (row + 1) * width
+        for i in range(p_seq + 1, seq + 1):
+            if clocks.agent[i] == p_agent:
+                continue  # program order on the old forward's own agent
+            vc = clocks.vc[i]
+            if vc is None or vc[p_agent] >= p_clock:
+                continue
+            if i == seq or any(
+                a.mode == "w"
+                and a.buffer in _ROW_BUFFERS
+                and len(a.cells)
+                and bool(((a.cells >= lo) & (a.cells < hi)).any())
+                for a in ops[i].accesses
+            ):
+                return i
+        return None
+
+    def _report(self, first: Op, use: Op, op: Op, uid: int, old: int, row: int) -> None:
+        how = (
+            f"it runs on {use.agent}, unordered with it"
+            if use is op
+            else f"`{use.label or use.kind}` (step {use.step}, {use.agent}) writes the row "
+            "unordered with it"
+        )
+        self.fail(
+            f"slot {row} used by {op.label} for request {uid} while {first.label} (step "
+            f"{first.step}), which uses it for request {old}, is still in flight: {how} (no wait "
+            f"on an event recorded after {first.label} on {first.agent})",
+            (uid, old),
+            row=row,
+        )
 
     def _check_books(self, books: Books) -> None:
         slots = Counter(h.slot for h in books.live if h.slot is not None)

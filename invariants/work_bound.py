@@ -2,14 +2,16 @@
 
 Judged from the forwards' uids and footprints, per request instance (`invariants/forwards.py`):
 
-* rounds: a forward whose sequence reaches the end of the prompt samples an output token (the last
-  prefill chunk, then each decode round). A request may have at most `max_tokens` (clamped to its
-  row, `core.rules.max_output`) of them. The overlap loop launches a round before it learns the
-  previous token, so after an EOS one more round runs, but that round's sample is still within
-  `max_tokens`; the count of rounds launched is always known at launch, so a round past
-  `max_tokens` is never needed (issue 13 allowed one more; none is needed, and allowing it hid a
-  scheduler that decodes one round too many). None may be launched after the request's finished
-  message went out: then the host knew.
+* positions sampled: a forward over a context of `end` positions samples output position
+  `end - len(prompt)` (0 for the prompt's last chunk). A request has `max_tokens` of them (clamped
+  to its row, `core.rules.max_output`): a forward whose context reaches past the last one does
+  work no output can need. The bound is on positions, not on forwards: a request preempted and
+  re-prefilled from prompt + the tokens it was sent runs several forwards that reach the same
+  positions (its non-final recompute chunks, and a position sampled again after its in-flight
+  result was legally dropped); what it was sent is judged by the message checks and the oracle.
+  The overlap loop launches a round before it learns the previous token, so after an EOS one more
+  round runs, still within `max_tokens`. None may sample after the request's finished message
+  went out: then the host knew.
 * pages: the KV pages of the context a forward reads for it (the host's page-table row) never
   number more than admission reserved, `config.pages_for(len(prompt) + max_output)`.
 """
@@ -30,7 +32,6 @@ class WorkBound(Invariant):
 
     def __init__(self) -> None:
         self.feed = ForwardFeed()
-        self.rounds: dict[int, int] = {}  # request index -> output-sampling rounds launched
         self.finished_at: dict[int, int] = {}  # request index -> ops issued before its finish
         self.limits: dict[int, tuple[int, int]] = {}  # request index -> prompt, pages reserved
 
@@ -70,7 +71,7 @@ class WorkBound(Invariant):
                 limits = self.limits[req.index] = (prompt, cfg.pages_for(prompt + req.max_output))
             prompt, reserved = limits
             if end >= prompt:
-                self._round(op, req)
+                self._sampled(op, req, end - prompt)
             if end > reserved:  # fewer positions than reserved pages can never be too many pages
                 if context is None:
                     context = next(a.cells for a in op.accesses if a.buffer == KV and a.mode == "r")
@@ -86,20 +87,19 @@ class WorkBound(Invariant):
                         reserved=reserved,
                     )
 
-    def _round(self, op: Op, req: Request) -> None:
-        n = self.rounds[req.index] = self.rounds.get(req.index, 0) + 1
+    def _sampled(self, op: Op, req: Request, position: int) -> None:
         finished = self.finished_at.get(req.index)
         if finished is not None and op.seq >= finished:
             self.fail(
-                f"{op.label} (step {op.step}) launches a round for request {req.uid} after its "
-                "finished message went out",
+                f"{op.label} (step {op.step}) samples output position {position} of request "
+                f"{req.uid} after its finished message went out",
                 (req.uid,),
-                round=n,
+                position=position,
             )
-        if n > req.max_output:
+        if position >= req.max_output:
             self.fail(
-                f"{op.label} (step {op.step}) is request {req.uid}'s output round {n}: "
-                f"max_tokens {req.max_output} needs only {req.max_output}",
+                f"{op.label} (step {op.step}) samples request {req.uid}'s output position "
+                f"{position + 1}: max_tokens {req.max_output} needs only {req.max_output}",
                 (req.uid,),
-                round=n,
+                position=position,
             )

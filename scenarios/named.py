@@ -118,6 +118,21 @@ def memory_pressure() -> Scenario:
     )
 
 
+def preemption() -> Scenario:
+    rng = random.Random(10)
+    reqs = tuple(
+        RequestSpec(uid, _prompt(rng, 10 + uid % 3), max_tokens=14, arrival=uid * 20 * US)
+        for uid in range(6)
+    )
+    return Scenario(
+        "preemption",
+        SchedulerConfig(num_slots=4, num_pages=40, max_extend_tokens=16),
+        reqs,
+        "40 pages for running requests that grow to 24-26 tokens each: any on-demand scheduler "
+        "that runs two at once must preempt; recomputes are chunked",
+    )
+
+
 def single_slot() -> Scenario:
     rng = random.Random(7)
     reqs = tuple(RequestSpec(uid, _prompt(rng, 4 + uid), max_tokens=3) for uid in range(4))
@@ -151,6 +166,7 @@ NAMED: dict[str, Callable[[], Scenario]] = {
     "abort": abort,
     "chunked-long": chunked_long,
     "memory-pressure": memory_pressure,
+    "preemption": preemption,
     "single-slot": single_slot,
     "page-size-4": page_size_4,
 }

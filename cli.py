@@ -15,9 +15,9 @@ from typing import Any, NoReturn
 
 from overlapcheck import __version__
 from overlapcheck.commands import bench, calibrate, explore, faults, replay, run, timeline
-from overlapcheck.crash import CheckerBug
-from overlapcheck.errors import UserError
+from overlapcheck.core.errors import UserError
 from overlapcheck.formats.bug_report import save_checker_bug
+from overlapcheck.harness.crash import CheckerBug
 
 COMMANDS = [run, explore, replay, timeline, faults, bench, calibrate]
 

@@ -7,7 +7,7 @@ from typing import Any
 from overlapcheck.backends.base import Backend
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.backends.sim.timing import Timing
-from overlapcheck.errors import UserError
+from overlapcheck.core.errors import UserError
 
 BACKENDS = ("sim", "cpu", "cuda")
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from overlapcheck.backends.sim.timing import Profile
 from overlapcheck.explore.search import SearchSpec, search
 from overlapcheck.formats import counterexample
+from overlapcheck.harness.revision import git_revision
 from overlapcheck.reference.faults import FAULTS
 
 RACE_FAULTS = {"chunk-sample-overwrite", "staging-buffer-reuse", "copy-done-wrong-stream"}
@@ -45,7 +46,7 @@ def phase_search(out: Path, budget: float, faults: list[str]) -> None:
             print(f"{name}: not found in {result.stats.examples} examples")
             continue
         path = counterexample.save(
-            result.found.result, profile, result.found.draws, out / "cex", skip
+            result.found.result, profile, result.found.draws, out / "cex", skip, git=git_revision()
         )
         path.rename(out / "cex" / f"{name}.json")
         v = result.found.result.violations[0]

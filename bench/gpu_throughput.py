@@ -32,7 +32,7 @@ from overlapcheck.core.batch import BatchInput, Phase, SeqWork
 from overlapcheck.core.config import LoopKind, SchedulerConfig
 from overlapcheck.core.scenario import RequestSpec, Scenario
 from overlapcheck.core.trace import HOST, Trace
-from overlapcheck.runner import run_scenario
+from overlapcheck.harness.runner import run_scenario
 
 PROMPT, OUTPUT, PAGE = 32, 128, 16
 

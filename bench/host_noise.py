@@ -20,7 +20,7 @@ import time
 
 from overlapcheck.backends.gpu.backend import make_torch_backend
 from overlapcheck.core.trace import HOST, Trace
-from overlapcheck.runner import run_scenario
+from overlapcheck.harness.runner import run_scenario
 from overlapcheck.scenarios.named import NAMED, named_scenario
 
 BLOCK = 5

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from overlapcheck.bench.mutants import BY_ID, MUTANTS, Mutant
-from overlapcheck.errors import UserError
+from overlapcheck.core.errors import UserError
 from overlapcheck.explore.search import SearchSpec, search
-from overlapcheck.scheduler_spec import SchedulerSpec
+from overlapcheck.harness.scheduler_spec import SchedulerSpec
 
 REFERENCE = Path(__file__).resolve().parent.parent / "reference"
 PACKAGE = "overlapcheck.reference"

@@ -19,9 +19,9 @@ from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.bench.policy_workloads import WORKLOADS
 from overlapcheck.core.config import POLICIES
 from overlapcheck.core.scenario import Scenario
+from overlapcheck.harness.runner import RunResult, run_scenario
 from overlapcheck.invariants.fairness import BoundedWait
 from overlapcheck.invariants.registry import INVARIANTS
-from overlapcheck.runner import RunResult, run_scenario
 from overlapcheck.scenarios.fairness import VICTIM, hit_stream
 
 UNBOUNDED = 10**9  # bounded-wait with a bound no run reaches: it only counts

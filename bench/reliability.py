@@ -21,11 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from overlapcheck.bench import fixed_clean
-from overlapcheck.errors import UserError
+from overlapcheck.core.errors import UserError
 from overlapcheck.explore.parallel import available_cores, search_here
 from overlapcheck.explore.search import SearchSpec, stream_seed
 from overlapcheck.formats import counterexample
 from overlapcheck.formats.jsonfile import read_json_file
+from overlapcheck.orchestrate.sim_replay import replay_on_sim
 from overlapcheck.reference.faults import FAULTS
 
 EXAMPLES = 2000
@@ -95,7 +96,7 @@ def _clean_share(count: int, seed: int) -> tuple[int, list[str]]:
 
 def _replay_once(path: str) -> Replay:
     cex = counterexample.load(path)
-    run = cex.replay()
+    run = replay_on_sim(cex)
     return Replay(
         path,
         cex.trace_hash,

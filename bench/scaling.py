@@ -35,8 +35,8 @@ from overlapcheck.bench.mutation_score import materialize
 from overlapcheck.bench.sim_speed import decode_workload
 from overlapcheck.explore.parallel import Listener, Live, available_cores, search_streams
 from overlapcheck.explore.search import SearchSpec
+from overlapcheck.harness.runner import run_scenario
 from overlapcheck.reference.faults import FAULTS
-from overlapcheck.runner import run_scenario
 
 if TYPE_CHECKING:
     from multiprocessing.queues import Queue

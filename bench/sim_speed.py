@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.scenario import RequestSpec, Scenario
-from overlapcheck.runner import run_scenario
+from overlapcheck.harness.runner import run_scenario
 
 
 @dataclass(frozen=True, slots=True)

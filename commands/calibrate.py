@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from overlapcheck.commands.common import add_model_options, load_profile
-from overlapcheck.errors import UserError
+from overlapcheck.core.errors import UserError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -12,13 +12,13 @@ from typing import Any
 
 from overlapcheck.backends.sim.timing import Profile, ProfileError, SeededDelay, Timing
 from overlapcheck.core.config import CACHE_KINDS, LOOP_KINDS, POLICIES, ConfigError
+from overlapcheck.core.errors import UserError
 from overlapcheck.core.scenario import Scenario
-from overlapcheck.errors import UserError
+from overlapcheck.harness.scheduler_spec import REFERENCE, SchedulerSpec, parse_spec
 from overlapcheck.invariants.registry import INVARIANTS, make_invariant
 from overlapcheck.reference.faults import FAULTS, UnknownFaultError, parse_faults
 from overlapcheck.scenarios.loader import ScenarioError, load_scenario_file
 from overlapcheck.scenarios.named import NAMED, named_scenario
-from overlapcheck.scheduler_spec import REFERENCE, SchedulerSpec, parse_spec
 
 
 def _int_at_least(minimum: int, name: str) -> Callable[[str], int]:

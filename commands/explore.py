@@ -29,8 +29,8 @@ from overlapcheck.commands.common import (
     scheduler_from_args,
 )
 from overlapcheck.core.config import POLICIES
+from overlapcheck.core.errors import UserError
 from overlapcheck.core.scenario import Scenario
-from overlapcheck.errors import UserError
 from overlapcheck.explore.keeper import FailureKeeper
 from overlapcheck.explore.parallel import (
     Listener,
@@ -41,11 +41,12 @@ from overlapcheck.explore.parallel import (
 )
 from overlapcheck.explore.search import CUT_BUDGET, CUT_INTERRUPTED, SearchSpec, probe_scheduler
 from overlapcheck.formats import counterexample
+from overlapcheck.harness.runner import RunResult
+from overlapcheck.harness.scheduler_spec import SchedulerSpec
 from overlapcheck.invariants.registry import INVARIANTS
+from overlapcheck.orchestrate.sim_replay import replay_on_sim
 from overlapcheck.reference.faults import UnknownFaultError, parse_faults
-from overlapcheck.runner import RunResult
 from overlapcheck.scenarios.named import NAMED
-from overlapcheck.scheduler_spec import SchedulerSpec
 
 DB_FOLDER = ".examples-db"  # under --out: see the --db help
 
@@ -203,7 +204,7 @@ def main(args: argparse.Namespace) -> int:
         ) from None
     report.counterexample = path
     cex = counterexample.load(path)
-    run = cex.replay()
+    run = replay_on_sim(cex)
     if run.trace_hash != cex.trace_hash:
         print(
             f"overlapcheck bug: replay of {path} is not deterministic "

@@ -15,11 +15,12 @@ from overlapcheck.commands.common import (
     positive_int,
     scheduler_from_args,
 )
-from overlapcheck.errors import UserError
+from overlapcheck.core.errors import UserError
 from overlapcheck.formats import counterexample
+from overlapcheck.harness.runner import RunResult
 from overlapcheck.invariants.base import Violation
 from overlapcheck.invariants.hbgraph import race_subgraph
-from overlapcheck.runner import RunResult
+from overlapcheck.orchestrate.sim_replay import replay_on_sim
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -84,7 +85,7 @@ def main(args: argparse.Namespace) -> int:
             args.preset,
             args.model,
         )
-    result = cex.replay(scheduler)
+    result = replay_on_sim(cex, scheduler)
     hit = cex.reproduced(result)
     same_hash = result.trace_hash == cex.trace_hash
     if args.json:

@@ -20,10 +20,10 @@ from overlapcheck.commands.common import (
     resolve_scenario,
     scheduler_from_args,
 )
+from overlapcheck.harness.runner import RunResult, run_scenario
+from overlapcheck.harness.scheduler_spec import SchedulerSpec
 from overlapcheck.invariants.registry import INVARIANTS
-from overlapcheck.runner import RunResult, run_scenario
 from overlapcheck.scenarios.named import NAMED
-from overlapcheck.scheduler_spec import SchedulerSpec
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -17,16 +17,17 @@ from overlapcheck.commands.common import (
     resolve_scenario,
     scheduler_from_args,
 )
-from overlapcheck.errors import UserError
+from overlapcheck.core.errors import UserError
 from overlapcheck.formats import counterexample
 from overlapcheck.formats.counterexample import FORMAT as COUNTEREXAMPLE
 from overlapcheck.formats.jsonfile import read_json_file
 from overlapcheck.formats.trace_file import FORMAT as TRACE_FORMAT
 from overlapcheck.formats.trace_file import trace_file_from_json
+from overlapcheck.harness.runner import run_scenario
+from overlapcheck.harness.scheduler_spec import SchedulerSpec
 from overlapcheck.orchestrate.calibrate_fit import as_ran
-from overlapcheck.runner import run_scenario
+from overlapcheck.orchestrate.sim_replay import replay_on_sim
 from overlapcheck.scenarios.named import NAMED
-from overlapcheck.scheduler_spec import SchedulerSpec
 from overlapcheck.timeline.model import Interval, Rendered
 from overlapcheck.timeline.render import FORMATS, output_path, render_trace
 
@@ -222,7 +223,7 @@ def _draw_file(
     if kind == COUNTEREXAMPLE:
         # The scheduler the file records, unless --scheduler names another. Named after the file:
         # its scenario is a generated one, which every counterexample shares.
-        result = counterexample.load(path).replay(scheduler)
+        result = replay_on_sim(counterexample.load(path), scheduler)
         violation = result.violations[0] if result.violations else None
         return render_trace(
             result.trace, out, violation, path.stem, window=window, total=result.simulated_seconds

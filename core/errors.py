@@ -1,6 +1,11 @@
-"""Errors the scheduler's own integrity checks raise."""
+"""Errors: bad input (`UserError`, one line and exit status 2) and a failed integrity check of a
+scheduler's own state (`InvariantError`)."""
 
 from __future__ import annotations
+
+
+class UserError(Exception):
+    """Bad input: a CLI argument, a scenario or counterexample file, a missing dependency."""
 
 
 class InvariantError(RuntimeError):

@@ -33,7 +33,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from overlapcheck.crash import CheckerBug
 from overlapcheck.explore.search import (
     CUT_BUDGET,
     CUT_INTERRUPTED,
@@ -44,6 +43,8 @@ from overlapcheck.explore.search import (
     search,
 )
 from overlapcheck.formats import counterexample
+from overlapcheck.harness.crash import CheckerBug
+from overlapcheck.harness.revision import git_revision
 
 Message = tuple[Any, ...]
 NOBODY = -1  # no stream has found a violation yet
@@ -64,7 +65,13 @@ def available_cores() -> int:
 def cex_data(found: Found, spec: SearchSpec) -> dict[str, Any]:
     """A found violation as a counterexample file's JSON value (what crosses process lines)."""
     return counterexample.to_json(
-        found.result, spec.profile, found.draws, spec.skip, spec.extra_checks, spec.scheduler
+        found.result,
+        spec.profile,
+        found.draws,
+        spec.skip,
+        spec.extra_checks,
+        spec.scheduler,
+        git_revision(),
     )
 
 

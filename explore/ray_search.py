@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from overlapcheck.errors import UserError
+from overlapcheck.core.errors import UserError
 from overlapcheck.explore.parallel import (
     QUIET,
     Listener,

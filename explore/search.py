@@ -26,12 +26,12 @@ from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.backends.sim.timing import Profile, Timing
 from overlapcheck.core.scenario import Scenario
 from overlapcheck.core.trace import Trace
-from overlapcheck.crash import CheckerBug
+from overlapcheck.harness.crash import CheckerBug
+from overlapcheck.harness.runner import RunResult, run_scenario
+from overlapcheck.harness.scheduler_spec import SchedulerSpec
 from overlapcheck.invariants.registry import check_specs
-from overlapcheck.runner import RunResult, run_scenario
 from overlapcheck.scenarios.named import named_scenario
 from overlapcheck.scenarios.strategies import HypothesisDelay, scenarios, variations
-from overlapcheck.scheduler_spec import SchedulerSpec
 
 _choice_order: Callable[[Any], tuple[Any, ...]] | None
 try:  # Hypothesis's own order on examples; internal, hence the fallback below

@@ -6,7 +6,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from overlapcheck.crash import CheckerBug
+from overlapcheck.harness.crash import CheckerBug
 
 
 def save_checker_bug(bug: CheckerBug, folder: Path) -> Path:

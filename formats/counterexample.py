@@ -4,40 +4,24 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 from pathlib import Path
 from typing import Any
 
 from overlapcheck import __version__
-from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.backends.sim.timing import Profile, ProfileError, ReplayDelay, Timing
+from overlapcheck.core.errors import UserError
 from overlapcheck.core.scenario import Scenario
-from overlapcheck.errors import UserError
 from overlapcheck.formats.jsonfile import check_header, read_json_file
 from overlapcheck.formats.trace_file import trace_to_json
+from overlapcheck.harness.runner import RunResult
+from overlapcheck.harness.scheduler_spec import SchedulerSpec, parse_spec
 from overlapcheck.invariants.base import Violation
 from overlapcheck.invariants.registry import INVARIANTS, check_specs, make_invariant
 from overlapcheck.reference.faults import UnknownFaultError, parse_faults
-from overlapcheck.runner import RunResult, run_scenario
 from overlapcheck.scenarios.loader import ScenarioError, scenario_from_dict
-from overlapcheck.scheduler_spec import SchedulerSpec, parse_spec
 
 FORMAT = "overlapcheck-counterexample"
 VERSION = 1
-
-
-def git_revision() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            cwd=Path(__file__).resolve().parent,
-        )
-        return out.stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 # The default invariants of files saved before they recorded their list (this format's first
@@ -61,14 +45,16 @@ def to_json(
     skip: frozenset[str] = frozenset(),
     extra_checks: tuple[str, ...] = (),
     scheduler: SchedulerSpec | None = None,
+    git: str = "unknown",
 ) -> dict[str, Any]:
+    """The counterexample file's JSON value; `git` is the revision of the code that found it."""
     violation = result.violations[0]
     spec = scheduler or SchedulerSpec()
     return {
         "format": FORMAT,
         "version": VERSION,
         "overlapcheck": __version__,
-        "git": git_revision(),
+        "git": git,
         # Which scheduler ran, and a hash of its source: a replay says when it has changed.
         "scheduler": spec.to_json(),
         "scenario": result.scenario.to_json(),
@@ -99,8 +85,10 @@ def save(
     skip: frozenset[str] = frozenset(),
     extra_checks: tuple[str, ...] = (),
     scheduler: SchedulerSpec | None = None,
+    git: str = "unknown",
 ) -> Path:
-    return save_data(to_json(result, profile, draws, skip, extra_checks, scheduler), out_dir)
+    data = to_json(result, profile, draws, skip, extra_checks, scheduler, git)
+    return save_data(data, out_dir)
 
 
 UNSHRUNK = "unshrunk-"
@@ -196,14 +184,6 @@ class Counterexample:
         if scheduler is None or scheduler == self.scheduler:
             return self
         return Counterexample({**self.data, "scheduler": scheduler.to_json()}, self.where)
-
-    def replay(self, scheduler: SchedulerSpec | None = None) -> RunResult:
-        """On the simulator, with the recorded scheduler unless `scheduler` overrides it."""
-        spec = scheduler or self.scheduler
-        factory = None if spec.is_reference else spec.factory()
-        return run_scenario(
-            self.scenario, SimBackend(self.timing()), self.checks, scheduler=factory
-        )
 
     def reproduced(self, result: RunResult) -> Violation | None:
         return next((v for v in result.violations if v.invariant == self.invariant), None)

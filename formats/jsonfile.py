@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from overlapcheck.errors import UserError
+from overlapcheck.core.errors import UserError
 
 
 def read_json_file(path: str | Path, what: str) -> Any:

@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from overlapcheck.core.errors import UserError
 from overlapcheck.core.trace import Access, Message, Op, Trace
-from overlapcheck.errors import UserError
 from overlapcheck.formats.jsonfile import check_header, read_json_file
 from overlapcheck.invariants.base import Violation
 
 if TYPE_CHECKING:
-    from overlapcheck.runner import RunResult
+    from overlapcheck.harness.runner import RunResult
 
 FORMAT = "overlapcheck-trace"
 VERSION = 1

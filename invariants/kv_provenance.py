@@ -1,7 +1,7 @@
 """`kv-provenance`: every KV cell a forward reads holds what a forward computed for exactly that
 token, at that position, of that request's context.
 
-The device keeps a shadow per KV cell (`core/provenance.py`: the position and a hash of the
+The device keeps a shadow per KV cell (`backends/kv_shadow.py`: the position and a hash of the
 context through it, and the forward that wrote it) and records, per forward, what each context
 position held when the kernel read it and what it sampled. This check keeps each request's own
 context (its prompt, then the tokens its forwards sampled) and compares, position by position. A
@@ -20,8 +20,8 @@ from collections import deque
 
 import numpy as np
 
+from overlapcheck.backends.kv_shadow import ForwardReads, KvShadow, PrefixHash
 from overlapcheck.core.messages import InMsg, OutMsg, UserMsg
-from overlapcheck.core.provenance import ForwardReads, KvShadow, PrefixHash
 from overlapcheck.core.trace import Op
 from overlapcheck.invariants.base import Invariant
 from overlapcheck.invariants.context import Request, RunContext

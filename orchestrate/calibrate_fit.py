@@ -16,7 +16,7 @@ import numpy as np
 from overlapcheck.backends.sim.timing import Profile
 from overlapcheck.core.scenario import Scenario
 from overlapcheck.core.trace import HOST, KV, TOKEN_POOL, Op, Trace
-from overlapcheck.runner import RequestOutcome
+from overlapcheck.harness.runner import RequestOutcome
 
 HOST_PHASES = ("schedule", "launch", "process")
 

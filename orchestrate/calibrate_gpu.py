@@ -17,6 +17,7 @@ from overlapcheck.backends.sim.timing import Profile, Timing
 from overlapcheck.core.scenario import Scenario
 from overlapcheck.core.trace import HOST, Trace
 from overlapcheck.formats.trace_file import save_trace
+from overlapcheck.harness.runner import RequestOutcome, RunResult, run_scenario
 from overlapcheck.orchestrate.calibrate_fit import (
     Sample,
     as_ran,
@@ -26,7 +27,6 @@ from overlapcheck.orchestrate.calibrate_fit import (
     lead_samples,
     tail_samples,
 )
-from overlapcheck.runner import RequestOutcome, RunResult, run_scenario
 from overlapcheck.scenarios.named import NAMED, named_scenario
 from overlapcheck.timeline.model import idle_gaps, idle_share, trace_end
 

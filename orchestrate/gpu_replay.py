@@ -19,9 +19,10 @@ from overlapcheck.backends.delays import Delay, delay_plan
 from overlapcheck.backends.gpu.backend import TorchBackend, make_torch_backend
 from overlapcheck.backends.gpu.sleep import sleep_cycles_per_second
 from overlapcheck.formats.counterexample import Counterexample
+from overlapcheck.harness.runner import RunResult, run_scenario
 from overlapcheck.invariants.no_race import NoRace
 from overlapcheck.invariants.races import RaceDetector
-from overlapcheck.runner import RunResult, run_scenario
+from overlapcheck.orchestrate.sim_replay import replay_on_sim
 
 
 @dataclass
@@ -92,7 +93,7 @@ def with_margin(cex: Counterexample) -> tuple[Counterexample, float]:
         timing = cex.data.get("timing", {})
         draws = {k: v * margin for k, v in timing.get("draws", {}).items()}
         scaled = Counterexample({**cex.data, "timing": {**timing, "draws": draws}}, cex.where)
-        if margin == 1.0 or scaled.reproduced(scaled.replay()) is not None:
+        if margin == 1.0 or scaled.reproduced(replay_on_sim(scaled)) is not None:
             return scaled, margin
     return cex, 1.0
 
@@ -103,7 +104,7 @@ def replay_verdicts(
     """The counterexample's delay plan (with margin), and one verdict per repeat on `backend`
     after a warm-up."""
     cex, _ = with_margin(cex)
-    sim = cex.replay()
+    sim = replay_on_sim(cex)
     plan = delay_plan(sim.trace)
     try:
         # A warm-up run, not judged: a workload's first run compiles and caches (new batch

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 from overlapcheck.core.scenario import Scenario
-from overlapcheck.runner import RunResult
+from overlapcheck.harness.runner import RunResult
 from overlapcheck.scenarios.named import named_scenario
 
 MATRIX = list(itertools.product(("overlap", "normal"), ("radix", "naive"), (1, 4)))

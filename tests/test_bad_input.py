@@ -32,8 +32,8 @@ from overlapcheck.commands.common import (
     finite_positive_float,
 )
 from overlapcheck.formats import counterexample
+from overlapcheck.harness.runner import run_scenario
 from overlapcheck.reference.faults import parse_faults
-from overlapcheck.runner import run_scenario
 from overlapcheck.scenarios.named import named_scenario
 
 README = Path(__file__).resolve().parents[1] / "README.md"

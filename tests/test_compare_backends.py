@@ -46,7 +46,7 @@ def test_the_simulator_side_runs_the_work_the_device_did(
 ) -> None:
     """Arrivals are times; without the device's message iterations, a later request joins the
     simulator's run at another iteration and the two timelines are not the same schedule."""
-    from overlapcheck.runner import RunResult
+    from overlapcheck.harness.runner import RunResult
     from overlapcheck.timeline import compare
 
     drawn: list[RunResult] = []

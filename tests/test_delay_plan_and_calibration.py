@@ -11,6 +11,7 @@ import pytest
 from overlapcheck.backends.delays import DelayInjector, delay_plan
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.backends.sim.timing import Profile, ReplayDelay, Timing
+from overlapcheck.harness.runner import RunResult, run_scenario
 from overlapcheck.orchestrate.calibrate_fit import (
     Sample,
     as_ran,
@@ -21,7 +22,6 @@ from overlapcheck.orchestrate.calibrate_fit import (
     lead_samples,
     tail_samples,
 )
-from overlapcheck.runner import RunResult, run_scenario
 from overlapcheck.scenarios.named import named_scenario
 
 

@@ -9,7 +9,7 @@ import sys
 
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.backends.sim.timing import SeededDelay, Timing
-from overlapcheck.runner import run_scenario
+from overlapcheck.harness.runner import run_scenario
 from overlapcheck.scenarios.named import named_scenario
 
 

@@ -7,7 +7,7 @@ import pytest
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.scenario import RequestSpec, Scenario
-from overlapcheck.runner import run_scenario
+from overlapcheck.harness.runner import run_scenario
 
 
 def one_request_log(loop: str) -> list[tuple[str, int]]:

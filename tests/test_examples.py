@@ -14,10 +14,10 @@ from overlapcheck.cli import main
 from overlapcheck.core.config import LoopKind, SchedulerConfig
 from overlapcheck.core.protocol import SchedulerFactory
 from overlapcheck.core.scenario import RequestSpec, Scenario
+from overlapcheck.harness.runner import RunResult, run_scenario
+from overlapcheck.harness.scheduler_spec import SchedulerSpec
 from overlapcheck.invariants.registry import INVARIANTS
-from overlapcheck.runner import RunResult, run_scenario
 from overlapcheck.scenarios.named import NAMED
-from overlapcheck.scheduler_spec import SchedulerSpec
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 MINIMAL = f"{EXAMPLES / 'minimal_scheduler.py'}:make_scheduler"

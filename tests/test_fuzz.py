@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.backends.sim.timing import Timing
 from overlapcheck.core.scenario import Scenario
-from overlapcheck.runner import run_scenario
+from overlapcheck.harness.runner import run_scenario
 from overlapcheck.scenarios.strategies import (
     HypothesisDelay,
     configs,

@@ -24,10 +24,10 @@ from overlapcheck.backends.gpu.weights import (  # noqa: E402
 )
 from overlapcheck.backends.sim.backend import SimBackend  # noqa: E402
 from overlapcheck.cli import main as cli_main  # noqa: E402
+from overlapcheck.core.errors import UserError  # noqa: E402
 from overlapcheck.core.messages import SamplingParams  # noqa: E402
 from overlapcheck.core.scenario import RequestSpec, Scenario  # noqa: E402
-from overlapcheck.errors import UserError  # noqa: E402
-from overlapcheck.runner import RunResult, run_scenario  # noqa: E402
+from overlapcheck.harness.runner import RunResult, run_scenario  # noqa: E402
 from overlapcheck.scenarios.named import NAMED, named_scenario  # noqa: E402
 
 
@@ -269,7 +269,7 @@ def test_calibration_check_compares_every_named_scenario(
 def test_a_plugged_in_scheduler_runs_unchanged_on_the_real_engine(
     cpu: TorchBackend, loop: str
 ) -> None:
-    from overlapcheck.scheduler_spec import SchedulerSpec
+    from overlapcheck.harness.scheduler_spec import SchedulerSpec
 
     examples = Path(__file__).resolve().parent.parent / "examples"
     minimal = SchedulerSpec(f"{examples / 'minimal_scheduler.py'}:make_scheduler").factory()
@@ -286,8 +286,8 @@ def test_a_plugged_in_schedulers_counterexample_replays_on_the_real_engine(
 ) -> None:
     from overlapcheck.backends.sim.timing import Profile
     from overlapcheck.formats import counterexample
+    from overlapcheck.harness.scheduler_spec import SchedulerSpec
     from overlapcheck.orchestrate.gpu_replay import replay_verdicts
-    from overlapcheck.scheduler_spec import SchedulerSpec
 
     upstream = Path(__file__).resolve().parent.parent / "examples" / "upstream_overlap.py"
     spec = SchedulerSpec(f"{upstream}:make_scheduler")

@@ -19,8 +19,8 @@ from overlapcheck.backends.gpu.oracle import BF16_LOGIT_MARGIN  # noqa: E402
 from overlapcheck.core.batch import BatchInput, SeqWork  # noqa: E402
 from overlapcheck.core.errors import InvariantError  # noqa: E402
 from overlapcheck.core.scenario import RequestSpec, Scenario  # noqa: E402
+from overlapcheck.harness.runner import run_scenario  # noqa: E402
 from overlapcheck.invariants.races import RaceDetector  # noqa: E402
-from overlapcheck.runner import run_scenario  # noqa: E402
 from overlapcheck.scenarios.named import NAMED, named_scenario  # noqa: E402
 
 pytestmark = pytest.mark.cuda

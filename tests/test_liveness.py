@@ -8,9 +8,9 @@ from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.backends.sim.device import DeadlockError, SimEvent
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.scenario import RequestSpec, Scenario
+from overlapcheck.harness.runner import run_scenario
 from overlapcheck.invariants.hbgraph import race_subgraph
 from overlapcheck.reference.prefill import PrefillManager
-from overlapcheck.runner import run_scenario
 from overlapcheck.scenarios.named import named_scenario
 
 

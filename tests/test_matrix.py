@@ -11,7 +11,7 @@ from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.backends.sim.toy_model import ToyModel
 from overlapcheck.core.rules import max_output
 from overlapcheck.core.scenario import user_msg
-from overlapcheck.runner import run_scenario
+from overlapcheck.harness.runner import run_scenario
 from overlapcheck.scenarios.named import NAMED, named_scenario
 
 MATRIX = list(itertools.product(NAMED, ("overlap", "normal"), ("radix", "naive"), (1, 4), (4, 256)))

@@ -17,7 +17,7 @@ from overlapcheck.bench.mutation_score import (
     patched_source,
     score,
 )
-from overlapcheck.runner import run_scenario
+from overlapcheck.harness.runner import run_scenario
 from overlapcheck.scenarios.named import NAMED
 
 EQUIVALENT = [m for m in MUTANTS if m.equivalent]

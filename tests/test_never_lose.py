@@ -17,6 +17,7 @@ from overlapcheck.explore.keeper import FailureKeeper
 from overlapcheck.explore.parallel import Listener, Outcome, search_streams
 from overlapcheck.explore.search import CUT_BUDGET, Found, SearchSpec, search
 from overlapcheck.formats import counterexample
+from overlapcheck.orchestrate.sim_replay import replay_on_sim
 
 FAULT = "free-slot-early"
 
@@ -53,7 +54,7 @@ def interrupt_once_saved(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
 
 def assert_replays(path: Path, invariant: str) -> None:
     cex = counterexample.load(path)
-    run = cex.replay()
+    run = replay_on_sim(cex)
     assert run.trace_hash == cex.trace_hash
     assert cex.reproduced(run) is not None and cex.invariant == invariant
 

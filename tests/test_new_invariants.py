@@ -8,17 +8,17 @@ from collections.abc import Sequence
 
 import pytest
 
+from overlapcheck.backends.kv_shadow import PrefixHash
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.protocol import MessageSink, MessageSource
-from overlapcheck.core.provenance import PrefixHash
 from overlapcheck.core.scenario import RequestSpec, Scenario
+from overlapcheck.harness.runner import RunResult, run_scenario
 from overlapcheck.reference import scheduler as reference
 from overlapcheck.reference.cache.manager import CacheManager
 from overlapcheck.reference.cache.radix import RadixCache
 from overlapcheck.reference.req import Req
 from overlapcheck.reference.scheduler import Scheduler
-from overlapcheck.runner import RunResult, run_scenario
 from overlapcheck.scenarios.named import NAMED, named_scenario
 
 NEW = ["kv-provenance", "work-bound", "no-hidden-sync"]

@@ -23,6 +23,7 @@ from overlapcheck.explore.parallel import (
 )
 from overlapcheck.explore.search import SearchSpec, stream_seed
 from overlapcheck.formats import counterexample
+from overlapcheck.orchestrate.sim_replay import replay_on_sim
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -53,7 +54,7 @@ def test_the_first_violation_stops_the_others_and_its_counterexample_replays(
     assert len(unshrunk) == 1 and unshrunk[0]["invariant"] == outcome.found["invariant"]
     path = counterexample.save_data(outcome.found, tmp_path)
     cex = counterexample.load(path)
-    replayed = cex.replay()
+    replayed = replay_on_sim(cex)
     assert cex.reproduced(replayed) is not None
     assert replayed.trace_hash == cex.trace_hash  # the same trace in this process as in a worker
 
@@ -129,7 +130,7 @@ def test_the_unshrunk_counterexample_is_on_disk_before_shrinking(tmp_path: Path)
     assert outcome.found is not None and len(seen) == 1
     assert seen[0].name.startswith(counterexample.UNSHRUNK)
     cex = counterexample.load(seen[0])
-    assert cex.reproduced(cex.replay()) is not None
+    assert cex.reproduced(replay_on_sim(cex)) is not None
 
 
 def test_the_default_path_never_imports_ray(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from overlapcheck.cli import main as cli_main
 from overlapcheck.core.config import ConfigError, SchedulerConfig
 from overlapcheck.core.messages import SamplingParams
 from overlapcheck.core.scenario import RequestSpec, Scenario
+from overlapcheck.harness.runner import RunResult, run_scenario
 from overlapcheck.invariants.fairness import BoundedWait
 from overlapcheck.invariants.registry import INVARIANTS, make_invariants
 from overlapcheck.reference.cache.naive import NaiveCache
@@ -25,7 +26,6 @@ from overlapcheck.reference.cache.prompt_tree import PromptTree
 from overlapcheck.reference.cache.radix import RadixCache
 from overlapcheck.reference.policy import CACHE_AWARE, POLICIES, make_policy
 from overlapcheck.reference.req import Req
-from overlapcheck.runner import RunResult, run_scenario
 from overlapcheck.scenarios.fairness import VICTIM, hit_stream, queued_scenarios
 from overlapcheck.scenarios.loader import load_scenario_file
 from overlapcheck.scenarios.named import NAMED, named_scenario

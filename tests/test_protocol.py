@@ -13,15 +13,15 @@ from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.cli import main
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.device import Device
+from overlapcheck.core.errors import UserError
 from overlapcheck.core.protocol import HasBooks, MessageSink, MessageSource, SchedulerUnderTest
 from overlapcheck.core.scenario import RequestSpec, Scenario
-from overlapcheck.crash import CheckerBug
-from overlapcheck.errors import UserError
+from overlapcheck.harness.crash import CheckerBug
+from overlapcheck.harness.runner import run_scenario
+from overlapcheck.harness.scheduler_spec import parse_spec
 from overlapcheck.invariants.oracle import Oracle
 from overlapcheck.reference.scheduler import Scheduler
-from overlapcheck.runner import run_scenario
 from overlapcheck.scenarios.named import named_scenario
-from overlapcheck.scheduler_spec import parse_spec
 
 
 class WithoutBooks:

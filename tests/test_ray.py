@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from overlapcheck.errors import UserError
+from overlapcheck.core.errors import UserError
 from overlapcheck.explore.parallel import Listener
 from overlapcheck.explore.ray_search import connected, search_ray, split
 from overlapcheck.explore.search import SearchSpec
 from overlapcheck.formats import counterexample
+from overlapcheck.orchestrate.sim_replay import replay_on_sim
 
 pytest.importorskip("ray")  # explore/ray_search.py imports Ray only when it runs
 
@@ -47,7 +48,7 @@ def test_a_local_ray_instance_finds_a_named_fault_and_saves_it(tmp_path: Path) -
     (path,) = out.glob("*.json")  # the driver saved it (the unshrunk one is gone)
     assert not path.name.startswith(counterexample.UNSHRUNK)
     cex = counterexample.load(path)
-    assert cex.reproduced(cex.replay()) is not None
+    assert cex.reproduced(replay_on_sim(cex)) is not None
     replay = cli("replay", str(path), "--json")
     assert replay.returncode == 1 and json.loads(replay.stdout)["same_trace_hash"]
 

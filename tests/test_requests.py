@@ -16,9 +16,9 @@ from overlapcheck.core.messages import (
     UserMsg,
 )
 from overlapcheck.core.scenario import RequestSpec, Scenario
+from overlapcheck.harness.runner import run_scenario
 from overlapcheck.reference.req import ReqState
 from overlapcheck.reference.scheduler import Scheduler
-from overlapcheck.runner import run_scenario
 
 US = 1e-6
 

@@ -14,10 +14,11 @@ from overlapcheck.backends.sim.timing import Profile
 from overlapcheck.cli import main
 from overlapcheck.explore.search import SearchSpec, search
 from overlapcheck.formats import counterexample
+from overlapcheck.harness.scheduler_spec import SchedulerSpec
+from overlapcheck.orchestrate.sim_replay import replay_on_sim
 from overlapcheck.reference.faults import FAULTS
 from overlapcheck.scenarios.loader import load_scenario_file
 from overlapcheck.scenarios.named import NAMED
-from overlapcheck.scheduler_spec import SchedulerSpec
 
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))
@@ -34,7 +35,7 @@ def test_search_finds_shrinks_and_replays_each_fault(fault: str, tmp_path: Path)
     assert run.iterations <= 8
     path = counterexample.save(run, Profile(), result.found.draws, tmp_path)
     cex = counterexample.load(path)
-    replayed = cex.replay()
+    replayed = replay_on_sim(cex)
     assert cex.reproduced(replayed) is not None
     assert replayed.trace_hash == run.trace_hash
 
@@ -48,7 +49,7 @@ def test_the_fault_is_what_breaks_it(tmp_path: Path) -> None:
     path = counterexample.save(result.found.result, Profile(), result.found.draws, tmp_path)
     cex = counterexample.load(path)
     fixed = cex.without_faults()
-    assert fixed.replay().ok
+    assert replay_on_sim(fixed).ok
 
 
 @pytest.mark.parametrize("scenario", ["all", *NAMED])
@@ -91,7 +92,7 @@ def test_a_plugged_in_scheduler_is_searched_recorded_and_replayed(
     assert data["scheduler"] == {"spec": spec.text, "source_hash": spec.source_hash()}
     cex = counterexample.load(path)
     assert cex.scheduler == spec and cex.scheduler_change() is None
-    assert cex.replay().trace_hash == run.trace_hash
+    assert replay_on_sim(cex).trace_hash == run.trace_hash
     # The source changes: replay says so in one line, and still replays.
     plugin.write_text(PLUGIN + "\n# edited\n")
     assert main(["replay", str(path)]) == 1

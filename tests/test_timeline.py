@@ -20,8 +20,8 @@ from overlapcheck.cli import build_parser
 from overlapcheck.cli import main as cli
 from overlapcheck.core.trace import Access, Op, Trace
 from overlapcheck.formats.trace_file import load_trace, save_trace, trace_from_json, trace_to_json
+from overlapcheck.harness.runner import RunResult, run_scenario
 from overlapcheck.reference.faults import parse_faults
-from overlapcheck.runner import RunResult, run_scenario
 from overlapcheck.scenarios.named import named_scenario
 from overlapcheck.timeline.compare import render_compare, run_both
 from overlapcheck.timeline.model import Panel, highlighted_ops, interval, violation_ops

@@ -20,9 +20,9 @@ from overlapcheck.core.config import LoopKind, SchedulerConfig
 from overlapcheck.core.errors import InvariantError
 from overlapcheck.core.messages import AbortMsg, InMsg, OutMsg, TokenMsg
 from overlapcheck.core.scenario import RequestSpec, Scenario, user_msg
+from overlapcheck.harness.runner import RunResult, run_scenario
 from overlapcheck.reference.faults import FAULTS
 from overlapcheck.reference.scheduler import Scheduler
-from overlapcheck.runner import RunResult, run_scenario
 from overlapcheck.scenarios.source import IterationSource
 
 Stream = list[tuple[int, int, bool]]  # (uid, token, finished) per message

@@ -19,8 +19,8 @@ from overlapcheck.backends.sim.toy_model import ToyModel
 from overlapcheck.cli import main
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.scenario import RequestSpec, Scenario
+from overlapcheck.harness.runner import RunResult, run_scenario
 from overlapcheck.reference.cache.radix import RadixCache, RadixNode
-from overlapcheck.runner import RunResult, run_scenario
 from overlapcheck.scenarios.loader import ScenarioError, scenario_from_dict
 from overlapcheck.scenarios.strategies import (
     PRESSURE_EIGHTHS,

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from overlapcheck.core.errors import UserError
 from overlapcheck.core.trace import HOST, Op
-from overlapcheck.errors import UserError
 from overlapcheck.timeline.model import (
     Panel,
     batch_labels,

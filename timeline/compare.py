@@ -12,7 +12,7 @@ from pathlib import Path
 from overlapcheck.backends.base import Backend
 from overlapcheck.core.protocol import SchedulerFactory
 from overlapcheck.core.scenario import Scenario
-from overlapcheck.runner import RunResult, run_scenario
+from overlapcheck.harness.runner import RunResult, run_scenario
 from overlapcheck.timeline.model import Interval, Panel, Rendered
 from overlapcheck.timeline.render import render_panels, result_title, violation_title
 

@@ -22,8 +22,8 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import FuncFormatter
 
+from overlapcheck.core.errors import UserError
 from overlapcheck.core.trace import HOST, Op
-from overlapcheck.errors import UserError
 from overlapcheck.timeline.model import (
     ENGINE,
     Interval,

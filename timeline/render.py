@@ -6,14 +6,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from overlapcheck.core.errors import UserError
 from overlapcheck.core.trace import Trace
-from overlapcheck.errors import UserError
 from overlapcheck.invariants.base import Violation
 from overlapcheck.timeline.chrome import write_chrome
 from overlapcheck.timeline.model import Interval, Panel, Rendered, summarise, trace_end
 
 if TYPE_CHECKING:
-    from overlapcheck.runner import RunResult
+    from overlapcheck.harness.runner import RunResult
 
 FORMATS = (".png", ".svg", ".json")
 

@@ -26,9 +26,9 @@ from overlapcheck.backends.gpu.weights import (
     preset_config,
     random_weights,
 )
+from overlapcheck.core.errors import UserError
 from overlapcheck.core.messages import SamplingParams
 from overlapcheck.core.scenario import RequestSpec, Scenario
-from overlapcheck.errors import UserError
 
 DEFAULT_PRESET = "tiny"
 

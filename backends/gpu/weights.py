@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig, PretrainedConfig
 
-from overlapcheck.errors import UserError
+from overlapcheck.core.errors import UserError
 
 SUPPORTED = ("llama", "qwen2", "qwen3")
 

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import simpy
 
+from overlapcheck.backends.kv_shadow import KvShadow
 from overlapcheck.backends.sim.timing import Timing
 from overlapcheck.backends.sim.toy_model import DTYPE, ToyModel
 from overlapcheck.core.batch import METADATA_FIELDS, BatchInput, RowWrite
@@ -24,7 +25,6 @@ from overlapcheck.core.contract import check_batch_size, check_rows
 from overlapcheck.core.device import HOST_WORK_BEFORE_ISSUE, Device, Event, ForwardOutput, Stream
 from overlapcheck.core.errors import InvariantError
 from overlapcheck.core.footprints import FootprintRecorder
-from overlapcheck.core.provenance import KvShadow
 from overlapcheck.core.trace import PAGE_TABLE, TOKEN_POOL, Trace
 
 OpBody = Callable[[], Generator[simpy.Event, Any, None]]

@@ -14,7 +14,7 @@ from overlapcheck.core.errors import InvariantError
 from overlapcheck.core.messages import InMsg, OutMsg, TokenMsg, UserMsg
 from overlapcheck.core.protocol import MessageSource, SchedulerUnderTest
 from overlapcheck.core.trace import Message
-from overlapcheck.crash import CheckerBug, crash_violation
+from overlapcheck.harness.crash import CheckerBug, crash_violation
 from overlapcheck.invariants.base import Invariant, InvariantViolated, Violation
 from overlapcheck.invariants.context import RunContext, TracePrefix
 

@@ -18,18 +18,18 @@ from typing import Any
 
 from overlapcheck.backends.base import Backend, Reference
 from overlapcheck.core.config import SchedulerConfig
+from overlapcheck.core.errors import UserError
 from overlapcheck.core.messages import UserMsg
 from overlapcheck.core.protocol import MessageSource, SchedulerFactory, SchedulerUnderTest
 from overlapcheck.core.rules import max_output, rejection
 from overlapcheck.core.scenario import RequestSpec, Scenario, user_msg
 from overlapcheck.core.trace import Trace
-from overlapcheck.errors import UserError
-from overlapcheck.harness import Checks, Harness, check_after, drive
+from overlapcheck.harness.scheduler_spec import SchedulerSpec
+from overlapcheck.harness.stepping import Checks, Harness, check_after, drive
 from overlapcheck.invariants.base import Invariant, Violation
 from overlapcheck.invariants.context import Request, RunContext
 from overlapcheck.invariants.registry import make_invariants
 from overlapcheck.scenarios.source import WorkloadSource
-from overlapcheck.scheduler_spec import SchedulerSpec
 
 
 @dataclass

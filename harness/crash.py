@@ -17,7 +17,7 @@ from typing import Any
 
 from overlapcheck.invariants.base import Violation
 
-_PACKAGE = Path(__file__).resolve().parent
+_PACKAGE = Path(__file__).resolve().parent.parent  # the package root: this file is in harness/
 # Folders of overlapcheck that hold schedulers under test, not the checker.
 _SCHEDULER_FOLDERS = (_PACKAGE / "reference", _PACKAGE / "examples")
 _LIBRARY_FOLDERS = tuple(

@@ -16,8 +16,8 @@ from functools import cache
 from pathlib import Path
 from types import ModuleType
 
+from overlapcheck.core.errors import UserError
 from overlapcheck.core.protocol import SchedulerFactory
-from overlapcheck.errors import UserError
 
 REFERENCE = "reference"
 

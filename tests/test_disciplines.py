@@ -27,10 +27,10 @@ from overlapcheck.core.protocol import (
     SchedulerUnderTest,
 )
 from overlapcheck.core.scenario import RequestSpec, Scenario
+from overlapcheck.harness.runner import RunResult, run_scenario
+from overlapcheck.harness.scheduler_spec import SchedulerSpec
 from overlapcheck.invariants.forwards import context_ends
-from overlapcheck.runner import RunResult, run_scenario
 from overlapcheck.scenarios.named import NAMED, named_scenario
-from overlapcheck.scheduler_spec import SchedulerSpec
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ondemand_scheduler.py"
 LEGAL = ["make_scheduler", "make_discard_scheduler", "make_stream_ordered_scheduler"]

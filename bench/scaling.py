@@ -11,11 +11,11 @@ Three measurements per worker count:
   what the search itself loses;
 - time to find: the named fault that one worker takes longest to find (`--fault` to pin one),
   and the slowest-to-find mutant of the mutation bench (`--mutant`, default `evict-locked-node`,
-  the slowest in the README's table), median over `--seeds` seeds, each search from an empty
+  the slowest in docs/faults.md's table), median over `--seeds` seeds, each search from an empty
   example database.
 
 Target (issue 14): at least 0.8 N speed-up on N cores. Run it on a quiet machine with at least as
-many cores as the largest count; the numbers go into the README's scaling table.
+many cores as the largest count; the numbers go into docs/scaling.md's table.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """`overlapcheck bench`: measurements that print numbers (never timed tests).
 
 Each flag picks a measurement; with none, the simulator's speed. `--json` prints one JSON object
-on stdout, a key per measurement (README: JSON output); the tables go to stderr then.
+on stdout, a key per measurement (docs/json.md); the tables go to stderr then.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Hypothesis strategies for configurations, workloads and timings. Public: write your own `@given`
-tests with them (see the README).
+tests with them (see docs/scenarios.md).
 
 Everything shrinks toward a small, quiet case: one request, no sharing, no conversation tree, no
 memory pressure, no abort, arrival at 0, no follow-up, no reused uid, short output, no model EOS,

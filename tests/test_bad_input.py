@@ -1,8 +1,8 @@
 """Bad input: every case is one line on stderr and exit 2; a violation is never hidden by an output
 file that cannot be written; exit codes mean one thing (0 ok, 1 violation, 2 bad input, 3 ours).
 
-`python tests/test_bad_input.py` prints the README's "Bad input" table from these cases (run it
-from the repository root; `test_readme_lists_every_case` keeps the two in step).
+`python tests/test_bad_input.py` prints the table of docs/bad-input.md from these cases (run it
+from the repository root; `test_the_bad_input_page_lists_every_case` keeps the two in step).
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ from overlapcheck.harness.runner import run_scenario
 from overlapcheck.reference.faults import parse_faults
 from overlapcheck.scenarios.named import named_scenario
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+BAD_INPUT_DOC = ROOT / "docs" / "bad-input.md"
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ class Case:
     argv: tuple[str, ...]
     needles: tuple[str, ...]
     files: tuple[tuple[str, str], ...] = ()
-    shown: str = ""  # what the README says the input is, when not the files' whole text
+    shown: str = ""  # what docs/bad-input.md says the input is, when not the files' whole text
 
 
 def _json(value: Any) -> str:
@@ -316,7 +317,7 @@ def test_bad_input_is_one_line_and_exit_2(
 def test_a_valid_profile_with_negative_offsets_still_loads(tmp_path: Path) -> None:
     """forward_tail and d2h_queued are offsets that a calibrated GPU puts before the launch
     phase's end; the shipped H200 profile has both negative."""
-    shipped = Profile.load(README.parent / "docs" / "gpu-replay" / "profile-h200-tiny.json")
+    shipped = Profile.load(ROOT / "docs" / "gpu-replay" / "profile-h200-tiny.json")
     assert shipped.forward_tail < 0 and shipped.d2h_queued < 0
     path = tmp_path / "p.json"
     path.write_text('{"forward": 6e-05, "forward_tail": -1e-05, "launch": 0}')
@@ -426,7 +427,7 @@ def test_help_states_defaults_and_choices(capsys: pytest.CaptureFixture[str]) ->
 
 
 def messages() -> list[tuple[Case, str]]:
-    """Each case with the line it prints (for the README table)."""
+    """Each case with the line it prints (for the table of docs/bad-input.md)."""
     import contextlib
     import io
 
@@ -449,10 +450,10 @@ def _row(case: Case, line: str) -> str:
     return f"| {_code(' '.join(['overlapcheck', *case.argv]))} | {files} | {_code(line)} |"
 
 
-def test_readme_lists_every_case() -> None:
-    text = README.read_text()
+def test_the_bad_input_page_lists_every_case() -> None:
+    text = BAD_INPUT_DOC.read_text()
     missing = [case.id for case, line in messages() if _row(case, line) not in text]
-    assert not missing, f"README's Bad input table lacks {missing}: python {__file__}"
+    assert not missing, f"docs/bad-input.md's table lacks {missing}: python {__file__}"
 
 
 if __name__ == "__main__":

@@ -67,7 +67,7 @@ def calibrated(cuda: TorchBackend, tmp_path_factory: pytest.TempPathFactory) -> 
 def test_the_calibrated_simulator_predicts_the_gpu(cuda: TorchBackend, calibrated: Profile) -> None:
     """Every figure within 15 % of the GPU's median or within the GPU's own run-to-run range in
     this very run, whichever is wider (`misses`); totals with the calibrated profile follow the
-    host's drift and are reported, not judged (see the README)."""
+    host's drift and are reported, not judged (see docs/gpu.md)."""
     rows = check(cuda, calibrated)
     assert not misses(rows), verdict(rows)
 

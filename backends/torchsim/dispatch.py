@@ -1,0 +1,650 @@
+"""Interception: every aten call of the program, turned into host work or stream work.
+
+An op with no simulated device tensor and no `cuda` device runs on the host at once; if it touches
+pinned buffers, its reads and writes are traced on the host. Any other op is stream work on the
+stream current at the call: its footprint is traced at issue (`footprint.py`), it runs at once on
+the logical copies (program order: shapes, index values, books), and on the physical copies when
+the stream reaches it in simulated time: inputs read when it starts, outputs written when it ends.
+
+Copies follow CUDA: a non-blocking copy from or to pinned memory runs on the stream and the host
+goes on; from pageable memory the source is staged at the call; a blocking copy, `.item()`, a
+truth test of a device value, or an op whose output shape depends on device values waits for the
+current stream first (an implicit sync, traced as a host wait).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import simpy
+import torch
+import torch.utils._pytree as pytree
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+
+from overlapcheck.backends.sim.device import SimDevice, Unit
+from overlapcheck.backends.torchsim.footprint import Touch, arguments, touches
+from overlapcheck.backends.torchsim.memory import Buffer, Memory, poison, same_geometry, view_cells
+from overlapcheck.backends.torchsim.streams import StreamRuntime
+from overlapcheck.backends.torchsim.tensor import SimTensor, SimulatedCudaError
+from overlapcheck.core.trace import HOST, Access, Op
+
+aten = torch.ops.aten
+# A small kernel (elementwise, index, concatenation): about what one takes on a GPU, launch to end.
+KERNEL = 4e-6
+# Frames of torch and of this package are not the program's.
+_SKIP = tuple(
+    {str(Path(p).parent) for p in (__file__, torch.__file__)}
+    | {str(Path(p).resolve().parent) for p in (__file__, torch.__file__)}
+)
+_EMPTY = frozenset(
+    {aten.empty, aten.empty_strided, aten.empty_like, aten.new_empty, aten.new_empty_strided}
+)
+# Factories from a tensor's metadata: they read none of its values.
+_LIKE = frozenset(
+    {
+        aten.empty_like,
+        aten.zeros_like,
+        aten.ones_like,
+        aten.full_like,
+        aten.new_empty,
+        aten.new_empty_strided,
+        aten.new_zeros,
+        aten.new_ones,
+        aten.new_full,
+    }
+)
+
+
+class plain:
+    """Torch calls of the simulation itself: no mode of ours sees them."""
+
+    def __enter__(self) -> None:
+        self._modes = _disable_current_modes()
+        self._modes.__enter__()
+        self._function = torch._C.DisableTorchFunction()
+        self._function.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        self._function.__exit__(None, None, None)
+        self._modes.__exit__(None, None, None)
+
+
+def where() -> tuple[str, str]:
+    """The program's innermost frame outside torch and this package: (`file:line function`, the
+    function's name), for labels and buffer names."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if not (path.startswith(_SKIP) or path[0] == "<"):
+            name = frame.f_code.co_name
+            return f"{Path(path).name}:{frame.f_lineno} {name}", name
+        frame = frame.f_back  # type: ignore[assignment]
+    return "?", "tensor"
+
+
+@cache
+def _write_returns(func: Any) -> tuple[int | None, ...]:
+    """For each return: the index of the argument it aliases when that one is written (an
+    in-place or `out=` op), else None."""
+    sets = {}
+    for i, arg in enumerate(func._schema.arguments):
+        info = arg.alias_info
+        if info is not None and info.is_write:
+            for s in info.before_set:
+                sets[s] = i
+    out: list[int | None] = []
+    for ret in func._schema.returns:
+        info = ret.alias_info
+        found = None
+        if info is not None and info.is_write:
+            found = next((sets[s] for s in info.before_set if s in sets), None)
+        out.append(found)
+    return tuple(out)
+
+
+@cache
+def _is_view(func: Any) -> bool:
+    schema = func._schema
+    if any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
+        return False
+    return bool(schema.returns) and all(r.alias_info is not None for r in schema.returns)
+
+
+def _is_cuda(device: Any) -> bool:
+    if device is None:
+        return False
+    return torch.device(device).type == "cuda"
+
+
+def _tensors(tree: Any) -> list[torch.Tensor]:
+    return [x for x in pytree.tree_leaves(tree) if isinstance(x, torch.Tensor)]
+
+
+@dataclass
+class _Written:
+    """An argument an op writes in place: its buffer, the cells written, its start-time clone."""
+
+    buffer: Buffer
+    cells: np.ndarray
+    clone: torch.Tensor | None = None
+
+
+@dataclass
+class _Launch:
+    """One stream op: its trace op, when it runs, what it computes."""
+
+    op: Op
+    unit: Unit
+    duration: float
+    start: Callable[[], Callable[[], None]]  # at its start, returns what to do at its end
+    stream_name: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Interceptor:
+    """The dispatch logic shared by the two modes below."""
+
+    def __init__(self, device: SimDevice, runtime: StreamRuntime, memory: Memory) -> None:
+        self.device = device
+        self.runtime = runtime
+        self.memory = memory
+        self.cuda = runtime.torch_device
+        self.handlers: dict[Any, Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]] = {
+            aten._local_scalar_dense: self._scalar,
+            aten.item: self._scalar,
+            aten.is_pinned: self._is_pinned,
+            aten.pin_memory: self._pin,
+            aten._pin_memory: self._pin,
+            aten._to_copy: self._to_copy_op,
+            aten.to: self._to,
+            aten.copy_: self._copy_op,
+            aten.record_stream: lambda func, args, kwargs: None,
+        }
+
+    # -- where tensors live ---------------------------------------------------------------------
+
+    def locate(self, t: torch.Tensor) -> tuple[Buffer, torch.Tensor] | None:
+        if isinstance(t, SimTensor):
+            return t.buffer, t.logic
+        buffer = self.memory.pinned_of(t)
+        if buffer is None:
+            return None
+        return buffer, same_geometry(buffer.logical, t)
+
+    def logical(self, x: Any) -> Any:
+        if isinstance(x, SimTensor):
+            return x.logic
+        if isinstance(x, torch.Tensor):
+            buffer = self.memory.pinned_of(x)
+            if buffer is not None:
+                return same_geometry(buffer.logical, x)
+        return x
+
+    def wrap(self, buffer: Buffer, like: torch.Tensor) -> SimTensor:
+        return SimTensor(
+            buffer,
+            same_geometry(buffer.physical, like),
+            same_geometry(buffer.logical, like),
+            self.cuda,
+        )
+
+    # -- entry ----------------------------------------------------------------------------------
+
+    def dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        handler = self.handlers.get(func.overloadpacket)
+        if handler is not None:
+            return handler(func, args, kwargs)
+        leaves = pytree.tree_leaves((args, kwargs))
+        if not any(isinstance(x, SimTensor) for x in leaves) and not _is_cuda(kwargs.get("device")):
+            return self._host(func, args, kwargs)
+        if _is_view(func):
+            return self._view(func, args, kwargs)
+        return self._kernel(func, args, kwargs)
+
+    # -- host work ------------------------------------------------------------------------------
+
+    def _host(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        pin = kwargs.get("pin_memory") is True
+        if pin:
+            kwargs = {**kwargs, "pin_memory": False}
+        pinned = [t for t in _tensors((args, kwargs)) if self.memory.pinned_of(t) is not None]
+        found = touches(func, args, kwargs, self.locate, self.logical) if pinned else []
+        out = func(*args, **kwargs)
+        if func.overloadpacket in _EMPTY and isinstance(out, torch.Tensor):
+            out.fill_(poison(out.dtype))
+        if pin and isinstance(out, torch.Tensor):
+            self.memory.adopt_pinned(out, where()[1])
+        if found:
+            here = where()[0]
+            self._host_op(f"{func.overloadpacket.__name__} @{here}", found)
+            if any(t.mode == "w" for t in found):  # keep the logical twins in step
+                largs, lkwargs = pytree.tree_map(self.logical, (args, kwargs))
+                func(*largs, **lkwargs)
+        return out
+
+    def _host_op(self, label: str, found: Sequence[Touch]) -> Op:
+        now = self.runtime.now()
+        return self.runtime.op(
+            HOST,
+            "host",
+            label=label,
+            accesses=[Access(t.buffer.name, t.cells, t.mode) for t in found],  # type: ignore[arg-type]
+            start=now,
+            end=now,
+        )
+
+    def _is_pinned(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        t = args[0]
+        return not isinstance(t, SimTensor) and self.memory.pinned_of(t) is not None
+
+    def _pin(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
+        t = args[0]
+        if isinstance(t, SimTensor):
+            raise RuntimeError(
+                "cannot pin 'torch.cuda.IntTensor' only dense CPU tensors can be pinned"
+            )
+        found = touches(aten.clone.default, (t,), {}, self.locate, self.logical)
+        copy: torch.Tensor = t.clone()
+        self.memory.adopt_pinned(copy, where()[1])
+        if found:
+            self._host_op(f"pin_memory @{where()[0]}", found)
+        return copy
+
+    def _scalar(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """`.item()`: of a device value, an implicit sync on the current stream first."""
+        t = args[0]
+        if not isinstance(t, SimTensor):
+            return self._host(func, args, kwargs)
+        return self._read_to_host(func, args, kwargs, f"{func.overloadpacket.__name__}")
+
+    def _read_to_host(
+        self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], what: str
+    ) -> Any:
+        """A host value computed from device values: the current stream copies them out, the host
+        waits for it, then computes from what the copy read."""
+        found = touches(func, args, kwargs, self.locate, self.logical)
+        here = where()[0]
+        runtime = self.runtime
+        stream = runtime.current
+        op = runtime.op(
+            stream.name,
+            "d2h",
+            label=f"{what} @{here}",
+            accesses=[Access(t.buffer.name, t.cells, t.mode) for t in found],  # type: ignore[arg-type]
+        )
+        seen: list[Any] = []
+        duration = self.device.timing.d2h()
+        op.delay = self.device.timing.last_delay
+
+        def start() -> Callable[[], None]:
+            with plain():
+                pargs, pkwargs = pytree.tree_map(_physical, (args, kwargs))
+                seen.append(func(*pargs, **pkwargs))
+            return lambda: None
+
+        self._enqueue(_Launch(op, self.device.d2h_engine, duration, start))
+        runtime.sync_current(f"{what} (implicit sync)")
+        return seen[0]
+
+    # -- views ----------------------------------------------------------------------------------
+
+    def _view(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        source = next(x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, SimTensor))
+        largs, lkwargs = pytree.tree_map(self.logical, (args, kwargs))
+        lout = func(*largs, **lkwargs)
+        ptr = source.buffer.logical.untyped_storage().data_ptr()
+        if not all(t.untyped_storage().data_ptr() == ptr for t in _tensors(lout)):
+            return self._kernel(func, args, kwargs)  # a copy after all (reshape of a strided view)
+        pargs, pkwargs = pytree.tree_map(_physical, (args, kwargs))
+        pout = func(*pargs, **pkwargs)
+        buffer = source.buffer
+
+        def wrap(p: Any, lg: Any) -> Any:
+            if isinstance(p, torch.Tensor):
+                return SimTensor(buffer, p, lg, self.cuda)
+            return p
+
+        if isinstance(pout, torch.Tensor):
+            return wrap(pout, lout)
+        return type(pout)(wrap(p, lg) for p, lg in zip(pout, lout, strict=True))
+
+    # -- stream work ----------------------------------------------------------------------------
+
+    def _kernel(
+        self,
+        func: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        kind: str = "kernel",
+        out_device: str = "cuda",
+    ) -> Any:
+        runtime = self.runtime
+        if torch.Tag.dynamic_output_shape in func.tags and _data_dependent(func, args):
+            runtime.sync_current(f"{func.overloadpacket.__name__} (data-dependent shape)")
+        packet = func.overloadpacket
+        reading = (args[1:], kwargs) if packet in _LIKE else (args, kwargs)
+        found = touches(func, reading[0], reading[1], self.locate, self.logical)
+        if packet in _LIKE:
+            found = [t for t in found if t.mode == "w"]
+        # pageable host sources are staged at the call
+        staged = {
+            id(t): t.clone()
+            for t in _tensors((args, kwargs))
+            if not isinstance(t, SimTensor) and self.memory.pinned_of(t) is None
+        }
+        host_kwargs = dict(kwargs)
+        if _is_cuda(host_kwargs.get("device")):
+            host_kwargs["device"] = "cpu"
+        host_kwargs.pop("pin_memory", None)
+        largs, lkwargs = pytree.tree_map(self.logical, (args, host_kwargs))
+        lout = func(*largs, **lkwargs)
+        if not _tensors(lout) and lout is not None:  # a host value from device values
+            return self._read_to_host(func, args, kwargs, packet.__name__)
+        aliases = _write_returns(func)
+        fresh: list[tuple[Buffer, torch.Tensor]] = []  # (buffer, geometry) of each new output
+        name_hint = where()[1]
+
+        def result(value: Any, alias: int | None) -> Any:
+            if alias is not None:
+                return _arg(func, args, kwargs, alias)
+            if not isinstance(value, torch.Tensor):
+                return value
+            if out_device == "cuda":
+                buffer = self.memory.new_device(value, name_hint)
+                self.device.trace.sizes[buffer.name] = buffer.numel
+                same_geometry(buffer.logical, value).copy_(value)
+                fresh.append((buffer, value))
+                return self.wrap(buffer, value)
+            raise SimulatedCudaError(f"{func}: an output on {out_device}")
+
+        returns = (lout,) if isinstance(lout, torch.Tensor) or len(aliases) <= 1 else tuple(lout)
+        if len(aliases) <= 1:
+            made = result(lout, aliases[0] if aliases else None)
+        else:
+            made = type(lout)(result(v, a) for v, a in zip(returns, aliases, strict=False))
+        for buffer, geometry in fresh:
+            found.append(Touch(buffer, view_cells(buffer, geometry), "w"))
+        if packet in _EMPTY:
+            return made  # no kernel: the memory is allocated, its contents undefined
+        written = _written(found)
+        here = where()[0]
+        op = runtime.op(
+            runtime.current.name,
+            kind,
+            label=f"{packet.__name__} @{here}",
+            accesses=[Access(t.buffer.name, t.cells, t.mode) for t in found],  # type: ignore[arg-type]
+        )
+        timing = self.device.timing
+        duration = timing.cost("kernel", KERNEL)
+        op.delay = timing.last_delay
+
+        def start() -> Callable[[], None]:
+            with plain():
+                for w in written.values():
+                    w.clone = w.buffer.physical.clone()
+
+                def phys(x: Any) -> Any:
+                    if isinstance(x, SimTensor):
+                        w = written.get(id(x.buffer))
+                        return (
+                            same_geometry(w.clone, x.phys) if w and w.clone is not None else x.phys
+                        )
+                    if isinstance(x, torch.Tensor):
+                        if id(x) in staged:
+                            return staged[id(x)]
+                        buffer = self.memory.pinned_of(x)
+                        w = written.get(id(buffer)) if buffer is not None else None
+                        if w is not None and w.clone is not None:
+                            return same_geometry(w.clone, x)
+                    return x
+
+                pargs, pkwargs = pytree.tree_map(phys, (args, host_kwargs))
+                pout = func(*pargs, **pkwargs)
+
+            def end() -> None:
+                with plain():
+                    for w in written.values():
+                        assert w.clone is not None
+                        cells = torch.from_numpy(w.cells)
+                        w.buffer.physical[cells] = w.clone[cells]
+                    fresh_outs = [
+                        o
+                        for o, a in zip(_as_list(pout), aliases or (None,), strict=False)
+                        if a is None and isinstance(o, torch.Tensor)
+                    ]
+                    for (buffer, geometry), value in zip(fresh, fresh_outs, strict=False):
+                        target = same_geometry(buffer.physical, geometry)
+                        if target.shape == value.shape:
+                            target.copy_(value)
+
+            return end
+
+        self._enqueue(_Launch(op, self.device.compute, duration, start))
+        return made
+
+    def _enqueue(self, launch: _Launch) -> None:
+        runtime = self.runtime
+        stream = (
+            runtime.current
+            if not launch.stream_name
+            else next(s for s in runtime.streams if s.name == launch.stream_name)
+        )
+        env = runtime.env
+
+        def body() -> Generator[simpy.Event, Any, None]:
+            launch.op.start = yield from runtime.acquire(launch.unit, launch.duration)
+            end = launch.start()
+            yield env.timeout(launch.duration)
+            end()
+            launch.op.end = runtime.now()
+
+        stream.enqueue(body)
+
+    # -- copies ---------------------------------------------------------------------------------
+
+    def _to(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """`Tensor.to(...)`: itself when nothing changes, else a copy (`_to_copy`)."""
+        by_name = {a.name: v for a, v in arguments(func, args, kwargs)}
+        x = by_name.pop("self")
+        other = by_name.pop("other", None)
+        device = by_name.get("device")
+        dtype = by_name.get("dtype")
+        if isinstance(other, torch.Tensor):
+            device, dtype = other.device, other.dtype
+        target_device = torch.device(device) if device is not None else x.device
+        if target_device.type == "cuda":
+            target_device = self.cuda
+        target_dtype = dtype if dtype is not None else x.dtype
+        same = target_device.type == x.device.type and target_dtype == x.dtype
+        if same and not by_name.get("copy", False):
+            return x
+        return self._to_copy(
+            x, target_dtype, target_device, bool(by_name.get("non_blocking", False))
+        )
+
+    def _to_copy_op(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        x = args[0]
+        device = kwargs.get("device")
+        target = torch.device(device) if device is not None else x.device
+        dtype = kwargs.get("dtype") or x.dtype
+        if kwargs.get("pin_memory") and target.type == "cpu" and not isinstance(x, SimTensor):
+            out = self._host(func, args, kwargs)
+            return out
+        return self._to_copy(x, dtype, target, bool(kwargs.get("non_blocking", False)))
+
+    def _to_copy(
+        self, x: torch.Tensor, dtype: torch.dtype, target: torch.device, non_blocking: bool
+    ) -> Any:
+        cuda_src, cuda_dst = isinstance(x, SimTensor), target.type == "cuda"
+        if not cuda_src and not cuda_dst:
+            return self._host(aten._to_copy.default, (x,), {"dtype": dtype})
+        if cuda_src and cuda_dst:
+            return self._kernel(aten._to_copy.default, (x,), {"dtype": dtype}, kind="kernel")
+        here, hint = where()
+        if cuda_dst:  # host to device into a fresh buffer
+            logical = self.logical(x).to(dtype)
+            buffer = self.memory.new_device(logical, hint)
+            self.device.trace.sizes[buffer.name] = buffer.numel
+            same_geometry(buffer.logical, logical).copy_(logical)
+            out = self.wrap(buffer, logical)
+            self._h2d(out, x, non_blocking, here)
+            return out
+        # device to host: pinned when non-blocking (as PyTorch's `_to_copy` does)
+        assert isinstance(x, SimTensor)
+        with plain():
+            host = torch.full(x.shape, poison(dtype), dtype=dtype)
+        if non_blocking:
+            self.memory.adopt_pinned(host, hint)
+        self._d2h(host, x, non_blocking, here)
+        return host
+
+    def _copy_op(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        dst, src = args[0], args[1]
+        non_blocking = bool(args[2]) if len(args) > 2 else bool(kwargs.get("non_blocking", False))
+        here = where()[0]
+        if isinstance(dst, SimTensor) and isinstance(src, SimTensor):
+            return self._kernel(func, args, kwargs, kind="kernel")
+        if isinstance(dst, SimTensor):
+            self._h2d(dst, src, non_blocking, here)
+            return dst
+        if isinstance(src, SimTensor):
+            self._d2h(dst, src, non_blocking, here)
+            return dst
+        return self._host(func, args, kwargs)
+
+    def _h2d(self, dst: SimTensor, src: torch.Tensor, non_blocking: bool, here: str) -> None:
+        runtime = self.runtime
+        src_buffer = self.memory.pinned_of(src)
+        asynchronous = non_blocking and src_buffer is not None
+        with plain():
+            same_geometry(dst.buffer.logical, dst.logic).copy_(self.logical(src))
+            staged = None if asynchronous else src.clone()
+        found = [Touch(dst.buffer, view_cells(dst.buffer, dst.logic), "w")]
+        if asynchronous and src_buffer is not None:
+            found.insert(0, Touch(src_buffer, view_cells(src_buffer, src), "r"))
+        op = runtime.op(
+            runtime.current.name,
+            "h2d",
+            label=f"h2d @{here}",
+            accesses=[Access(t.buffer.name, t.cells, t.mode) for t in found],  # type: ignore[arg-type]
+        )
+        timing = self.device.timing
+        duration = timing.h2d(dst.numel())
+        op.delay = timing.last_delay
+
+        def start() -> Callable[[], None]:
+            with plain():
+                value = (src if staged is None else staged).clone()
+
+            def end() -> None:
+                with plain():
+                    dst.phys.copy_(value)
+
+            return end
+
+        self._enqueue(_Launch(op, self.device.h2d_engine, duration, start))
+        if not non_blocking:
+            runtime.sync_current("blocking h2d")
+
+    def _d2h(self, dst: torch.Tensor, src: SimTensor, non_blocking: bool, here: str) -> None:
+        runtime = self.runtime
+        dst_buffer = self.memory.pinned_of(dst)
+        asynchronous = non_blocking and dst_buffer is not None
+        found = [Touch(src.buffer, view_cells(src.buffer, src.logic), "r")]
+        if dst_buffer is not None:
+            found.append(Touch(dst_buffer, view_cells(dst_buffer, dst), "w"))
+            with plain():
+                same_geometry(dst_buffer.logical, dst).copy_(src.logic)
+        op = runtime.op(
+            runtime.current.name,
+            "d2h",
+            label=f"d2h @{here}",
+            accesses=[Access(t.buffer.name, t.cells, t.mode) for t in found],  # type: ignore[arg-type]
+        )
+        timing = self.device.timing
+        duration = timing.d2h()
+        op.delay = timing.last_delay
+
+        def start() -> Callable[[], None]:
+            with plain():
+                value = src.phys.to(dst.dtype)
+
+            def end() -> None:
+                with plain():
+                    dst.copy_(value)
+
+            return end
+
+        self._enqueue(_Launch(op, self.device.d2h_engine, duration, start))
+        if not asynchronous:
+            runtime.sync_current("blocking d2h")
+
+
+def _data_dependent(func: Any, args: tuple[Any, ...]) -> bool:
+    """Whether the output's shape depends on device values (an index op only by a mask)."""
+    if func.overloadpacket is aten.index and len(args) > 1:
+        masks = (torch.bool, torch.uint8)
+        return any(isinstance(i, torch.Tensor) and i.dtype in masks for i in args[1])
+    return True
+
+
+def _physical(x: Any) -> Any:
+    return x.phys if isinstance(x, SimTensor) else x
+
+
+def _as_list(value: Any) -> list[Any]:
+    return [value] if isinstance(value, torch.Tensor) else list(value)
+
+
+def _arg(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], index: int) -> Any:
+    schema = func._schema.arguments
+    if index < len(args):
+        return args[index]
+    return kwargs[schema[index].name]
+
+
+def _written(found: list[Touch]) -> dict[int, _Written]:
+    out: dict[int, _Written] = {}
+    for t in found:
+        if t.mode != "w":
+            continue
+        w = out.get(id(t.buffer))
+        if w is None:
+            out[id(t.buffer)] = _Written(t.buffer, t.cells)
+        else:
+            w.cells = np.concatenate([w.cells, t.cells])
+    return out
+
+
+class DispatchMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Every aten call of the program, to the interceptor."""
+
+    def __init__(self, interceptor: Interceptor) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.interceptor = interceptor
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+    ) -> Any:
+        return self.interceptor.dispatch(func, args, kwargs or {})
+
+
+class PinMode(TorchFunctionMode):
+    """`torch.tensor(..., pin_memory=True)` builds its tensor below the dispatcher, where no mode
+    sees the pinning: build it unpinned, then pin it through the dispatcher."""
+
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        if kwargs.get("pin_memory") is True and func in (torch.tensor, torch.as_tensor):
+            made = func(*args, **{**kwargs, "pin_memory": False})
+            return made.pin_memory()
+        return func(*args, **kwargs)

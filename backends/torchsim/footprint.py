@@ -1,0 +1,162 @@
+"""Which cells an aten op reads and writes, from its schema, as PyTorch's CUDA sanitizer does.
+
+Each tensor argument is read, or written when its schema's `alias_info.is_write` says so; fresh
+outputs are written whole. Unlike a sanitizer keyed by data pointers, an access is the set of
+cells of the buffer that the view covers (its storage offset and strides), so two views of one
+pooled buffer conflict only where they overlap.
+
+Index ops address cells by values: `pool[rows, cols] = x` writes only the indexed cells, and
+`pool[mapping]` reads only those. For them the op itself runs once on a tensor of cell numbers
+shaped like the indexed view, with the logical index values (`memory.py`), which gives exactly the
+cells the op touches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from overlapcheck.backends.torchsim.memory import Buffer, same_geometry, view_cells
+
+aten = torch.ops.aten
+Locate = Callable[[torch.Tensor], tuple[Buffer, torch.Tensor] | None]
+
+
+@dataclass(slots=True)
+class Touch:
+    """Cells of one buffer read or written by an op."""
+
+    buffer: Buffer
+    cells: np.ndarray
+    mode: str  # "r" or "w"
+
+
+def arguments(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Iterator[tuple[Any, Any]]:
+    """(schema argument, value) for every argument given."""
+    schema = func._schema.arguments
+    for i, value in enumerate(args):
+        if i < len(schema):
+            yield schema[i], value
+    by_name = {a.name: a for a in schema}
+    for name, value in kwargs.items():
+        if name in by_name:
+            yield by_name[name], value
+
+
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, list | tuple):
+        for v in value:
+            if isinstance(v, torch.Tensor):
+                yield v
+
+
+def _cells_of(locate: Locate, view: torch.Tensor) -> tuple[Buffer, np.ndarray] | None:
+    found = locate(view)
+    if found is None:
+        return None
+    buffer, logical_view = found
+    return buffer, view_cells(buffer, logical_view)
+
+
+def _indexed(
+    locate: Locate, view: torch.Tensor, pick: Callable[[torch.Tensor], torch.Tensor]
+) -> tuple[Buffer, np.ndarray] | None:
+    """The cells of `view`'s buffer that `pick` (an index op over a view) selects."""
+    found = locate(view)
+    if found is None:
+        return None
+    buffer, logical_view = found
+    ids = same_geometry(buffer.cell_ids(), logical_view)
+    picked: np.ndarray = pick(ids).reshape(-1).numpy().astype(np.int64, copy=False)
+    return buffer, picked
+
+
+def _index_args(value: Any, logical: Callable[[Any], Any]) -> Any:
+    return [None if v is None else logical(v) for v in value]
+
+
+def touches(
+    func: Any,
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    locate: Locate,
+    logical: Callable[[Any], Any],
+) -> list[Touch]:
+    """The reads, then the writes, of one op's tensor arguments (not its fresh outputs)."""
+    reads: list[Touch] = []
+    writes: list[Touch] = []
+    special = _precise(func, args, kwargs, locate, logical)
+    skip: set[int] = set()
+    if special is not None:
+        for touch, arg_index in special:
+            (writes if touch.mode == "w" else reads).append(touch)
+            skip.add(arg_index)
+    for i, (arg, value) in enumerate(arguments(func, args, kwargs)):
+        if i in skip:
+            continue
+        info = arg.alias_info
+        written = info is not None and info.is_write
+        for tensor in _tensors(value):
+            found = _cells_of(locate, tensor)
+            if found is not None:
+                (writes if written else reads).append(
+                    Touch(found[0], found[1], "w" if written else "r")
+                )
+    return reads + writes
+
+
+def _precise(
+    func: Any,
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    locate: Locate,
+    logical: Callable[[Any], Any],
+) -> list[tuple[Touch, int]] | None:
+    """Index ops: the cells their indices select, and the argument (by position) they replace."""
+    packet = func.overloadpacket
+    if packet in (aten.index_put_, aten._index_put_impl_) and len(args) >= 3:
+        indices = _index_args(args[1], logical)
+        found = _indexed(locate, args[0], lambda ids: ids[tuple(indices)])
+        accumulate = bool(args[3]) if len(args) > 3 else bool(kwargs.get("accumulate", False))
+        return _picked(found, "w", 0, also_read=accumulate)
+    if packet is aten.index and len(args) >= 2:
+        indices = _index_args(args[1], logical)
+        return _picked(_indexed(locate, args[0], lambda ids: ids[tuple(indices)]), "r", 0)
+    if packet is aten.index_select and len(args) >= 3:
+        dim, index = int(args[1]), logical(args[2])
+        return _picked(_indexed(locate, args[0], lambda ids: ids.index_select(dim, index)), "r", 0)
+    if packet is aten.gather and len(args) >= 3:
+        dim, index = int(args[1]), logical(args[2])
+        return _picked(_indexed(locate, args[0], lambda ids: ids.gather(dim, index)), "r", 0)
+    if packet in (aten.scatter_, aten.scatter_add_) and len(args) >= 3:
+        dim, index = int(args[1]), logical(args[2])
+        found = _indexed(locate, args[0], lambda ids: ids.gather(dim, index))
+        return _picked(found, "w", 0, also_read=packet is aten.scatter_add_)
+    if packet in (aten.index_copy_, aten.index_fill_) and len(args) >= 3:
+        dim, index = int(args[1]), logical(args[2])
+        return _picked(_indexed(locate, args[0], lambda ids: ids.index_select(dim, index)), "w", 0)
+    if packet is aten.masked_fill_ and len(args) >= 2:
+        mask = logical(args[1])
+        found = _indexed(locate, args[0], lambda ids: ids[mask.expand_as(ids)])
+        return _picked(found, "w", 0)
+    if packet is aten.embedding and len(args) >= 2:
+        index = logical(args[1])
+        return _picked(_indexed(locate, args[0], lambda ids: ids[index]), "r", 0)
+    return None
+
+
+def _picked(
+    found: tuple[Buffer, np.ndarray] | None, mode: str, arg: int, also_read: bool = False
+) -> list[tuple[Touch, int]] | None:
+    if found is None:
+        return None
+    out = [(Touch(found[0], found[1], mode), arg)]
+    if also_read:
+        out.insert(0, (Touch(found[0], found[1], "r"), arg))
+    return out

@@ -1,0 +1,189 @@
+"""The simulated CUDA for the duration of a block: `torch.cuda` stand-ins and the two modes.
+
+    cuda = SimulatedCuda(sim_device, stream_names=("engine", "scheduler"))
+    with cuda:
+        ...  # torch code: "cuda" tensors, streams, events, pinned memory, non-blocking copies
+
+Outside the block torch is itself again; the simulated tensors made inside keep their buffers and
+can be used again in the next block of the same `SimulatedCuda` (a scheduler steps once per block).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from overlapcheck.backends.sim.device import SimDevice, Unit
+from overlapcheck.backends.torchsim.dispatch import (
+    DispatchMode,
+    Interceptor,
+    PinMode,
+    _Launch,
+    plain,
+)
+from overlapcheck.backends.torchsim.memory import Buffer, Memory
+from overlapcheck.backends.torchsim.streams import SimCudaEvent, SimStream, StreamRuntime
+from overlapcheck.backends.torchsim.tensor import SimTensor
+from overlapcheck.core.trace import Access
+
+# Device memory the stand-in reports free: what `mem_get_info` says (a 141 GB H200's).
+FREE_BYTES = 141 * 10**9
+
+
+class SimulatedCuda:
+    """One run's simulated CUDA on a simulator device (its clock, timing, trace, hardware)."""
+
+    def __init__(self, device: SimDevice, stream_names: Sequence[str] = ()) -> None:
+        self.device = device
+        self.torch_device = torch.device("cuda", 0)
+        self.runtime = StreamRuntime(device, self.torch_device, tuple(stream_names))
+        self.memory = Memory()
+        self.interceptor = Interceptor(device, self.runtime, self.memory)
+        self._stack: contextlib.ExitStack | None = None
+
+    # -- the block ------------------------------------------------------------------------------
+
+    def __enter__(self) -> SimulatedCuda:
+        # Device guards for "cuda" tensors become no-ops on a build without CUDA (as FakeTensor
+        # does it); on a CUDA build they guard a real device, which is harmless.
+        torch._C._ensureCUDADeviceGuardSet()
+        stack = contextlib.ExitStack()
+        for name, value in self._stand_ins().items():
+            stack.enter_context(_patched(torch.cuda, name, value))
+        stack.enter_context(_patched(torch.cuda.nvtx, "range", _no_range))
+        stack.enter_context(_patched(torch.Tensor, "record_stream", _record_stream))
+        stack.enter_context(DispatchMode(self.interceptor))
+        stack.enter_context(PinMode())
+        self._stack = stack
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            stack.close()
+
+    def _stand_ins(self) -> dict[str, Any]:
+        runtime = self.runtime
+
+        def new_stream(*args: Any, **kwargs: Any) -> SimStream:
+            return runtime.new_stream()
+
+        def new_event(*args: Any, **kwargs: Any) -> SimCudaEvent:
+            return SimCudaEvent(runtime)
+
+        @contextlib.contextmanager
+        def stream(s: SimStream | None) -> Iterator[None]:
+            if s is None:
+                yield
+                return
+            before = runtime.current
+            runtime.current = s
+            try:
+                yield
+            finally:
+                runtime.current = before
+
+        def set_stream(s: SimStream) -> None:
+            runtime.current = s
+
+        return {
+            "Stream": new_stream,
+            "Event": new_event,
+            "stream": stream,
+            "set_stream": set_stream,
+            "current_stream": lambda device=None: runtime.current,
+            "default_stream": lambda device=None: runtime.default,
+            "synchronize": lambda device=None: runtime.synchronize(),
+            "is_available": lambda: True,
+            "is_initialized": lambda: True,
+            "_lazy_init": lambda: None,
+            "device_count": lambda: 1,
+            "current_device": lambda: 0,
+            "set_device": lambda device: None,
+            "get_device_name": lambda device=None: "simulated CUDA",
+            "mem_get_info": lambda device=None: (FREE_BYTES, FREE_BYTES),
+            "empty_cache": lambda: None,
+            "reset_peak_memory_stats": lambda device=None: None,
+        }
+
+    # -- for the code that stands in for kernels ------------------------------------------------
+
+    def name(self, tensor: torch.Tensor, name: str) -> None:
+        """Give a device tensor's buffer a contract name (`token_pool`, `page_table`, `kv`),
+        in the ops traced so far too."""
+        assert isinstance(tensor, SimTensor)
+        old = self.memory.rename(tensor.buffer, name)
+        sizes = self.device.trace.sizes
+        sizes[tensor.buffer.name] = sizes.pop(old, tensor.buffer.numel)
+        for op in self.device.trace.ops:
+            for access in op.accesses:
+                if access.buffer == old:
+                    access.buffer = tensor.buffer.name
+
+    def launch(
+        self,
+        kind: str,
+        label: str,
+        accesses: Sequence[tuple[torch.Tensor, np.ndarray | None, str]],
+        duration: float,
+        start: Callable[[], Callable[[], None]],
+        batch: int | None = None,
+        uids: tuple[int, ...] = (),
+        unit: Unit | None = None,
+    ) -> None:
+        """A kernel of the caller's own on the current stream: `accesses` are (tensor, cells of
+        its buffer or None for the whole view, "r" | "w"); `start` runs when the kernel starts
+        (read the physical copies there) and returns what to run when it ends (write them)."""
+        traced = []
+        for tensor, cells, mode in accesses:
+            found = self.interceptor.locate(tensor)
+            assert found is not None, "launch over a tensor the simulation does not know"
+            buffer, logical = found
+            from overlapcheck.backends.torchsim.memory import view_cells
+
+            chosen = view_cells(buffer, logical) if cells is None else cells
+            traced.append(Access(buffer.name, chosen, mode))  # type: ignore[arg-type]
+        op = self.runtime.op(
+            self.runtime.current.name, kind, label=label, accesses=traced, batch=batch, uids=uids
+        )
+        op.delay = self.device.timing.last_delay
+        self.interceptor._enqueue(_Launch(op, unit or self.device.compute, duration, start))
+
+    def buffer(self, tensor: torch.Tensor) -> Buffer | None:
+        found = self.interceptor.locate(tensor)
+        return None if found is None else found[0]
+
+    def drain(self) -> None:
+        with plain():
+            self.runtime.drain()
+
+
+@contextlib.contextmanager
+def _patched(owner: Any, name: str, value: Any) -> Iterator[None]:
+    missing = object()
+    before = (
+        owner.__dict__.get(name, missing)
+        if isinstance(owner, type)
+        else getattr(owner, name, missing)
+    )
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        if before is missing:
+            delattr(owner, name)
+        else:
+            setattr(owner, name, before)
+
+
+@contextlib.contextmanager
+def _no_range(*args: Any, **kwargs: Any) -> Iterator[None]:
+    yield
+
+
+def _record_stream(self: torch.Tensor, stream: Any) -> None:
+    """Buffers are never reused here (`memory.py`), so there is nothing to hold back."""

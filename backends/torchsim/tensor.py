@@ -1,0 +1,61 @@
+"""The simulated device tensor: a `cuda` tensor to the program, two CPU views underneath."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from overlapcheck.backends.torchsim.indexing import getitem, setitem
+from overlapcheck.backends.torchsim.memory import Buffer
+
+
+class SimulatedCudaError(RuntimeError):
+    """A simulated CUDA tensor used where the simulation cannot follow it."""
+
+
+class SimTensor(torch.Tensor):
+    """A tensor on `cuda:0` whose elements live in a `Buffer`: `phys` and `logic` are views of
+    its physical and logical copies with this tensor's sizes, strides and storage offset."""
+
+    buffer: Buffer
+    phys: torch.Tensor
+    logic: torch.Tensor
+
+    @staticmethod
+    def __new__(
+        cls, buffer: Buffer, phys: torch.Tensor, logic: torch.Tensor, device: torch.device
+    ) -> SimTensor:
+        made = torch.Tensor._make_wrapper_subclass(
+            cls,
+            phys.size(),
+            strides=phys.stride(),
+            storage_offset=phys.storage_offset(),
+            dtype=phys.dtype,
+            device=device,
+            requires_grad=False,
+        )
+        assert isinstance(made, SimTensor)
+        made.buffer = buffer
+        made.phys = phys
+        made.logic = logic
+        return made
+
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
+
+    @classmethod
+    def __torch_dispatch__(  # type: ignore[override]
+        cls, func: Any, types: Any, args: Any = (), kwargs: Any = None
+    ) -> Any:
+        raise SimulatedCudaError(
+            f"a simulated CUDA tensor ({func}) was used outside the run that made it"
+        )
+
+    def __getitem__(self, index: Any) -> Any:
+        return getitem(self, index)
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        setitem(self, index, value)
+
+    def __repr__(self) -> str:  # type: ignore[override]
+        return f"SimTensor({self.buffer.name}, shape={list(self.shape)}, dtype={self.dtype})"

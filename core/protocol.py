@@ -9,9 +9,13 @@ and driven by the harness one iteration at a time (`step()`), until it returns F
 
 What the harness gives it:
 
-* `config`: pool sizes (slots, pages, page size, sequence length, vocabulary, EOS id) and switches
-  (loop, cache, policy, faults). A scheduler may ignore switches it does not have; the sizes are
-  the device's and bind it.
+* `config`: pool sizes and switches. What binds a scheduler: the sizes, which are the device's
+  (`num_slots`, `num_pages`, `page_size`, `max_seq_len`, `vocab_size`, `eos_token_id`): a batch
+  or copy outside them is a `device-contract` finding. What it may ignore: every switch it does not
+  have (`loop`, `cache`, `policy`, `faults`, `seed`, the policy thresholds, `preemption`,
+  `page_alloc`, `preempt_style`) and `max_extend_tokens`, a scheduling budget (new tokens per
+  forward, as vLLM's `max_num_batched_tokens`), not a device limit: any batch that fits the pools
+  is accepted, and no check bounds a forward's size by it.
 * `device`: the only way to the accelerator (see `core/device.py`); every call is traced.
 * `source`: incoming `UserMsg` / `AbortMsg`. `poll(device.now())` returns what has arrived;
   `next_arrival()` says when the next one will (None: nothing more will come). An idle scheduler
@@ -24,7 +28,21 @@ What it promises:
 * It touches the accelerator only through `device`; it reads sampled tokens only through
   `ForwardOutput.tokens()` after waiting on an event recorded after the forward.
 * It rejects (with `RejectMsg`) exactly the requests `core.rules.rejection` rejects, and gives
-  every other request at most `core.rules.max_output` tokens, `finished` on the last one.
+  every other request at most `core.rules.max_output` tokens, `finished` on the last one. The
+  rejection rule depends only on the request and the pool sizes, never on what else is running,
+  so a scheduler that allocates pages on demand honours it as well as one that reserves them at
+  admission: a request it accepts fits the device alone, so preempting the others serves it.
+* The release rule: a slot (its `token_pool` and `page_table` rows) and KV pages go to another
+  request only once every launched forward that used them for the old one is ordered before the
+  new user's copies and forwards: the host waited on an event recorded after that forward
+  (usually: the batch was processed), or the new user's copies are issued on the forward's own
+  stream after it (stream order, vLLM's single-stream discipline). A finished or aborted request's
+  extra round and a preempted request's in-flight round still use them. `slot-not-in-flight` and
+  `no-race` judge this from happens-before, not from whether the host has waited.
+* Preemption is allowed (recompute: resources given back, re-prefilled later from prompt + the
+  tokens already sent; swap: KV copied to the host on the transfer stream and back). What a
+  request was sent is judged, not how often its positions were computed: a position whose
+  in-flight result was dropped (never sent) may be sampled again; a token is never sent twice.
 * `step()` returns False only when it holds no work and `source.next_arrival()` is None.
 * An exception it raises is a finding (`no-crash`), never swallowed. It may raise
   `core.errors.InvariantError(invariant, detail)` from its own consistency checks: that is

@@ -12,7 +12,13 @@ def max_output(config: SchedulerConfig, msg: UserMsg) -> int:
 
 
 def rejection(config: SchedulerConfig, msg: UserMsg, live: bool) -> str | None:
-    """Why `msg` can never be served, or None. Checks run before any state changes."""
+    """Why `msg` can never be served, or None. Checks run before any state changes.
+
+    Reservation-shaped (the pages of prompt + max output against the whole pool) on purpose: it
+    names the requests that cannot finish even alone on the device. It reads only the request and
+    the sizes, so an on-demand scheduler honours it too; any request it accepts can be served by
+    preempting the others.
+    """
     prompt = msg.input_ids
     if live:
         return f"uid {msg.uid} is already live"

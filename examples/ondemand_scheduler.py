@@ -27,7 +27,9 @@ once no launched batch holds the request, as `core/protocol.py`'s release rule s
 Illegal neighbours, each one spot, for the checker's tests: `resend` (discard, but the dropped
 result is sent as well: a token twice), `unordered-reuse` (stream-ordered release with the copies
 on the scheduler stream: the reuse races with the round in flight), `over-decode` (a recompute
-that decodes one round past `max_tokens`).
+that decodes one round past `max_tokens`), `cascade` (discard, and preemption that does not count
+the pages an in-flight round still pins: it preempts everyone, itself included, every result is
+dropped, and nobody gains a token: `progress`).
 
     overlapcheck explore --scheduler examples/ondemand_scheduler.py:make_scheduler
 """
@@ -47,7 +49,7 @@ from overlapcheck.core.protocol import Books, Holding, MessageSink, MessageSourc
 from overlapcheck.core.rules import max_output, rejection
 from overlapcheck.core.trace import PAGE_TABLE, TOKEN_POOL
 
-Bug = Literal["resend", "unordered-reuse", "over-decode"]
+Bug = Literal["resend", "unordered-reuse", "over-decode", "cascade"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,7 +229,7 @@ class OnDemandScheduler:
         or must wait for pages that come back once the in-flight round is processed."""
         need = self.config.pages_for(end) - len(req.pages)
         while need > len(self.free_pages):
-            if need <= len(self.free_pages) + self._coming_back():
+            if need <= len(self.free_pages) + self._coming_back() and self.rule.bug != "cascade":
                 return False
             victim = self.running[-1]
             self._preempt(victim)
@@ -392,3 +394,4 @@ make_stream_ordered_discard_scheduler = _factory(
 make_resend_scheduler = _factory(Discipline(keep_inflight=False, bug="resend"))
 make_unordered_reuse_scheduler = _factory(Discipline(release_at_once=True, bug="unordered-reuse"))
 make_over_decode_scheduler = _factory(Discipline(bug="over-decode"))
+make_cascade_scheduler = _factory(Discipline(keep_inflight=False, bug="cascade"))

@@ -11,6 +11,7 @@ from overlapcheck.invariants.kv_provenance import KvProvenance
 from overlapcheck.invariants.messages import AbortSilent, ExactLength, NoPostEos
 from overlapcheck.invariants.no_race import NoRace
 from overlapcheck.invariants.oracle import Oracle
+from overlapcheck.invariants.progress import Progress
 from overlapcheck.invariants.resources import Liveness, PagesConserved, SlotNotInFlight
 from overlapcheck.invariants.work_bound import WorkBound
 
@@ -26,6 +27,7 @@ INVARIANTS: dict[str, Callable[[], Invariant]] = {
     "pages-conserved": PagesConserved,
     "abort-silent": AbortSilent,
     "liveness": Liveness,
+    "progress": Progress,
     "work-bound": WorkBound,
     "no-hidden-sync": NoHiddenSync,
 }

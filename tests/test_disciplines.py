@@ -146,3 +146,21 @@ def test_unordered_slot_reuse_is_caught_by_the_slot_check_and_as_a_race() -> Non
     assert first(race) == "no-race"
     normal, _ = run("make_unordered_reuse_scheduler", REUSE.with_config(loop="normal"))
     assert normal.ok  # nothing in flight at a reuse: the same code is right there
+
+
+# Two requests that fit together only until each has decoded a few tokens.
+TIGHT = Scenario(
+    "tight",
+    SchedulerConfig(num_slots=2, num_pages=24),
+    tuple(RequestSpec(u, tuple(range(10 + u, 20 + u)), max_tokens=14) for u in range(2)),
+)
+
+
+def test_a_zero_progress_preemption_cascade_is_a_progress_finding() -> None:
+    result, made = run("make_cascade_scheduler", TIGHT)
+    assert first(result) == "progress"
+    assert "no request gained a token in 8 iterations" in result.violations[0].message
+    assert result.violations[0].step < 20  # at the bound, not at the liveness step bound
+    assert made.count("preemptions") > 4
+    legal, made = run("make_discard_scheduler", TIGHT)
+    assert legal.ok and made.count("preemptions") > 0

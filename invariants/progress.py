@@ -1,0 +1,116 @@
+"""`progress`: while work remains, a preemption is followed by progress within a bound.
+
+A preemption is seen in the trace, for any scheduler: a forward that computes again positions it
+computed before for the same request instance (a recompute after preemption by recompute), or a
+KV offload to the host on the transfer stream (preemption by swap). Progress is a token message
+for any request. From the first preemption after the last token, some request must gain a token
+within `bound(config)` iterations: enough for every slot's request to re-prefill the longest row
+in chunks of `max_extend_tokens`, one after the other, and for the overlap loop's round of lag.
+A cascade of preemptions that frees nothing and lets nobody finish a step (each victim's work
+thrown away before it yields a token) is then a finding at that bound, not a liveness timeout
+hundreds of iterations later. Preemptions while nothing is live (all finished or aborted) do not
+count.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from overlapcheck.core.config import SchedulerConfig
+from overlapcheck.core.messages import InMsg, OutMsg, TokenMsg, UserMsg
+from overlapcheck.core.trace import TOKEN_POOL, Op
+from overlapcheck.invariants.base import Invariant
+from overlapcheck.invariants.context import Request
+from overlapcheck.invariants.forwards import ForwardFeed, context_ends
+
+KV_OFFLOAD = "kv_offload"  # the trace kind of a swap-out (`core/footprints.py`)
+
+
+def bound(config: SchedulerConfig) -> int:
+    """Iterations from a preemption within which some request must gain a token."""
+    chunks = -(-config.max_seq_len // config.max_extend_tokens)
+    return config.num_slots * (chunks + 1) + 4
+
+
+class Progress(Invariant):
+    id = "progress"
+
+    def __init__(self) -> None:
+        self.feed = ForwardFeed()
+        self.computed: dict[int, int] = {}  # request index -> positions computed so far
+        self.since: int | None = None  # step of the first preemption since the last token
+        self.preemptions = 0  # since the last token
+        self.first: str = ""  # what the first of them was
+
+    def on_receive(self, msg: InMsg, req: Request | None) -> None:
+        self._pull()
+        if isinstance(msg, UserMsg):
+            self.feed.admit(req)
+
+    def on_message(self, msg: OutMsg, req: Request | None) -> None:
+        if isinstance(msg, TokenMsg):
+            self._pull()  # a preemption before this token is followed by it
+            self.since, self.preemptions = None, 0
+
+    def on_step_end(self) -> None:
+        self._pull()
+        if self.since is None:
+            return
+        if not self.run.book.live:
+            self.since, self.preemptions = None, 0
+            return
+        limit = bound(self.run.config)
+        if self.run.step - self.since >= limit:
+            live = tuple(sorted(self.run.book.live))
+            self.fail(
+                f"{self.preemptions} preemptions since step {self.since} (the first: "
+                f"{self.first}) and no request gained a token in {limit} iterations while "
+                f"requests {list(live)} wait: a cascade that makes no progress",
+                live,
+                preemptions=self.preemptions,
+                since=self.since,
+            )
+
+    def _pull(self) -> None:
+        trace = self.run.trace
+        start = self.feed.seen
+        offloads = [
+            op for op in trace.ops[start : len(trace.ops)] if op.kind == KV_OFFLOAD and op.uids
+        ]
+        for op, reqs in self.feed.pull(trace):
+            self._forward(op, reqs)
+        for op in offloads:
+            self._preempted(f"{op.label} swaps out request {op.uids[0]}")
+
+    def _forward(self, op: Op, reqs: tuple[Request | None, ...]) -> None:
+        width = self.run.config.max_seq_len
+        ends = context_ends(op, width)
+        if len(ends) != len(reqs):
+            return
+        starts = _starts(op, ends, width)
+        for req, start, end in zip(reqs, starts.tolist(), ends.tolist(), strict=True):
+            if req is None:
+                continue
+            done = self.computed.get(req.index, 0)
+            if start < done:
+                self._preempted(f"{op.label} recomputes request {req.uid} from position {start}")
+            self.computed[req.index] = max(done, end) if start >= done else end
+
+    def _preempted(self, what: str) -> None:
+        if self.since is None:
+            self.since, self.first = self.run.step, what
+        self.preemptions += 1
+
+
+def _starts(op: Op, ends: np.ndarray, width: int) -> np.ndarray:
+    """Each sequence's first new position, from the forward's token-pool read (its input ids,
+    sequence by sequence, one row each)."""
+    read = next((a.cells for a in op.accesses if a.buffer == TOKEN_POOL and a.mode == "r"), None)
+    if read is None or len(read) == len(ends):  # one new token each: the last position
+        return ends - 1
+    rows = read // width
+    begins = np.flatnonzero(np.diff(rows, prepend=-1) != 0)
+    if len(begins) != len(ends):
+        return ends - 1
+    starts: np.ndarray = read[begins] % width
+    return starts

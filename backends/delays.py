@@ -35,17 +35,31 @@ class Delay:
         return f"step {self.step:>3}  {where} `{self.label}`: +{self.seconds * 1e6:.1f} µs"
 
 
+class OpKeys:
+    """Each op's key, (iteration, agent, kind, ordinal), as ops are appended to a trace."""
+
+    def __init__(self, trace: Trace) -> None:
+        self.trace = trace
+        self.keys: list[Key] = []  # of trace.ops[: len(keys)]
+        self._seen: dict[tuple[int, str, str], int] = {}
+
+    def of(self, seq: int) -> Key:
+        ops, keys, seen = self.trace.ops, self.keys, self._seen
+        while len(keys) <= seq:
+            op = ops[len(keys)]
+            group = (op.step, op.agent, op.kind)
+            ordinal = seen.get(group, 0)
+            seen[group] = ordinal + 1
+            keys.append((*group, ordinal))
+        return keys[seq]
+
+
 def delay_plan(trace: Trace) -> list[Delay]:
     """The delays of a (simulated) trace, in issue order."""
-    seen: dict[tuple[int, str, str], int] = {}
-    plan = []
-    for op in trace.ops:
-        group = (op.step, op.agent, op.kind)
-        ordinal = seen.get(group, 0)
-        seen[group] = ordinal + 1
-        if op.delay > 0:
-            plan.append(Delay(op.step, op.agent, op.kind, ordinal, op.label or op.kind, op.delay))
-    return plan
+    keys = OpKeys(trace)
+    return [
+        Delay(*keys.of(op.seq), op.label or op.kind, op.delay) for op in trace.ops if op.delay > 0
+    ]
 
 
 class DelayInjector:

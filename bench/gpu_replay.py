@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from overlapcheck.backends.sim.timing import Profile
 from overlapcheck.explore.search import SearchSpec, search
@@ -21,7 +23,16 @@ from overlapcheck.formats import counterexample
 from overlapcheck.harness.revision import git_revision
 from overlapcheck.reference.faults import FAULTS
 
+if TYPE_CHECKING:
+    from overlapcheck.orchestrate.gpu_replay import Verdict
+
 RACE_FAULTS = {"chunk-sample-overwrite", "staging-buffer-reuse", "copy-done-wrong-stream"}
+
+
+def gate_states(verdicts: list[Verdict]) -> str:
+    """How the gates of a replay's repeats ended, counted: `(gate forced 20)`; empty without."""
+    counts = Counter(g.state for v in verdicts for g in v.gates)
+    return f"(gate {', '.join(f'{s} {n}' for s, n in sorted(counts.items()))})" if counts else ""
 
 
 def phase_calibrate(out: Path, backend_name: str, preset: str | None) -> None:
@@ -69,11 +80,11 @@ def phase_replay(out: Path, repeat: int, backend_name: str, preset: str | None) 
             continue
         cex = counterexample.load(path)
         plan, on = replay_verdicts(cex, backend, repeat)
-        _, off = replay_verdicts(cex.without_faults(), backend, repeat)
+        _, off = replay_verdicts(cex, backend, repeat, cex.without_faults())
         clean = sum(v.clean for v in off)
         hits = sum(v.reproduced for v in on)
-        applied = sum(v.applied for v in on) / max(1, len(on))
-        rows.append((name, cex.invariant, len(plan), applied, hits, clean))
+        how = "gate" if plan.gates else f"{len(plan.sleeps)} sleeps"
+        rows.append((name, cex.invariant, how, gate_states(on), hits, clean, gate_states(off)))
         print(
             f"{name}: {cex.invariant} reproduced {hits}/{repeat}, fault off clean {clean}/{repeat}",
             flush=True,
@@ -81,12 +92,12 @@ def phase_replay(out: Path, repeat: int, backend_name: str, preset: str | None) 
         for v in on[:1] + off[:1]:
             print(f"   e.g. {v.to_json()}")
     print()
-    print("| fault | invariant | delays | fault on: reproduced | fault off: clean |")
+    print("| fault | invariant | order by | fault on: reproduced | fault off: clean |")
     print("| --- | --- | --- | --- | --- |")
-    for name, inv, delays, applied, hits, clean in rows:
+    for name, inv, how, on_states, hits, clean, off_states in rows:
         print(
-            f"| `{name}` | `{inv}` | {delays} ({applied:.0f} applied) | {hits}/{repeat} "
-            f"| {clean}/{repeat} |"
+            f"| `{name}` | `{inv}` | {how} | {hits}/{repeat} {on_states} "
+            f"| {clean}/{repeat} {off_states} |"
         )
 
 

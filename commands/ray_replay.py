@@ -25,7 +25,7 @@ def replay_on_cluster(cex: Counterexample, args: argparse.Namespace) -> int:
     plan = shares[0]["plan"] if shares else []
     hits = sum(bool(v["reproduced"]) for v in verdicts)
     out = sys.stderr if args.json else sys.stdout
-    print(f"delay plan ({len(plan)} delays), {len(shares)} engine(s) on the cluster:", file=out)
+    print(f"replay plan, {len(shares)} engine(s) on the cluster:", file=out)
     for line in plan:
         print(f"  {line}", file=out)
     if args.json:
@@ -49,10 +49,18 @@ def replay_on_cluster(cex: Counterexample, args: argparse.Namespace) -> int:
                 f"repeat {v['repeat'] + 1:>2} (engine {v['engine']} on {v['node']}): "
                 f"{'REPRODUCED' if v['reproduced'] else 'not reproduced'}"
                 f"  invariants: {what}  race: {v['race'] or 'none'}"
-                f"  delays applied {v['applied']}/{v['applied'] + v['missed']}"
+                f"  {_how(v)}"
             )
         print(
             f"{cex.invariant}: reproduced in {hits}/{len(verdicts)} repeats on {args.backend} "
             f"({len(shares)} engine(s))"
         )
     return 1 if hits else 0
+
+
+def _how(verdict: dict[str, Any]) -> str:
+    """What forced the order in one repeat: its gates' states, or how many sleeps applied."""
+    gates = verdict.get("gates") or []
+    if gates:
+        return "gates: " + ", ".join(str(g["state"]) for g in gates)
+    return f"sleeps applied {verdict['applied']}/{verdict['applied'] + verdict['missed']}"

@@ -35,8 +35,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--backend",
         choices=("sim", "cpu", "cuda"),
         default="sim",
-        help="sim: exact replay; cuda: on a GPU with the delays injected (cpu: same path, "
-        "synchronous streams, for debugging)",
+        help="sim: exact replay; cuda: on a GPU, the race's order forced by gates (else the "
+        "delays injected) (cpu: same path, synchronous streams, for debugging)",
     )
     p.add_argument("--repeat", type=positive_int, default=1, metavar="N", help="(cpu/cuda) repeats")
     add_model_options(p)
@@ -77,13 +77,17 @@ def main(args: argparse.Namespace) -> int:
                 f"--backend {args.backend} needs torch and transformers ({err.name} is missing): "
                 "pip install 'overlapcheck[real]'"
             ) from None
+        # The file's own scheduler sets the plan (its race is what the gates force); another
+        # scheduler named on the command line is then run under that plan.
+        under_test = cex.with_scheduler(scheduler)
         return replay_on_device(
-            cex.with_scheduler(scheduler),
+            cex,
             args.backend,
             args.repeat,
             args.json,
             args.preset,
             args.model,
+            under_test if under_test is not cex else None,
         )
     result = replay_on_sim(cex, scheduler)
     hit = cex.reproduced(result)

@@ -205,7 +205,7 @@ def _replay_share(
     plan, verdicts = replay_verdicts(cex, backend, repeats)
     return {
         "node": socket.gethostname(),
-        "plan": [d.line() for d in plan],
+        "plan": plan.lines(),
         "verdicts": [v.to_json() for v in verdicts],
     }
 

@@ -1,11 +1,13 @@
-"""Replay a simulator counterexample on a real device, with the delays that made it fail.
+"""Replay a simulator counterexample on a real device, forcing the order that made it fail.
 
 The counterexample's workload runs on the real engine (prompt ids mapped into the model's
 vocabulary, stop tokens taken from the reference's own greedy output), every message delivered at
-the iteration the simulator delivered it. Each operation the simulator delayed gets the same delay
-before it: `torch.cuda._sleep` on its stream, a host sleep in its host phase. Every invariant is
-checked on the real run; `no-race` runs over the real footprints after the run, so that a race
-that corrupted data is also seen as what it did (a wrong token, say): that is "manifested".
+the iteration the simulator delivered it. Where the simulator's run shows a race, a gate forces
+its order on the device (`orchestrate/replay_plan.py`); otherwise each operation the simulator
+delayed gets the same delay before it: `torch.cuda._sleep` on its stream, a host sleep in its host
+phase. Every invariant is checked on the real run; `no-race` runs over the real footprints after
+the run, so that a race that corrupted data is also seen as what it did (a wrong token, say):
+that is "manifested". A fix is replayed under the same plan as the fault it fixes.
 """
 
 from __future__ import annotations
@@ -15,13 +17,14 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from overlapcheck.backends.delays import Delay, delay_plan
+from overlapcheck.backends.gates import GateOutcome
 from overlapcheck.backends.gpu.backend import TorchBackend, make_torch_backend
 from overlapcheck.backends.gpu.sleep import sleep_cycles_per_second
 from overlapcheck.formats.counterexample import Counterexample
 from overlapcheck.harness.runner import RunResult, run_scenario
 from overlapcheck.invariants.no_race import NoRace
 from overlapcheck.invariants.races import RaceDetector
+from overlapcheck.orchestrate.replay_plan import ReplayPlan, plan_replay
 from overlapcheck.orchestrate.sim_replay import replay_on_sim
 
 
@@ -31,8 +34,9 @@ class Verdict:
     reproduced: bool  # the counterexample's invariant was violated
     manifested: list[str]  # invariants other than no-race that failed (what the race did)
     race: str | None  # the race the footprints show, if any
-    applied: int  # planned delays that found their operation
+    applied: int  # planned sleeps that found their operation
     missed: int
+    gates: list[GateOutcome]
 
     @property
     def clean(self) -> bool:
@@ -47,25 +51,31 @@ class Verdict:
             "race": self.race,
             "applied": self.applied,
             "missed": self.missed,
+            "gates": [g.to_json() for g in self.gates],
         }
+
+    def gate_line(self) -> str:
+        return "; ".join(f"gate {i + 1} {g.line()}" for i, g in enumerate(self.gates))
 
 
 def replay_once(
     cex: Counterexample,
     backend: TorchBackend,
-    plan: list[Delay],
+    plan: ReplayPlan,
     deliveries: list[tuple[int, int, str]],
     repeat: int,
 ) -> tuple[Verdict, RunResult]:
-    backend.delays = plan
+    backend.delays, backend.gates = plan.sleeps, list(plan.gates)
     # Every violation (keep going): the verdict asks whether the recorded one manifested.
     checks = [i for i in cex.checks if i != NoRace.id]
     factory = None if cex.scheduler.is_reference else cex.scheduler.factory()
     result = run_scenario(
         cex.scenario, backend, checks, deliveries=deliveries, scheduler=factory, keep_going=True
     )
+    gates: list[GateOutcome] = []
     if backend.device is not None:
         backend.device.finish()
+        gates = backend.device.gate_outcomes()
     race = RaceDetector().check(result.trace)
     race_line = None
     if race is not None:
@@ -78,11 +88,18 @@ def replay_once(
     reproduced = cex.invariant in failed or (cex.invariant == NoRace.id and race is not None)
     injector = backend.device.injector if backend.device is not None else None
     applied = len(injector.applied) if injector is not None else 0
-    missed = len(injector.missed) if injector is not None else len(plan)
-    return Verdict(repeat, reproduced, failed, race_line, applied, missed), result
+    missed = len(injector.missed) if injector is not None else len(plan.sleeps)
+    return Verdict(repeat, reproduced, failed, race_line, applied, missed, gates), result
 
 
 MARGINS = (3.0, 2.0, 1.5, 1.0)
+
+
+def scaled(cex: Counterexample, margin: float) -> Counterexample:
+    """The counterexample with every timing draw multiplied by `margin`."""
+    timing = cex.data.get("timing", {})
+    draws = {k: v * margin for k, v in timing.get("draws", {}).items()}
+    return Counterexample({**cex.data, "timing": {**timing, "draws": draws}}, cex.where)
 
 
 def with_margin(cex: Counterexample) -> tuple[Counterexample, float]:
@@ -90,29 +107,36 @@ def with_margin(cex: Counterexample) -> tuple[Counterexample, float]:
     violation. Shrinking leaves each delay at the least that fails in the simulator, a knife edge
     that real timing noise falls off; a larger delay that still fails there is a sturdier replay."""
     for margin in MARGINS:
-        timing = cex.data.get("timing", {})
-        draws = {k: v * margin for k, v in timing.get("draws", {}).items()}
-        scaled = Counterexample({**cex.data, "timing": {**timing, "draws": draws}}, cex.where)
-        if margin == 1.0 or scaled.reproduced(replay_on_sim(scaled)) is not None:
-            return scaled, margin
+        bigger = scaled(cex, margin)
+        if margin == 1.0 or bigger.reproduced(replay_on_sim(bigger)) is not None:
+            return bigger, margin
     return cex, 1.0
 
 
 def replay_verdicts(
-    cex: Counterexample, backend: TorchBackend, repeat: int
-) -> tuple[list[Delay], list[Verdict]]:
-    """The counterexample's delay plan (with margin), and one verdict per repeat on `backend`
-    after a warm-up."""
-    cex, _ = with_margin(cex)
+    cex: Counterexample,
+    backend: TorchBackend,
+    repeat: int,
+    under_test: Counterexample | None = None,
+) -> tuple[ReplayPlan, list[Verdict]]:
+    """The counterexample's replay plan (gates, or delays with margin), and one verdict per
+    repeat on `backend` after a warm-up. `under_test` (the fix: the same file with the fault
+    off or another scheduler) runs under `cex`'s plan instead of `cex` itself."""
+    cex, margin = with_margin(cex)
     sim = replay_on_sim(cex)
-    plan = delay_plan(sim.trace)
+    plan = plan_replay(sim.trace, backend.gates_unavailable() if backend.name == "cuda" else None)
+    run, deliveries = cex, sim.deliveries
+    if under_test is not None:
+        run = scaled(under_test, margin)
+        deliveries = replay_on_sim(run).deliveries  # the fix's own message iterations
     try:
-        # A warm-up run, not judged: a workload's first run compiles and caches (new batch
-        # shapes), so its host phases run long and move the very ordering the plan sets up.
-        replay_once(cex, backend, plan, sim.deliveries, -1)
-        verdicts = [replay_once(cex, backend, plan, sim.deliveries, i)[0] for i in range(repeat)]
+        # A warm-up run, not judged and without gates: a workload's first run compiles and
+        # caches (new batch shapes, kernels loaded), so its host phases run long and move the
+        # very ordering a sleep sets up, and loading a kernel may wait for a spinning gate.
+        replay_once(run, backend, plan.without_gates(), deliveries, -1)
+        verdicts = [replay_once(run, backend, plan, deliveries, i)[0] for i in range(repeat)]
     finally:
-        backend.delays = []  # later runs on this backend are not part of the replay
+        backend.delays, backend.gates = [], []  # later runs on this backend are not the replay's
     return plan, verdicts
 
 
@@ -123,17 +147,19 @@ def replay_on_device(
     as_json: bool = False,
     preset: str | None = None,
     model: str | None = None,
+    under_test: Counterexample | None = None,
 ) -> int:
-    """Exit status: 1 if the counterexample reproduced in any repeat, 0 if never."""
+    """Exit status: 1 if the counterexample reproduced in any repeat, 0 if never. `under_test`
+    (another scheduler on the same file) runs under the plan of `cex` as recorded."""
     backend = make_torch_backend(backend_name, model=model, preset=preset)
     if backend_name == "cuda":
         backend.sleep_rate = sleep_cycles_per_second()
-    plan, verdicts = replay_verdicts(cex, backend, repeat)
+    plan, verdicts = replay_verdicts(cex, backend, repeat, under_test)
     out = sys.stderr if as_json else sys.stdout
-    print(f"delay plan ({len(plan)} delays):", file=out)
-    for delay in plan:
-        print(f"  {delay.line()}", file=out)
-    if backend_name != "cuda" and any(d.agent != "host" for d in plan):
+    print(f"replay plan ({len(plan.gates)} gates, {len(plan.delays)} delays):", file=out)
+    for line in plan.lines():
+        print(f"  {line}", file=out)
+    if backend_name != "cuda" and plan.sleeps and any(d.agent != "host" for d in plan.sleeps):
         print(
             "  (on the CPU backend streams run synchronously: stream delays change nothing)",
             file=out,
@@ -146,7 +172,8 @@ def replay_on_device(
                 "backend": backend_name,
                 "repeats": repeat,
                 "reproduced": hits,
-                "plan": [d.line() for d in plan],
+                "plan": plan.lines(),
+                "gates": [g.to_json() for g in plan.gates],
                 "verdicts": [v.to_json() for v in verdicts],
             },
             sys.stdout,
@@ -155,10 +182,10 @@ def replay_on_device(
     else:
         for v in verdicts:
             what = ", ".join(v.manifested) or "clean"
+            how = v.gate_line() or f"sleeps applied {v.applied}/{v.applied + v.missed}"
             print(
                 f"repeat {v.repeat + 1:>2}: {'REPRODUCED' if v.reproduced else 'not reproduced'}"
-                f"  invariants: {what}  race: {v.race or 'none'}"
-                f"  delays applied {v.applied}/{v.applied + v.missed}"
+                f"  invariants: {what}  race: {v.race or 'none'}  {how}"
             )
         print(f"{cex.invariant}: reproduced in {hits}/{repeat} repeats on {backend_name}")
     return 1 if hits else 0

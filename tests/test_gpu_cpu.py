@@ -14,6 +14,7 @@ from engine_cases import MATRIX, matrix_scenario, ok
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from overlapcheck.backends.gates import Gate  # noqa: E402
 from overlapcheck.backends.gpu.backend import TorchBackend, make_torch_backend  # noqa: E402
 from overlapcheck.backends.gpu.sampling import sample  # noqa: E402
 from overlapcheck.backends.gpu.weights import (  # noqa: E402
@@ -301,3 +302,40 @@ def test_a_plugged_in_schedulers_counterexample_replays_on_the_real_engine(
     fixed = cex.with_scheduler(SchedulerSpec(f"{upstream}:make_fixed_scheduler"))
     _, verdicts = replay_verdicts(fixed, cpu, 1)
     assert [v.reproduced for v in verdicts] == [False]
+
+
+@pytest.mark.parametrize(
+    ("fault", "fix"),
+    [
+        ("chunk-sample-overwrite", "forced"),  # the fix moves the sample: the order is harmless
+        ("staging-buffer-reuse", "the host waits on e1"),  # before restaging: the copy ran
+        ("copy-done-wrong-stream", "the host waits on e3"),  # the event follows the copy
+    ],
+)
+def test_gates_on_the_real_engine_open_with_the_fault_and_are_released_by_the_fix(
+    cpu: TorchBackend, monkeypatch: pytest.MonkeyPatch, fault: str, fix: str
+) -> None:
+    """The keeper over the real engine's own operations, with a driver that queues as a GPU
+    stream does (the CPU engine itself runs each op at issue, where a gate can only time out)."""
+    from test_gates import COUNTEREXAMPLES, Queued
+
+    from overlapcheck.backends.gates import GateKeeper
+    from overlapcheck.backends.gpu.device import TorchDevice
+    from overlapcheck.formats import counterexample
+    from overlapcheck.orchestrate.gpu_replay import replay_once, with_margin
+    from overlapcheck.orchestrate.replay_plan import plan_replay
+    from overlapcheck.orchestrate.sim_replay import replay_on_sim
+
+    def install(device: TorchDevice, gates: list[Gate], bound: float = 1.0) -> None:
+        device.gates = GateKeeper(gates, Queued(len(gates)), device.trace) if gates else None
+
+    monkeypatch.setattr(TorchDevice, "install_gates", install)
+    cex, _ = with_margin(counterexample.load(COUNTEREXAMPLES / f"{fault}.json"))
+    sim = replay_on_sim(cex)
+    plan = plan_replay(sim.trace)
+    on, _ = replay_once(cex, cpu, plan, sim.deliveries, 0)
+    assert [g.state for g in on.gates] == ["forced"]
+    off = cex.without_faults()
+    verdict, _ = replay_once(off, cpu, plan, replay_on_sim(off).deliveries, 0)
+    [gate] = verdict.gates
+    assert verdict.clean and fix in (gate.state if fix == "forced" else gate.detail)

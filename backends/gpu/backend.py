@@ -14,6 +14,7 @@ from transformers import PretrainedConfig
 
 from overlapcheck.backends.base import ExactReference, Reference
 from overlapcheck.backends.delays import Delay, DelayInjector
+from overlapcheck.backends.gates import DEFAULT_BOUND, Gate
 from overlapcheck.backends.gpu.device import TorchDevice
 from overlapcheck.backends.gpu.engine import Engine
 from overlapcheck.backends.gpu.model import DecoderModel
@@ -88,6 +89,9 @@ class TorchBackend:
         self.graph_sizes = tuple(graph_sizes)
         self.sampling: dict[int, SamplingParams] = {}
         self.delays: list[Delay] = []  # a replayed counterexample's delay plan (replay.py)
+        self.gates: list[Gate] = []  # and its gates (backends/gates.py)
+        self.gate_bound = DEFAULT_BOUND
+        self._no_gates: str | None = None  # why this backend cannot gate, once tried
         self.sleep_rate = 0.0
         self.hold: dict[str, float] = {}  # calibration holds by op kind (TorchDevice.hold)
         self.device: TorchDevice | None = None
@@ -108,11 +112,26 @@ class TorchBackend:
         self.device = TorchDevice(cfg, engine, self.sanitizer, self.sampling)
         if self.delays:
             self.device.injector = DelayInjector(self.delays)
+        self.device.install_gates(self.gates, self.gate_bound)
         self.device.hold = dict(self.hold)
         self.device.sleep_rate = self.sleep_rate
         self._forcing = []
         self._eos = cfg.eos_token_id
         return self.device
+
+    def gates_unavailable(self) -> str | None:
+        """Why this backend cannot hold a stream behind a gate (None: it can). On CUDA the spin
+        kernel is compiled and run once here, so that a replay knows before its first run."""
+        if self._no_gates is None:
+            self._no_gates = ""
+            if self.model.device.type == "cuda":
+                try:
+                    from overlapcheck.backends.gpu.spin_gates import SpinGates
+
+                    SpinGates(1, {}, 1e-3)
+                except Exception as err:  # no Triton, or its kernel does not build here
+                    self._no_gates = f"no gate on this device: {type(err).__name__}: {err}"
+        return self._no_gates or None
 
     def reference(self, spec: RequestSpec, max_tokens: int) -> Reference:
         if self.oracle is None:

@@ -20,6 +20,14 @@ import numpy as np
 import torch
 
 from overlapcheck.backends.delays import DelayInjector
+from overlapcheck.backends.gates import (
+    DEFAULT_BOUND,
+    HOST_BOUND,
+    Gate,
+    GateKeeper,
+    GateOutcome,
+    HostGates,
+)
 from overlapcheck.backends.gpu.engine import Engine
 from overlapcheck.backends.gpu.sanitizer import Sanitizer
 from overlapcheck.core.batch import BatchInput, RowWrite
@@ -48,8 +56,11 @@ class TorchOutput(ForwardOutput):
 
     def tokens(self) -> list[int]:
         with self.device.guard():
-            self.device.recorder.output_read(self.batch, self.device.now())
-            return [int(t) for t in self.host_buffer.tolist()]
+            op = self.device.recorder.output_read(self.batch, self.device.now())
+            tokens = [int(t) for t in self.host_buffer.tolist()]
+        if self.device.gates is not None:
+            self.device.gates.after(op)
+        return tokens
 
 
 class EventClock:
@@ -85,6 +96,8 @@ class TorchDevice(Device):
         # Delays of a replayed simulator counterexample (see orchestrate/gpu_replay.py).
         self.injector: DelayInjector | None = None
         self.sleep_rate = 0.0  # torch.cuda._sleep cycles per second
+        # A replay's gates (see backends/gates.py); None when the run has none.
+        self.gates: GateKeeper | None = None
         # Calibration: stream ops of these kinds first hold their stream this long, so that the
         # host has queued all their work before they start and their event span is device time.
         self.hold: dict[str, float] = {}
@@ -103,6 +116,24 @@ class TorchDevice(Device):
             self._streams = {name: torch.cuda.Stream() for name in names}
             torch.cuda.synchronize()  # buffers were filled on the default stream
             self.clock = EventClock(self._streams["engine"], self.now)
+
+    def install_gates(self, gates: list[Gate], bound: float = DEFAULT_BOUND) -> None:
+        """Hold these ops behind their gates in this run (before its first operation); a held op
+        waits `bound` seconds at most (on the CPU engine, which cannot open one, `HOST_BOUND`)."""
+        if not gates:
+            self.gates = None
+            return
+        if self.cuda:
+            from overlapcheck.backends.gpu.spin_gates import SpinGates
+
+            driver: SpinGates | HostGates = SpinGates(len(gates), self._streams, bound)
+        else:
+            driver = HostGates(len(gates), min(bound, HOST_BOUND))
+        self.gates = GateKeeper(gates, driver, self.trace)
+
+    def gate_outcomes(self) -> list[GateOutcome]:
+        """What each gate did; after `finish`."""
+        return self.gates.outcomes() if self.gates is not None else []
 
     # -- host side ----------------------------------------------------------------------------
 
@@ -139,6 +170,8 @@ class TorchDevice(Device):
         self.recorder.idle(start, self.now())
 
     def host_wait(self, event: TorchEvent) -> None:
+        if self.gates is not None:
+            self.gates.host_blocks(event.id)
         op = self.recorder.host_wait(event.id, self.now())
         if event.cuda is not None:
             with self.guard():
@@ -155,19 +188,28 @@ class TorchDevice(Device):
     @contextlib.contextmanager
     def _enqueue(self, stream: Stream, op: Op) -> Iterator[None]:
         """Issue the block's work on `stream`, bracketed by timing events (CPU: run it now)."""
+        gates = self.gates
         with self.guard():
             if not self.cuda:
+                if gates is not None:
+                    gates.before(op)
                 op.start = self.now()
                 yield
                 op.end = self.now()
+                if gates is not None:
+                    gates.after(op)
                 return
             s = self._streams[stream.name]
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             with torch.cuda.stream(s):
                 self._inject(op)
+                if gates is not None:
+                    gates.before(op)  # the gate's wait goes before the op's timing starts
                 start.record(s)
                 yield
                 end.record(s)
+                if gates is not None:
+                    gates.after(op)
             assert self.clock is not None
             self.clock.add(op, start, end)
 
@@ -207,7 +249,9 @@ class TorchDevice(Device):
         check_batch_size(self.config, batch)  # the forward checks the rest
         flat = batch.metadata()
         self.staging.numpy()[: len(flat)] = flat  # the host rewrites the one staging buffer now
-        self.recorder.staging_write(batch, self.now())
+        staged = self.recorder.staging_write(batch, self.now())
+        if self.gates is not None:
+            self.gates.after(staged)
         op = self.recorder.metadata_copy(batch, stream.name, self.now())
         with self._enqueue(stream, op):
             parity = batch.batch_id % 2
@@ -229,6 +273,8 @@ class TorchDevice(Device):
             stream.name, "record", self.now(), label=f"record e{event.id}", records=event.id
         )
         self._mark(stream, op, event.cuda)
+        if self.gates is not None:
+            self.gates.recorded(stream.name, event.id)
         return event
 
     def wait_event(self, stream: Stream, event: Event) -> None:
@@ -240,6 +286,8 @@ class TorchDevice(Device):
             with self.guard():
                 self._streams[stream.name].wait_event(event.cuda)
         self._mark(stream, op, torch.cuda.Event(enable_timing=True) if self.cuda else None)
+        if self.gates is not None:
+            self.gates.waited(stream.name, event.id)
 
     def _mark(self, stream: Stream, op: Op, event: torch.cuda.Event | None) -> None:
         """A zero-length op: its time is when the stream reaches `event` (CPU: now)."""
@@ -274,6 +322,8 @@ class TorchDevice(Device):
     def finish(self) -> None:
         """Wait for all stream work and fill in the remaining op times (for tools; a run's last
         host wait already covers everything it issued)."""
+        if self.gates is not None:
+            self.gates.host_blocks(None)
         if self.cuda:
             torch.cuda.synchronize()
             assert self.clock is not None

@@ -1,0 +1,70 @@
+"""Gates on a CUDA device (`backends/gates.py`): the held stream runs a one-warp Triton kernel
+that spins on a flag in device memory, bounded by the GPU's global timer; a one-element fill sets
+the flag, queued on the opener's stream right after it, or from the host on a stream of its own.
+The spin writes what it saw and how long it waited, which the host reads after the run."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import globaltimer
+
+from overlapcheck.backends.gates import OPENED, RELEASED
+
+
+@triton.jit
+def _spin_kernel(flag, status, waited, bound_ns):  # type: ignore[no-untyped-def]
+    start = globaltimer()
+    seen = tl.load(flag, volatile=True)
+    elapsed = globaltimer() - start
+    while (seen == 0) & (elapsed < bound_ns):
+        seen = tl.load(flag, volatile=True)
+        elapsed = globaltimer() - start
+    tl.store(status, tl.where(seen == 0, 3, seen))  # 3: TIMED_OUT
+    tl.store(waited, elapsed)
+
+
+class SpinGates:
+    kind = "Triton spin on a device flag"
+
+    def __init__(self, count: int, streams: Mapping[str, torch.cuda.Stream], bound: float) -> None:
+        self.count, self.streams, self.bound = count, streams, bound
+        self.bound_ns = max(1, int(bound * 1e9))
+        device = torch.device("cuda")
+        # One more slot than gates: a warm-up gate, opened before it waits.
+        self.flags = torch.zeros(count + 1, dtype=torch.int32, device=device)
+        self.status = torch.zeros(count + 1, dtype=torch.int32, device=device)
+        self.waited = torch.zeros(count + 1, dtype=torch.int64, device=device)
+        self.side = torch.cuda.Stream()
+        # Both kernels run once now: a module loaded lazily while a spin runs may have to wait
+        # for it, and the spin would then wait out its bound.
+        self._fill(count, OPENED, torch.cuda.current_stream())
+        self._spin(count, torch.cuda.current_stream())
+        torch.cuda.synchronize()
+
+    def _spin(self, gate: int, stream: torch.cuda.Stream) -> None:
+        with torch.cuda.stream(stream):
+            flag, status, waited = self.flags[gate:], self.status[gate:], self.waited[gate:]
+            _spin_kernel[(1,)](flag, status, waited, self.bound_ns, num_warps=1)
+
+    def _fill(self, gate: int, value: int, stream: torch.cuda.Stream) -> None:
+        with torch.cuda.stream(stream):
+            self.flags[gate : gate + 1].fill_(value)
+
+    def hold(self, gate: int, stream: str) -> None:
+        self._spin(gate, self.streams[stream])
+
+    def open(self, gate: int, stream: str | None) -> None:
+        self._fill(gate, OPENED, self.side if stream is None else self.streams[stream])
+
+    def release(self, gate: int) -> None:
+        self._fill(gate, RELEASED, self.side)
+
+    def results(self) -> list[tuple[int, float]]:
+        torch.cuda.synchronize()
+        seen = self.status[: self.count].tolist()
+        waited = self.waited[: self.count].tolist()
+        return [(int(s), int(w) / 1e9) for s, w in zip(seen, waited, strict=True)]

@@ -87,15 +87,20 @@ def fit_profile(samples: Iterable[Sample], base: Profile | None = None) -> Profi
 
 def host_samples(trace: Trace) -> list[Sample]:
     """Host phase durations, less the time they spent blocked on the device (the simulator adds
-    that itself); host time outside any phase (receiving, bookkeeping) is charged to `schedule`,
-    which the simulator's host clock must then cover."""
+    that itself). Host time outside any phase (receiving messages, the harness's bookkeeping
+    between iterations) is charged to the iteration's `schedule`: the simulator's host does
+    nothing else, so its schedule phase must cover that time, iteration by iteration."""
     out: list[Sample] = []
-    waits = [op for op in _timed(trace) if op.agent == HOST and op.kind == "host_wait"]
-    for op in _timed(trace):
+    timed = _timed(trace)
+    waits = [op for op in timed if op.agent == HOST and op.kind == "host_wait"]
+    outside = _host_time_outside_phases(trace)
+    for op in timed:
         if op.agent == HOST and op.kind == "span" and op.label in HOST_PHASES:
             seconds = _seconds(op) - sum(_overlap(op, w) for w in waits if w.step == op.step)
+            if op.label == "schedule":
+                seconds += outside.pop(op.step, 0.0)  # once per iteration
             out.append(Sample(op.label, seconds, work=op.work))
-    return out + _unaccounted_host_time(trace)
+    return out
 
 
 def device_samples(trace: Trace) -> list[Sample]:
@@ -189,8 +194,10 @@ def _overlap(a: Op, b: Op) -> float:
     return max(0.0, min(a.end, b.end) - max(a.start, b.start))
 
 
-def _unaccounted_host_time(trace: Trace) -> list[Sample]:
-    """Per step, host time covered by no phase, wait or idle; their mean, as one sample."""
+def _host_time_outside_phases(trace: Trace) -> dict[int, float]:
+    """Per iteration, host time covered by no phase, wait or idle: from the end of the previous
+    iteration's last host operation (the first one's start, for the first) to the end of this
+    one's. The device's set-up before the first operation is no iteration's."""
     bounds: dict[int, list[float]] = {}
     covered: dict[int, list[tuple[float, float]]] = {}
     for op in _timed(trace):
@@ -199,15 +206,18 @@ def _unaccounted_host_time(trace: Trace) -> list[Sample]:
         assert op.start is not None and op.end is not None
         if op.kind in ("span", "host_wait", "idle"):
             covered.setdefault(op.step, []).append((op.start, op.end))
-        if op.kind not in ("idle", "host_wait"):
-            lo_hi = bounds.setdefault(op.step, [op.start, op.end])
-            lo_hi[0], lo_hi[1] = min(lo_hi[0], op.start), max(lo_hi[1], op.end)
-    extra = []
-    for step, (lo, hi) in bounds.items():
+        lo_hi = bounds.setdefault(op.step, [op.start, op.end])
+        lo_hi[0], lo_hi[1] = min(lo_hi[0], op.start), max(lo_hi[1], op.end)
+    extra: dict[int, float] = {}
+    previous_end: float | None = None
+    for step in sorted(bounds):
+        lo, hi = bounds[step]
+        lo = lo if previous_end is None else min(lo, previous_end)
         other = hi - lo - _union_length(covered.get(step, []), lo, hi)
         if other > UNMEASURABLE:
-            extra.append(other)
-    return [Sample("schedule", sum(extra) / len(extra))] if extra else []
+            extra[step] = other
+        previous_end = hi
+    return extra
 
 
 UNMEASURABLE = 1e-7  # seconds: below the host clock's resolution

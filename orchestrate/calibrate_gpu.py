@@ -28,7 +28,7 @@ from overlapcheck.orchestrate.calibrate_fit import (
     tail_samples,
 )
 from overlapcheck.scenarios.named import NAMED, named_scenario
-from overlapcheck.timeline.model import idle_gaps, idle_share, trace_end
+from overlapcheck.timeline.model import idle_gaps, idle_share, trace_end, trace_start
 
 STREAM_KINDS = ("h2d", "d2h", "forward")
 LOOPS = ("overlap", "normal")
@@ -153,9 +153,13 @@ class Figures:
 
 
 def figures(result: RunResult) -> Figures:
-    end = trace_end(result.trace)
-    idle = idle_share(idle_gaps(result.trace, "engine", 0.0, end, end), 0.0, end)
-    return Figures(end, end / max(1, result.iterations), idle)
+    """Over the run, from its first operation: a real device's clock starts when the device is
+    made, and its set-up (pinned buffers, streams, a synchronise) is no part of the scheduler's
+    run; the simulator's starts at the first operation."""
+    trace = result.trace
+    start, end = trace_start(trace), trace_end(trace)
+    idle = idle_share(idle_gaps(trace, "engine", start, end, end), start, end)
+    return Figures(end - start, (end - start) / max(1, result.iterations), idle)
 
 
 @dataclass

@@ -50,6 +50,12 @@ def lanes(trace: Trace) -> list[Lane]:
     return [Lane(a, a if a == HOST else f"{a} stream") for a in agents]
 
 
+def trace_start(trace: Trace) -> float:
+    """When the run's first operation was issued (0 on the simulator; a real device's clock
+    starts earlier, when the device is made)."""
+    return trace.ops[0].issue if trace.ops else 0.0
+
+
 def trace_end(trace: Trace) -> float:
     """The last moment anything in the trace happened (the run's simulated time)."""
     times = [0.0]

@@ -141,7 +141,7 @@ def run_scenario(
     scenario = backend.prepare(scenario)
     device = backend.make_device(scenario)
     cfg = scenario.config
-    source: MessageSource = WorkloadSource(scenario.requests, deliveries)
+    source: MessageSource = WorkloadSource(scenario.requests, deliveries, cfg, device.trace)
     chosen = make_invariants(invariants)
     defer = backend.name != "sim" if defer_checks is None else defer_checks
     later = [inv for inv in chosen if defer and inv.deferrable]

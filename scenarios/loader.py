@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from overlapcheck.core.config import ConfigError, SchedulerConfig
-from overlapcheck.core.scenario import RequestSpec, Scenario
+from overlapcheck.core.scenario import Anchor, RequestSpec, Scenario
 
 
 class ScenarioError(ValueError):
@@ -108,11 +108,29 @@ def _request(raw: Any, index: int, where: str) -> RequestSpec:
         abort_iteration=_maybe(raw, "abort_iteration", _int, at),
         after=_maybe(raw, "after", _int, at),
         think=_seconds(raw.get("think", 0.0), f"{at}.think"),
+        arrival_after=_maybe(raw, "arrival_after", _anchor, at),
+        abort_after=_maybe(raw, "abort_after", _anchor, at),
     )
     problem = spec.problem(index)
     if problem is not None:
         raise ScenarioError(f"{at}: {problem}")
     return spec
+
+
+def _anchor(value: Any, at: str) -> Anchor:
+    """`{"request": 2, "at": "finished", "iterations": 0}` (iterations default to 0)."""
+    if not isinstance(value, dict):
+        raise ScenarioError(f"{at}: expected an object with 'request' and 'at', got {value!r}")
+    bad = sorted(set(value) - {"request", "at", "iterations"})
+    if bad:
+        raise ScenarioError(f"{at}: unknown field {', '.join(bad)}")
+    if "request" not in value or "at" not in value:
+        raise ScenarioError(f"{at}: needs 'request' and 'at'")
+    return Anchor(
+        _int(value["request"], f"{at}.request"),
+        _str(value["at"], f"{at}.at"),
+        _int(value.get("iterations", 0), f"{at}.iterations"),
+    )
 
 
 def _maybe(raw: dict[str, Any], name: str, parse: Callable[[Any, str], T], at: str) -> T | None:

@@ -1,9 +1,11 @@
 """Turn a workload into the scheduler's message source.
 
 Messages are delivered by simulated time (`arrival`, `abort_at`), at the receive of a scheduler
-iteration (`arrival_iteration`, `abort_iteration`; the harness binds the iteration count), or, for
-a follow-up turn (`after`), `think` seconds after the earlier request ended, with a prompt built
-from the tokens the scheduler actually sent for it (the harness calls `observe` for every reply).
+iteration (`arrival_iteration`, `abort_iteration`; the harness binds the iteration count), at a
+lifecycle point of a request (`arrival_after`, `abort_after`: see `scenarios/anchors.py`), or,
+for a follow-up turn (`after`), `think` seconds after the earlier request ended, with a prompt
+built from the tokens the scheduler actually sent for it (the harness calls `observe` for every
+reply).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.messages import (
     AbortMsg,
     InMsg,
@@ -18,7 +21,9 @@ from overlapcheck.core.messages import (
     RejectMsg,
     TokenMsg,
 )
-from overlapcheck.core.scenario import RequestSpec, user_msg
+from overlapcheck.core.scenario import Anchor, RequestSpec, user_msg
+from overlapcheck.core.trace import Trace
+from overlapcheck.scenarios.anchors import LifecycleWatch
 
 USER, ABORT = 0, 1
 Delivery = tuple[int, int | None, int]  # (iteration, request index or None for an abort, uid)
@@ -30,6 +35,7 @@ class _Event:
     index: int  # the request's position in the workload
     time: float | None  # None: keyed to an iteration, or (a follow-up) to an earlier request's end
     iteration: int | None
+    anchor: Anchor | None = None
 
 
 class WorkloadSource:
@@ -41,14 +47,26 @@ class WorkloadSource:
     `deliveries` ((iteration, uid, kind) as another run received them) replaces every moment and
     wait: messages go out at those iterations in that order (a replay on another backend). The
     k-th request message for a uid is the k-th request with that uid in the workload.
+
+    Anchored messages need `config` and the run's `trace` (where the lifecycle points are seen).
     """
 
     def __init__(
         self,
         requests: tuple[RequestSpec, ...],
         deliveries: list[tuple[int, int, str]] | None = None,
+        config: SchedulerConfig | None = None,
+        trace: Trace | None = None,
     ) -> None:
         self.requests = requests
+        anchored = any(r.arrival_after or r.abort_after for r in requests)
+        if anchored and deliveries is None and (config is None or trace is None):
+            raise ValueError("anchored messages need the run's config and trace")
+        self._watch = (
+            LifecycleWatch(requests, config, trace)
+            if anchored and config is not None and trace is not None and deliveries is None
+            else None
+        )
         self._step: Callable[[], int] = lambda: 0
         n = len(requests)
         self.prompts: list[tuple[int, ...] | None] = [None] * n  # as sent
@@ -65,9 +83,17 @@ class WorkloadSource:
         self._pending: list[_Event] = []
         for i, spec in enumerate(requests):
             self._pending.append(
-                _Event(USER, i, spec.arrival if spec.timed else None, spec.arrival_iteration)
+                _Event(
+                    USER,
+                    i,
+                    spec.arrival if spec.timed else None,
+                    spec.arrival_iteration,
+                    spec.arrival_after,
+                )
             )
-            if spec.abort_iteration is not None:
+            if spec.abort_after is not None:
+                self._pending.append(_Event(ABORT, i, None, None, spec.abort_after))
+            elif spec.abort_iteration is not None:
                 self._pending.append(_Event(ABORT, i, None, spec.abort_iteration))
             elif spec.abort_at is not None:
                 at = max(spec.abort_at, spec.arrival) if spec.timed else spec.abort_at
@@ -84,6 +110,8 @@ class WorkloadSource:
             return self._poll_replay(now)
         out: list[InMsg] = []
         step = self._step()
+        if self._watch is not None:
+            self._watch.scan()
         while True:
             due = [e for e in self._pending if self._waits_done(e) and self._due(e, now, step)]
             if not due:
@@ -106,6 +134,8 @@ class WorkloadSource:
             index = owed.pop(0) if owed else self._live.pop(msg.uid, None)
             if index is not None:
                 self._end(index, now)
+                if self._watch is not None:
+                    self._watch.rejected(index, self._step())
         elif isinstance(msg, TokenMsg):
             index = self._live.get(msg.uid)
             if index is None:
@@ -114,6 +144,8 @@ class WorkloadSource:
             if msg.finished:
                 del self._live[msg.uid]
                 self._end(index, now)
+                if self._watch is not None:
+                    self._watch.finished(index, self._step())
 
     # -- internals ----------------------------------------------------------------------------
 
@@ -127,8 +159,9 @@ class WorkloadSource:
         return after is None or self.ended[after] is not None
 
     def _time(self, e: _Event) -> float:
-        """When `e` is due (0.0 for an iteration: idle iterations reach it); its waits done."""
-        if e.iteration is not None:
+        """When `e` is due (0.0 for an iteration or an anchor: idle iterations reach it); its
+        waits done."""
+        if e.iteration is not None or e.anchor is not None:
             return 0.0
         if e.time is not None:
             return e.time
@@ -139,16 +172,25 @@ class WorkloadSource:
         return ended + spec.think
 
     def _due(self, e: _Event, now: float, step: int) -> bool:
+        if e.anchor is not None:
+            assert self._watch is not None
+            moment = self._watch.moment(e.anchor)
+            return moment is not None and moment + e.anchor.iterations <= step
         return e.iteration <= step if e.iteration is not None else self._time(e) <= now
 
     def _order(self, e: _Event) -> tuple[float, int, int]:
-        return (-1.0 if e.iteration is not None else self._time(e), e.kind, e.index)
+        keyed = e.iteration is not None or e.anchor is not None
+        return (-1.0 if keyed else self._time(e), e.kind, e.index)
 
     def _deliver(self, kind: int, index: int, uid: int, now: float) -> InMsg:
         if kind == ABORT:
             live = self._live.pop(uid, None)
             if live is not None:
                 self._end(live, now)
+            if self._watch is not None:
+                self._watch.aborted(index, self._step())
+                if live is not None and live != index:
+                    self._watch.aborted(live, self._step())
             return AbortMsg(uid)
         spec = self.requests[index]
         prompt = spec.prompt
@@ -156,11 +198,14 @@ class WorkloadSource:
             earlier = self.prompts[spec.after] or self.requests[spec.after].prompt
             prompt = earlier + tuple(self.got[spec.after]) + spec.prompt
         self.prompts[index] = prompt
+        msg = user_msg(spec, prompt)
         if uid in self._live:
             self._dups.setdefault(uid, []).append(index)  # the scheduler must reject it
         else:
             self._live[uid] = index
-        return user_msg(spec, prompt)
+            if self._watch is not None:
+                self._watch.sent(index, msg)
+        return msg
 
     def _end(self, index: int, now: float) -> None:
         if self.ended[index] is None:

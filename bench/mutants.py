@@ -196,6 +196,69 @@ MUTANTS: tuple[Mutant, ...] = (
         "prefill batch over max_extend_tokens, is the scheduler's finding (today the budget "
         "goes negative and core/footprints.py crashes: a CheckerBug)",
     ),
+    # -- lifecycle windows: one iteration between a point and its deferred cleanup -------------
+    Mutant(
+        "result-by-uid",
+        "scheduler.py",
+        "                req.inflight -= 1\n                if seq.end < req.prompt_len:",
+        "                req = self.live.get(req.uid, req)  # by uid: a reused uid's new request\n"
+        "                req.inflight -= 1\n                if seq.end < req.prompt_len:",
+        "process: results are looked up by uid, so a uid sent again between its request's "
+        "finish (or abort) and the processing of its in-flight extra round gets the old "
+        "request's last sample (request-id keyed output handling; vLLM moved to internal "
+        "request ids with a random suffix in 0.16)",
+    ),
+    Mutant(
+        "uid-busy-until-released",
+        "scheduler.py",
+        "        reason = rejection(self.config, msg, live=msg.uid in self.live)",
+        "        reason = rejection(self.config, msg, live=any(r.uid == msg.uid"
+        " for r in self.held))",
+        "receive: a uid counts as live until its request's resources come back, so a request "
+        "that reuses it while the finished one waits for its extra round is rejected ('request "
+        "id already running' after a finish or abort, vLLM and SGLang)",
+    ),
+    Mutant(
+        "release-by-uid",
+        "scheduler.py",
+        "        self.table.free(req.slot)\n        self.held.remove(req)\n",
+        "        self.table.free(req.slot)\n"
+        "        self.held = [r for r in self.held if r.uid != req.uid]\n",
+        "release: the deferred release of a finished request drops every held request with its "
+        "uid, so one that reused the uid inside the window loses its books (free by request "
+        "id: vLLM `_free_request` / `self.requests.pop(req_id)`)",
+    ),
+    Mutant(
+        "abort-in-flight-completes",
+        "scheduler.py",
+        "                    # else: the extra round of an aborted request: dropped\n",
+        "                    elif self._is_last(req, len(req.outputs) + 1, token):\n"
+        "                        self._append(req, token)  # completed as if never aborted\n",
+        "process: a request aborted while its last round is in flight is finished normally "
+        "when that round comes back (vLLM #26400 / #29987: cancellations during a forward "
+        "pass were not handled as aborts for requests that completed after it)",
+    ),
+    Mutant(
+        "abort-frees-in-flight",
+        "scheduler.py",
+        "            self.cache.release(req, forget=False)  # upstream: cached now, and again on "
+        "the result\n        self._maybe_release(req)\n",
+        "            self.cache.release(req, forget=False)  # upstream: cached now, and again on "
+        "the result\n        req.inflight = 0  # freed at once\n        self._maybe_release(req)\n",
+        "abort: a request aborted while a batch holds it gives its slot and pages back at once, "
+        "while that forward still reads them (mini-sglang PR #111: `_process_one_msg` aborts "
+        "an in-flight request and frees its table index)",
+    ),
+    Mutant(
+        "abort-double-release",
+        "scheduler.py",
+        "        if self._fault(F.ABORT_INFLIGHT_PREFILL)"
+        " and self._final_prefill_in_flight(req, was):",
+        "        if req.inflight > 0 and was is not ReqState.PENDING:",
+        "abort: a request aborted with a batch in flight is released at the abort and again "
+        "when the batch is processed (vLLM #33377: double free with async scheduling and "
+        "abort)",
+    ),
     # -- the prefix cache --------------------------------------------------------------------------
     Mutant(
         "match-prompt-last-token",
@@ -296,6 +359,17 @@ MUTANTS: tuple[Mutant, ...] = (
         equivalent=True,
         reason="only which unlocked leaf is evicted first changes: a cache-hit-rate "
         "(performance) difference, every output and resource book stays correct",
+    ),
+    Mutant(
+        "finish-pops-uid",
+        "scheduler.py",
+        "            if self.live.get(req.uid) is req:\n                del self.live[req.uid]\n",
+        "            self.live.pop(req.uid, None)\n",
+        "finish: the uid's live entry is removed without checking it is this request's",
+        equivalent=True,
+        reason="a request finishes only while it is its uid's live one: a second request with "
+        "the uid is rejected while the first is live, and an aborted one never reaches the "
+        "finish path",
     ),
     Mutant(
         "slot-order",

@@ -2,8 +2,8 @@
 tests with them (see docs/scenarios.md).
 
 Everything shrinks toward a small, quiet case: one request, no sharing, no conversation tree, no
-memory pressure, no abort, arrival at 0, no follow-up, no reused uid, short output, no model EOS,
-the small shape, nominal timing.
+memory pressure, no abort, arrival at 0, no follow-up, no reused uid, no anchored message, short
+output, no model EOS, the small shape, nominal timing.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from overlapcheck.backends.sim.timing import US
 from overlapcheck.core.config import POLICIES, SchedulerConfig
-from overlapcheck.core.scenario import RequestSpec, Scenario
+from overlapcheck.core.scenario import POINTS, Anchor, RequestSpec, Scenario
 from overlapcheck.scenarios.named import NAMED
 
 EOS = 2
@@ -30,6 +30,10 @@ LONG_SHARES = 64  # a long output is drawn in 64ths of the room its row leaves
 # PRESSURE_ONE_IN; its pool holds PRESSURE_EIGHTHS (low, high) eighths of its workload's demand.
 PRESSURE_ONE_IN = 4
 PRESSURE_EIGHTHS = (2, 5)
+# Lifecycle windows (see `anchored`): one workload in ANCHORED_ONE_IN sends arrivals and aborts
+# at a request's lifecycle point plus up to ANCHOR_ITERATIONS iterations.
+ANCHORED_ONE_IN = 4
+ANCHOR_ITERATIONS = 2
 
 
 def rarely(draw: st.DrawFn, one_in: int) -> bool:
@@ -189,7 +193,51 @@ def _workloads(
         if after is None and spec.after is not None:  # the first request cannot follow one
             spec = replace(spec, think=0.0)
         out.append(replace(spec, uid=uid, after=after))
+    if rarely(draw, ANCHORED_ONE_IN):
+        # NOTE: drawn last, so the shrinker's first move on the gate keeps every other choice.
+        raw = draw(st.lists(_anchor_draws, max_size=len(out)))
+        out = [anchored(out, i, a) for i, a in enumerate(raw)] + out[len(raw) :]
     return tuple(out)
+
+
+# (kind: 0 none / 1 arrival / 2 abort, the anchor's request as a raw draw, point, iterations,
+# whether an anchored arrival takes its anchor's uid): mapped by `anchored`.
+AnchorDraw = tuple[int, int, str, int, bool]
+_anchor_draws = st.tuples(
+    st.integers(0, 2),
+    st.integers(0, 7),
+    st.sampled_from(POINTS),
+    st.integers(0, ANCHOR_ITERATIONS),
+    st.booleans(),
+)
+
+
+def anchored(out: Sequence[RequestSpec], i: int, draw: AnchorDraw) -> RequestSpec:
+    """Request `i` of `out` with its arrival or its abort anchored to a lifecycle point of an
+    earlier request (an abort: of itself too). An anchored arrival that takes its anchor's uid
+    is a reused uid inside the window (a duplicate while that one is live, which must be
+    rejected); a follow-up's arrival is anchored to the turn it follows."""
+    kind, raw, point, iterations, same_uid = draw
+    spec = out[i]
+    if kind == 1 and i > 0:
+        target = spec.after if spec.after is not None else raw % i
+        uid = out[target].uid if same_uid else spec.uid
+        return replace(
+            spec,
+            uid=uid,
+            arrival=0.0,
+            arrival_iteration=None,
+            think=0.0,
+            arrival_after=Anchor(target, point, iterations),
+        )
+    if kind == 2:
+        target = raw % (i + 1)
+        if target == i and point == "abort":  # its own abort cannot anchor its abort
+            point = "last-launch"
+        return replace(
+            spec, abort_at=None, abort_iteration=None, abort_after=Anchor(target, point, iterations)
+        )
+    return spec
 
 
 @st.composite
@@ -287,15 +335,28 @@ def mixed_scenarios(
 
 
 def kept(reqs: Sequence[RequestSpec], keep: Sequence[bool]) -> tuple[RequestSpec, ...]:
-    """The kept requests, with `after` renumbered; a follow-up of a dropped request is dropped
-    too (its prompt grows out of that one's). With none kept, the first stays."""
+    """The kept requests, with `after` and anchors renumbered; a follow-up of a dropped request
+    is dropped too (its prompt grows out of that one's), so is an arrival anchored to one; an
+    abort anchored to one is dropped. With none kept, the first stays."""
     index: dict[int, int] = {}
     out: list[RequestSpec] = []
     for i, (spec, k) in enumerate(zip(reqs, keep, strict=True)):
+        arrival, abort = spec.arrival_after, spec.abort_after
         if not k or (spec.after is not None and spec.after not in index):
             continue
+        if arrival is not None and arrival.request not in index:
+            continue
         index[i] = len(out)
-        out.append(spec if spec.after is None else replace(spec, after=index[spec.after]))
+        if spec.after is not None:
+            spec = replace(spec, after=index[spec.after])
+        if arrival is not None:
+            spec = replace(spec, arrival_after=replace(arrival, request=index[arrival.request]))
+        if abort is not None:
+            moved = index.get(abort.request)
+            spec = replace(
+                spec, abort_after=None if moved is None else replace(abort, request=moved)
+            )
+        out.append(spec)
     return tuple(out) or tuple(reqs[:1])
 
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from overlapcheck.backends.sim.timing import US
 from overlapcheck.core.config import POLICIES, SchedulerConfig
-from overlapcheck.core.scenario import POINTS, Anchor, RequestSpec, Scenario
+from overlapcheck.core.scenario import Anchor, RequestSpec, Scenario
 from overlapcheck.scenarios.named import NAMED
 
 EOS = 2
@@ -32,7 +32,7 @@ PRESSURE_ONE_IN = 4
 PRESSURE_EIGHTHS = (2, 5)
 # Lifecycle windows (see `anchored`): one workload in ANCHORED_ONE_IN sends arrivals and aborts
 # at a request's lifecycle point plus up to ANCHOR_ITERATIONS iterations.
-ANCHORED_ONE_IN = 4
+ANCHORED_ONE_IN = 3
 ANCHOR_ITERATIONS = 2
 
 
@@ -194,22 +194,43 @@ def _workloads(
             spec = replace(spec, think=0.0)
         out.append(replace(spec, uid=uid, after=after))
     if rarely(draw, ANCHORED_ONE_IN):
-        # NOTE: drawn last, so the shrinker's first move on the gate keeps every other choice.
-        raw = draw(st.lists(_anchor_draws, max_size=len(out)))
-        out = [anchored(out, i, a) for i, a in enumerate(raw)] + out[len(raw) :]
+        # NOTE: drawn last, so the shrinker's first move on the gate keeps every other choice;
+        # one draw per request (each shrinks to "none"), so none is lost to a short list.
+        raw = draw(st.lists(_anchor_draws, min_size=len(out), max_size=len(out)))
+        for i, a in enumerate(raw):
+            out[i] = anchored(out, i, a)
+            anchor = out[i].arrival_after or out[i].abort_after
+            if a[5] and anchor is not None:
+                out[anchor.request] = ends_early(out[anchor.request], max_seq_len)
     return tuple(out)
 
 
 # (kind: 0 none / 1 arrival / 2 abort, the anchor's request as a raw draw, point, iterations,
-# whether an anchored arrival takes its anchor's uid): mapped by `anchored`.
-AnchorDraw = tuple[int, int, str, int, bool]
+# whether an anchored arrival takes its anchor's uid, whether the anchor's request stops at a
+# scripted EOS): mapped by `anchored` and `ends_early`. Weighted toward what opens a window (an
+# arrival, at a finish or an abort, no offset); each shrinks to its first value.
+AnchorDraw = tuple[int, int, str, int, bool, bool]
 _anchor_draws = st.tuples(
-    st.integers(0, 2),
+    st.sampled_from((0, 1, 1, 2)),
     st.integers(0, 7),
-    st.sampled_from(POINTS),
-    st.integers(0, ANCHOR_ITERATIONS),
+    st.sampled_from(
+        ("finished", "abort", "extra-round", "last-launch", "first-chunk", "finished", "abort")
+    ),
+    st.integers(0, 2 * ANCHOR_ITERATIONS + 1).map(lambda k: max(0, k - ANCHOR_ITERATIONS - 1)),
+    st.booleans(),
     st.booleans(),
 )
+
+
+def ends_early(spec: RequestSpec, max_seq_len: int) -> RequestSpec:
+    """`spec` stopping at a scripted EOS within its output: under overlap its extra round is
+    then in flight after its finish, the window an anchored message aims at. A follow-up's
+    prompt is not known in advance, so it cannot be scripted: it stays as it is."""
+    if spec.after is not None:
+        return spec
+    room = max(1, min(spec.max_tokens, max_seq_len - len(spec.prompt)))
+    kept = tuple(t for t in spec.continuation if t != EOS)[: room - 1]
+    return replace(spec, continuation=(*kept, EOS), ignore_eos=False)
 
 
 def anchored(out: Sequence[RequestSpec], i: int, draw: AnchorDraw) -> RequestSpec:
@@ -217,7 +238,7 @@ def anchored(out: Sequence[RequestSpec], i: int, draw: AnchorDraw) -> RequestSpe
     earlier request (an abort: of itself too). An anchored arrival that takes its anchor's uid
     is a reused uid inside the window (a duplicate while that one is live, which must be
     rejected); a follow-up's arrival is anchored to the turn it follows."""
-    kind, raw, point, iterations, same_uid = draw
+    kind, raw, point, iterations, same_uid, _ = draw
     spec = out[i]
     if kind == 1 and i > 0:
         target = spec.after if spec.after is not None else raw % i

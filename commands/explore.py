@@ -39,6 +39,7 @@ from overlapcheck.explore.parallel import (
     available_cores,
     search_streams,
 )
+from overlapcheck.explore.resume import resumed_spec
 from overlapcheck.explore.search import CUT_BUDGET, CUT_INTERRUPTED, SearchSpec, probe_scheduler
 from overlapcheck.formats import counterexample
 from overlapcheck.harness.runner import RunResult
@@ -127,6 +128,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "'overlapcheck[cluster]')",
     )
     p.add_argument(
+        "--resume",
+        metavar="FILE",
+        help="go on with the search that saved the counterexample FILE (its scenario, faults, "
+        "checks, scheduler and timing profile), replaying its failure first and shrinking on "
+        "from it: for a shrink that the budget or Ctrl-C cut short (default: a new search)",
+    )
+    p.add_argument(
         "--no-timeline",
         action="store_true",
         help="do not draw timelines next to counterexamples (default: draw them)",
@@ -173,6 +181,23 @@ def main(args: argparse.Namespace) -> int:
     def say(line: str) -> None:
         print(line, file=human, flush=True)
 
+    if args.resume is not None:
+        given = [
+            flag
+            for flag, value in (
+                ("--scenario", args.scenario != "all"),
+                ("--fault", args.fault),
+                ("--skip", args.skip),
+                ("--check", args.check),
+                ("--policy", args.policy),
+                ("--timing", args.timing),
+                ("--scheduler", args.scheduler not in (None, "reference")),
+            )
+            if value
+        ]
+        if given:
+            raise UserError(f"--resume takes the search from its file: drop {', '.join(given)}")
+        spec = resumed_spec(args.resume, spec)
     for line in probe_scheduler(spec):
         print(line, file=sys.stderr)
     keeper = FailureKeeper(out, lambda line: print(line, file=sys.stderr, flush=True))

@@ -21,6 +21,7 @@ in the driver ends the search with the smallest failure it has heard of.
 
 from __future__ import annotations
 
+import base64
 import multiprocessing as mp
 import os
 import queue as queue_module
@@ -64,7 +65,7 @@ def available_cores() -> int:
 
 def cex_data(found: Found, spec: SearchSpec) -> dict[str, Any]:
     """A found violation as a counterexample file's JSON value (what crosses process lines)."""
-    return counterexample.to_json(
+    data = counterexample.to_json(
         found.result,
         spec.profile,
         found.draws,
@@ -73,6 +74,9 @@ def cex_data(found: Found, spec: SearchSpec) -> dict[str, Any]:
         spec.scheduler,
         git_revision(),
     )
+    if found.choices:  # what `explore --resume FILE` replays and shrinks from
+        data["search"] = spec.to_json() | {"choices": base64.b64encode(found.choices).decode()}
+    return data
 
 
 def run_stream(

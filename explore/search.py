@@ -75,12 +75,15 @@ def _examples_from_the_seed_alone() -> Iterator[None]:
 
 
 class Found(Exception):
-    """A violation; subclassed per invariant (see `_found_class`)."""
+    """A violation; subclassed per invariant (see `_found_class`). `choices`: the example as
+    Hypothesis saves it in a database (what `SearchSpec.resume` replays); empty when this
+    Hypothesis keeps it elsewhere."""
 
-    def __init__(self, result: RunResult, draws: dict[int, float]) -> None:
+    def __init__(self, result: RunResult, draws: dict[int, float], choices: bytes = b"") -> None:
         super().__init__(result.violations[0].line())
         self.result = result
         self.draws = draws
+        self.choices = choices
 
 
 _FOUND: dict[str, type[Found]] = {}
@@ -149,6 +152,50 @@ def failure_order(data: st.DataObject, result: RunResult) -> tuple[Any, ...]:
     reqs = result.scenario.requests
     tokens = sum(len(r.prompt) + r.max_tokens for r in reqs)
     return (1, (len(reqs), tokens, result.iterations))
+
+
+def example_choices(data: st.DataObject) -> bytes:
+    """The example's choices as Hypothesis stores them in a database (internal; b"" without)."""
+    try:
+        from hypothesis.database import choices_to_bytes
+    except ImportError:  # pragma: no cover - another Hypothesis layout
+        return b""
+    conjecture = getattr(data, "conjecture_data", None)
+    choices = getattr(conjecture, "choices", None)
+    return b"" if choices is None else choices_to_bytes(choices)
+
+
+class ResumeDatabase(ExampleDatabase):
+    """A database that offers one saved example first wherever Hypothesis looks for the failures
+    it should replay (the primary corpus of any test), then what `inner` holds: a search resumed
+    from a counterexample file replays that file's example, fails at once and shrinks from it."""
+
+    def __init__(self, choices: bytes, inner: ExampleDatabase | None) -> None:
+        super().__init__()
+        self.choices = choices
+        self.inner = inner
+
+    @staticmethod
+    def _primary(key: bytes) -> bool:
+        return not key.endswith((b".secondary", b".pareto"))
+
+    def save(self, key: bytes, value: bytes) -> None:
+        if self.inner is not None:
+            self.inner.save(key, value)
+
+    def fetch(self, key: bytes) -> Iterable[bytes]:
+        if self._primary(key):
+            yield self.choices
+        if self.inner is not None:
+            yield from (v for v in self.inner.fetch(key) if v != self.choices)
+
+    def delete(self, key: bytes, value: bytes) -> None:
+        if self.inner is not None:
+            self.inner.delete(key, value)
+
+    def move(self, src: bytes, dest: bytes, value: bytes) -> None:
+        if self.inner is not None:
+            self.inner.move(src, dest, value)
 
 
 def near_race_gap(trace: Trace) -> float | None:
@@ -229,6 +276,8 @@ class SearchSpec:
     extra_checks: tuple[str, ...] = ()
     scheduler: SchedulerSpec = field(default_factory=SchedulerSpec)
     round_size: int = 25
+    # A saved example (`Found.choices`) to replay first and shrink from: `explore --resume`.
+    resume: bytes = b""
 
     @property
     def checks(self) -> list[str]:
@@ -266,7 +315,21 @@ class SearchSpec:
     def stream(self, index: int, streams: int) -> SearchSpec:
         """The spec of search stream `index` of `streams`: its own seed, its share of examples."""
         share = self.max_examples // streams + (index < self.max_examples % streams)
-        return replace(self, seed=stream_seed(self.seed, index), max_examples=max(1, share))
+        return replace(
+            self,
+            seed=stream_seed(self.seed, index),
+            max_examples=max(1, share),
+            resume=self.resume if index == 0 else b"",  # one stream shrinks the saved example
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """What a counterexample file records of the search that found it, beyond what it
+        records anyway (faults, checks, scheduler, profile): enough for `explore --resume`."""
+        scenario = self.scenario
+        return {
+            "scenario": scenario.to_json() if isinstance(scenario, Scenario) else scenario,
+            "policy": self.policy,
+        }
 
 
 def stream_seed(seed: int, index: int) -> int:
@@ -317,9 +380,11 @@ def search(
     prof = spec.profile
     stats = SearchStats()
     started = time.perf_counter()
-    db = None
+    db: ExampleDatabase | None = None
     if spec.database is not None:
         db = FailureDatabase(spec.database, spec.database_namespace())
+    if spec.resume:
+        db = ResumeDatabase(spec.resume, db)
     strategy = spec.strategy()
     checks = spec.checks
     if not spec.scheduler.is_reference:
@@ -349,7 +414,9 @@ def search(
             raise _Stopped
         found: Found | None = None
         if result.violations:
-            found = _found_class(result.violations[0].invariant)(result, dict(timing.draws))
+            found = _found_class(result.violations[0].invariant)(
+                result, dict(timing.draws), example_choices(data)
+            )
             order = failure_order(data, result)
             if best is None:
                 best, best_order = found, order

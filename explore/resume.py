@@ -1,0 +1,64 @@
+"""Resume a search from its saved counterexample: the same search, its saved example replayed
+first, so that a shrink cut short (by the budget, Ctrl-C or a killed worker) goes on from the
+smallest failure it had reached.
+
+A counterexample file written by `explore` records the search that found it (`search`: the
+scenario argument, the policy, and the failing example's choices as Hypothesis saves them); with
+the faults, checks, scheduler and timing profile it records anyway, that rebuilds the search.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from overlapcheck.core.scenario import Scenario
+from overlapcheck.errors import UserError
+from overlapcheck.explore.search import SearchSpec
+from overlapcheck.formats import counterexample
+from overlapcheck.scenarios.loader import ScenarioError, scenario_from_dict
+from overlapcheck.scenarios.named import NAMED
+
+
+def resumed_spec(path: str | Path, spec: SearchSpec) -> SearchSpec:
+    """`spec` (budget, seed, database, workers' share) searching what the file at `path` was
+    found by, with its example to replay first. Raises UserError on a file that cannot say."""
+    cex = counterexample.load(path)
+    search: Any = cex.data.get("search")
+    if not isinstance(search, dict) or not isinstance(search.get("choices"), str):
+        raise UserError(
+            f"{path}: records no search to resume (saved by an older overlapcheck, or by a "
+            "replay): rerun the search with the same --db, which replays its saved failures first"
+        )
+    try:
+        choices = base64.b64decode(search["choices"], validate=True)
+    except (binascii.Error, ValueError):
+        raise UserError(f"{path}: search.choices is not base64") from None
+    raw = search.get("scenario", "all")
+    scenario: str | Scenario
+    if isinstance(raw, dict):
+        try:
+            scenario = scenario_from_dict(raw, where=f"{path}: search.scenario")
+        except ScenarioError as err:
+            raise UserError(str(err)) from None
+    elif raw == "all" or raw in NAMED:
+        scenario = raw
+    else:
+        raise UserError(f"{path}: search.scenario: unknown scenario {raw!r}")
+    policy = search.get("policy")
+    if policy is not None and not isinstance(policy, str):
+        raise UserError(f"{path}: search.policy: expected a string, got {policy!r}")
+    return replace(
+        spec,
+        scenario=scenario,
+        faults=cex.scenario.config.faults,
+        profile=cex.profile,
+        skip=cex.skip,
+        policy=policy,
+        extra_checks=cex.extra_checks,
+        scheduler=cex.scheduler,
+        resume=choices,
+    )

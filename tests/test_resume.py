@@ -1,0 +1,65 @@
+"""A search resumed from its saved counterexample replays that failure first and shrinks on from
+it: a shrink cut short (by the budget, Ctrl-C or a killed worker) is not lost work."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from overlapcheck.backends.sim.backend import SimBackend
+from overlapcheck.backends.sim.timing import Profile
+from overlapcheck.cli import main
+from overlapcheck.explore.search import SearchSpec, search
+from overlapcheck.formats import counterexample
+from overlapcheck.runner import run_scenario
+from overlapcheck.scenarios.named import NAMED
+
+SPEC = SearchSpec(faults=frozenset(["copy-done-wrong-stream"]), budget=600, max_examples=400)
+
+
+def test_a_resumed_search_fails_at_its_first_example_and_shrinks_no_bigger() -> None:
+    first = search(SPEC)
+    assert first.found is not None and first.found.choices
+    resumed = search(replace(SPEC, resume=first.found.choices, seed=7))
+    assert resumed.found is not None
+    assert resumed.stats.examples_to_failure == 1  # the saved example, replayed
+    assert len(resumed.found.result.scenario.requests) <= len(first.found.result.scenario.requests)
+    assert (
+        resumed.found.result.violations[0].invariant == first.found.result.violations[0].invariant
+    )
+
+
+def test_explore_resume_takes_the_search_from_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out"
+    common = ["--budget", "600", "--max-examples", "400", "--workers", "1", "--no-timeline"]
+    code = main(["explore", "--fault", "copy-done-wrong-stream", "--out", str(out), *common])
+    assert code == 1
+    (saved,) = out.glob("*.json")
+    data = json.loads(saved.read_text())
+    assert data["search"]["scenario"] == "all" and data["search"]["choices"]
+    capsys.readouterr()
+    again = tmp_path / "again"
+    code = main(["explore", "--resume", str(saved), "--out", str(again), "--db", "none", *common])
+    assert code == 1
+    (resumed,) = again.glob("*.json")
+    size = json.loads(resumed.read_text())["size"]
+    assert size["requests"] <= data["size"]["requests"]
+
+
+def test_resume_refuses_what_the_file_decides_and_a_file_without_a_search(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "x.json"
+    path.write_text("{}")
+    assert main(["explore", "--resume", str(path), "--fault", "free-slot-early"]) == 2
+    assert "drop --fault" in capsys.readouterr().err
+    scenario = NAMED["single-slot"]().with_config(faults=frozenset(["copy-done-wrong-stream"]))
+    run = run_scenario(scenario, SimBackend())
+    saved = counterexample.save(run, Profile(), {}, tmp_path)  # as `replay` tools save one
+    assert main(["explore", "--resume", str(saved)]) == 2
+    assert "records no search to resume" in capsys.readouterr().err

@@ -15,8 +15,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from overlapcheck.core.errors import UserError
 from overlapcheck.core.scenario import Scenario
-from overlapcheck.errors import UserError
 from overlapcheck.explore.search import SearchSpec
 from overlapcheck.formats import counterexample
 from overlapcheck.scenarios.loader import ScenarioError, scenario_from_dict

@@ -13,7 +13,7 @@ import pytest
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.core.config import LoopKind, SchedulerConfig
 from overlapcheck.core.scenario import Anchor, RequestSpec, Scenario
-from overlapcheck.runner import RunResult, run_scenario
+from overlapcheck.harness.runner import RunResult, run_scenario
 from overlapcheck.scenarios.loader import ScenarioError, scenario_from_dict
 
 EOS = 2

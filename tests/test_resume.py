@@ -14,7 +14,7 @@ from overlapcheck.backends.sim.timing import Profile
 from overlapcheck.cli import main
 from overlapcheck.explore.search import SearchSpec, search
 from overlapcheck.formats import counterexample
-from overlapcheck.runner import run_scenario
+from overlapcheck.harness.runner import run_scenario
 from overlapcheck.scenarios.named import NAMED
 
 SPEC = SearchSpec(faults=frozenset(["copy-done-wrong-stream"]), budget=600, max_examples=400)
@@ -56,10 +56,11 @@ def test_resume_refuses_what_the_file_decides_and_a_file_without_a_search(
 ) -> None:
     path = tmp_path / "x.json"
     path.write_text("{}")
-    assert main(["explore", "--resume", str(path), "--fault", "free-slot-early"]) == 2
+    out = ["--out", str(tmp_path / "out")]
+    assert main(["explore", "--resume", str(path), "--fault", "free-slot-early", *out]) == 2
     assert "drop --fault" in capsys.readouterr().err
     scenario = NAMED["single-slot"]().with_config(faults=frozenset(["copy-done-wrong-stream"]))
     run = run_scenario(scenario, SimBackend())
     saved = counterexample.save(run, Profile(), {}, tmp_path)  # as `replay` tools save one
-    assert main(["explore", "--resume", str(saved)]) == 2
+    assert main(["explore", "--resume", str(saved), *out]) == 2
     assert "records no search to resume" in capsys.readouterr().err

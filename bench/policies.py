@@ -14,10 +14,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.bench.policy_workloads import WORKLOADS
-from overlapcheck.core.config import POLICIES
+from overlapcheck.core.config import POLICIES, PolicyKind
 from overlapcheck.core.scenario import Scenario
 from overlapcheck.harness.runner import RunResult, run_scenario
 from overlapcheck.invariants.fairness import BoundedWait
@@ -45,7 +46,7 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
 
 
-def checked_run(scenario: Scenario, policy: str, **config: object) -> RunResult:
+def checked_run(scenario: Scenario, policy: PolicyKind, **config: Any) -> RunResult:
     sc = replace(scenario, config=replace(scenario.config, policy=policy, **config))
     result = run_scenario(sc, SimBackend(), [*INVARIANTS, f"bounded-wait={UNBOUNDED}"])
     if not result.ok:
@@ -58,7 +59,7 @@ def fairness(result: RunResult) -> BoundedWait:
     return next(c for c in result.checks if isinstance(c, BoundedWait))
 
 
-def measure(scenario: Scenario, policy: str, **config: object) -> PolicyRow:
+def measure(scenario: Scenario, policy: PolicyKind, **config: Any) -> PolicyRow:
     return row(checked_run(scenario, policy, **config), policy)
 
 
@@ -120,7 +121,7 @@ def aging_sweep(rates: Sequence[int] = (1, 4, 16, 64)) -> list[PolicyRow]:
     return [replace(r, policy=f"lpm-aging a={a}") for r, a in zip(rows, rates, strict=True)]
 
 
-FAIR_POLICIES = ("fcfs", "lpm", "dfs-weight", "hrrn", "lpm-aging")
+FAIR_POLICIES: tuple[PolicyKind, ...] = ("fcfs", "lpm", "dfs-weight", "hrrn", "lpm-aging")
 
 
 def starvation(
@@ -141,7 +142,7 @@ def starvation(
     return "\n".join(lines)
 
 
-def main(policies: Sequence[str] = POLICIES) -> list[PolicyRow]:
+def main(policies: Sequence[PolicyKind] = POLICIES) -> list[PolicyRow]:
     rows = []
     for build in WORKLOADS.values():
         scenario = build()

@@ -10,6 +10,7 @@ order requests are served in. Times are simulated seconds.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 from overlapcheck.backends.sim.toy_model import ToyModel
 from overlapcheck.core.config import SchedulerConfig
@@ -112,4 +113,8 @@ def no_sharing(users: int = 128, seed: int = 3) -> Scenario:
     return Scenario("no-sharing", _config(), reqs, f"{users} unique prompts (control)")
 
 
-WORKLOADS = {"system-prompts": system_prompts, "chat-tree": chat_tree, "no-sharing": no_sharing}
+WORKLOADS: dict[str, Callable[[], Scenario]] = {
+    "system-prompts": system_prompts,
+    "chat-tree": chat_tree,
+    "no-sharing": no_sharing,
+}

@@ -83,7 +83,7 @@ def ceiling(workers: int, seconds: float) -> float:
     procs = [ctx.Process(target=_simulate, args=(seconds, start, out)) for _ in range(workers)]
     for proc in procs:
         proc.start()
-    total = sum(out.get() for _ in procs)
+    total: float = sum(out.get() for _ in procs)
     for proc in procs:
         proc.join()
     return total

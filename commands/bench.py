@@ -17,7 +17,7 @@ from typing import Any
 from overlapcheck.commands.common import finite_positive_float, positive_int
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "bench",
         help="measurements: the simulator's speed (default), and more by flag",

@@ -9,7 +9,7 @@ from overlapcheck.commands.common import add_model_options, load_profile
 from overlapcheck.core.errors import UserError
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("calibrate", help="fit the simulator's latencies to a GPU (or check a fit)")
     p.add_argument(
         "--backend",

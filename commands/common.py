@@ -143,7 +143,7 @@ def resolve_scenario(text: str) -> Scenario:
 
 
 def apply_overrides(scenario: Scenario, args: argparse.Namespace) -> Scenario:
-    changes: dict[str, object] = {}
+    changes: dict[str, Any] = {}
     for name in ("loop", "cache", "page_size", "max_extend_tokens", "policy"):
         value = getattr(args, name, None)
         if value is not None:

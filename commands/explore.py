@@ -52,7 +52,7 @@ from overlapcheck.scenarios.named import NAMED
 DB_FOLDER = ".examples-db"  # under --out: see the --db help
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("explore", help="search workloads and timings for a violation")
     p.add_argument(
         "--scenario",

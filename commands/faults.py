@@ -9,7 +9,7 @@ import textwrap
 from overlapcheck.reference.faults import FAULTS
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("faults", help="list the named known bugs that --fault re-enables")
     p.add_argument(
         "--json", action="store_true", help="print a JSON list (name, summary, origin, breaks)"

@@ -23,7 +23,7 @@ from overlapcheck.invariants.hbgraph import race_subgraph
 from overlapcheck.orchestrate.sim_replay import replay_on_sim
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("replay", help="replay a counterexample (exit 1 when it reproduces)")
     p.add_argument(
         "file",

@@ -26,7 +26,7 @@ from overlapcheck.invariants.registry import INVARIANTS
 from overlapcheck.scenarios.named import NAMED
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("run", help="run one scenario and check every invariant")
     p.add_argument(
         "--backend",

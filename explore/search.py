@@ -24,6 +24,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.backends.sim.timing import Profile, Timing
+from overlapcheck.core.config import PolicyKind
 from overlapcheck.core.scenario import Scenario
 from overlapcheck.core.trace import Trace
 from overlapcheck.harness.crash import CheckerBug
@@ -272,7 +273,7 @@ class SearchSpec:
     profile: Profile = field(default_factory=Profile)
     database: str | None = None
     skip: frozenset[str] = frozenset()
-    policy: str | None = None
+    policy: PolicyKind | None = None
     extra_checks: tuple[str, ...] = ()
     scheduler: SchedulerSpec = field(default_factory=SchedulerSpec)
     round_size: int = 25

@@ -14,7 +14,7 @@ from dataclasses import replace
 from hypothesis import strategies as st
 
 from overlapcheck.backends.sim.timing import US
-from overlapcheck.core.config import POLICIES, SchedulerConfig
+from overlapcheck.core.config import POLICIES, PolicyKind, SchedulerConfig
 from overlapcheck.core.scenario import Anchor, RequestSpec, Scenario
 from overlapcheck.scenarios.named import NAMED
 
@@ -45,7 +45,7 @@ def rarely(draw: st.DrawFn, one_in: int) -> bool:
 
 @st.composite
 def configs(
-    draw: st.DrawFn, faults: frozenset[str] = frozenset(), policy: str | None = None
+    draw: st.DrawFn, faults: frozenset[str] = frozenset(), policy: PolicyKind | None = None
 ) -> SchedulerConfig:
     """Small pools, so that slots are reused, pages run out and chunks are cut. The queue policy
     is drawn too (shrinking toward `fcfs`) unless `policy` pins it. Occasionally a bigger shape
@@ -263,7 +263,7 @@ def anchored(out: Sequence[RequestSpec], i: int, draw: AnchorDraw) -> RequestSpe
 
 @st.composite
 def generated_scenarios(
-    draw: st.DrawFn, faults: frozenset[str] = frozenset(), policy: str | None = None
+    draw: st.DrawFn, faults: frozenset[str] = frozenset(), policy: PolicyKind | None = None
 ) -> Scenario:
     config = draw(configs(faults, policy))
     reqs = draw(workloads(max_seq_len=config.max_seq_len))
@@ -335,7 +335,7 @@ def variations(draw: st.DrawFn, base: Scenario, faults: frozenset[str] = frozens
 
 @st.composite
 def mixed_scenarios(
-    draw: st.DrawFn, faults: frozenset[str] = frozenset(), policy: str | None = None
+    draw: st.DrawFn, faults: frozenset[str] = frozenset(), policy: PolicyKind | None = None
 ) -> Scenario:
     """Generated workloads, and now and then a variation of a named scenario: those carry shapes
     the generator rarely reaches at once (eight requests on two shared prefixes in a pool that
@@ -382,7 +382,7 @@ def kept(reqs: Sequence[RequestSpec], keep: Sequence[bool]) -> tuple[RequestSpec
 
 
 def scenarios(
-    name: str = "all", faults: frozenset[str] = frozenset(), policy: str | None = None
+    name: str = "all", faults: frozenset[str] = frozenset(), policy: PolicyKind | None = None
 ) -> st.SearchStrategy[Scenario]:
     """`all`: generated workloads (they shrink to the smallest counterexamples); a name: variations
     of that named scenario (its requests stay, so its counterexamples stay that size)."""

@@ -14,4 +14,4 @@ def sleep_cycles_per_second() -> float:
     torch.cuda._sleep(cycles)
     end.record()
     end.synchronize()
-    return cycles / (start.elapsed_time(end) / 1e3)
+    return cycles / (float(start.elapsed_time(end)) / 1e3)

@@ -202,7 +202,8 @@ class SimDevice(Device):
 
     def copy_to_device(self, buffer: str, writes: Sequence[RowWrite], stream: Stream) -> None:
         check_rows(self.config, buffer, writes)
-        target = {TOKEN_POOL: self.token_pool, PAGE_TABLE: self.page_table}[buffer]
+        targets: dict[str, np.ndarray] = {TOKEN_POOL: self.token_pool, PAGE_TABLE: self.page_table}
+        target = targets[buffer]
         access = self.recorder.rows(buffer, writes)
         op = self.recorder.op(
             stream.name, "h2d", self.now(), label=f"h2d {buffer}", accesses=[access]

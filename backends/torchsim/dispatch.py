@@ -623,7 +623,7 @@ def _written(found: list[Touch]) -> dict[int, _Written]:
     return out
 
 
-class DispatchMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
+class DispatchMode(TorchDispatchMode):
     """Every aten call of the program, to the interceptor."""
 
     def __init__(self, interceptor: Interceptor) -> None:

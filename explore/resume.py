@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from overlapcheck.core.config import POLICIES
 from overlapcheck.core.errors import UserError
 from overlapcheck.core.scenario import Scenario
 from overlapcheck.explore.search import SearchSpec
@@ -48,9 +49,12 @@ def resumed_spec(path: str | Path, spec: SearchSpec) -> SearchSpec:
         scenario = raw
     else:
         raise UserError(f"{path}: search.scenario: unknown scenario {raw!r}")
-    policy = search.get("policy")
-    if policy is not None and not isinstance(policy, str):
-        raise UserError(f"{path}: search.policy: expected a string, got {policy!r}")
+    recorded = search.get("policy")
+    policy = next((p for p in POLICIES if p == recorded), None)
+    if recorded is not None and policy is None:
+        raise UserError(
+            f"{path}: search.policy: expected one of {', '.join(POLICIES)}, got {recorded!r}"
+        )
     return replace(
         spec,
         scenario=scenario,

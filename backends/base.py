@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
+from overlapcheck.backends.kv_shadow import KvShadow
 from overlapcheck.core.device import Device
 from overlapcheck.core.scenario import RequestSpec, Scenario
 
@@ -29,6 +30,16 @@ class Backend(Protocol):
 
     def reference(self, spec: RequestSpec, max_tokens: int) -> Reference:
         """The reference for one request instance (a reused uid gets a reference of its own)."""
+        ...
+
+
+@runtime_checkable
+class KeepsKvShadow(Protocol):
+    """A backend whose devices can keep a KV shadow (`backends/kv_shadow.py`): what each KV cell
+    was computed for, which `kv-provenance` reads. The simulator does; the real engine does not."""
+
+    def make_shadowed_device(self, scenario: Scenario, shadow: KvShadow) -> Device:
+        """`make_device`, the device recording into `shadow` as its kernels run."""
         ...
 
 

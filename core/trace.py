@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import operator
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
@@ -162,6 +163,23 @@ class Trace:
             ).encode()
         )
         return h.hexdigest()
+
+
+class TraceView(Protocol):
+    """What the checks read of a trace: a run's `Trace`, or a finished run's trace as it stood at
+    an earlier event (checks deferred to after the run read it so)."""
+
+    @property
+    def ops(self) -> Sequence[Op]: ...
+
+    @property
+    def messages(self) -> list[Message]: ...
+
+    @property
+    def received(self) -> list[Message]: ...
+
+    @property
+    def sizes(self) -> dict[str, int]: ...
 
 
 def _hash_cells(h: Any, cells: list[np.ndarray]) -> None:

@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from overlapcheck.backends.base import Backend, Reference
+from overlapcheck.backends.base import Backend, KeepsKvShadow, Reference
+from overlapcheck.backends.kv_shadow import KvShadow
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.errors import UserError
 from overlapcheck.core.messages import UserMsg
-from overlapcheck.core.protocol import MessageSource, SchedulerFactory, SchedulerUnderTest
+from overlapcheck.core.protocol import SchedulerFactory, SchedulerUnderTest
 from overlapcheck.core.rules import max_output, rejection
 from overlapcheck.core.scenario import RequestSpec, Scenario, user_msg
 from overlapcheck.core.trace import Trace
@@ -139,36 +140,36 @@ def run_scenario(
     """
     started = time.perf_counter()
     scenario = backend.prepare(scenario)
-    device = backend.make_device(scenario)
     cfg = scenario.config
-    source: MessageSource = WorkloadSource(scenario.requests, deliveries, cfg, device.trace)
     chosen = make_invariants(invariants)
+    shadow: KvShadow | None = None
+    if any(inv.needs_kv_shadow for inv in chosen) and isinstance(backend, KeepsKvShadow):
+        shadow = KvShadow(cfg.num_cells, cfg.max_seq_len)
+        device = backend.make_shadowed_device(scenario, shadow)
+    else:
+        device = backend.make_device(scenario)
     defer = backend.name != "sim" if defer_checks is None else defer_checks
-    later = [inv for inv in chosen if defer and inv.deferrable]
+    # A check that reads the books reads live state, so it never waits for the end of the run.
+    later = [inv for inv in chosen if defer and inv.deferrable and not inv.needs_books]
     checks = Checks([inv for inv in chosen if inv not in later], keep_going)
     factory = scheduler if scheduler is not None else SchedulerSpec().factory()
-    ctx = RunContext(scenario, device, backend.name, None)
+    ctx = RunContext(scenario, device, backend.name, None, shadow)
+    source = WorkloadSource(scenario.requests, deliveries, cfg, device.trace, lambda: ctx.step)
     wanted = any(inv.id == "oracle" for inv in checks.checks)
     harness = Harness(ctx, checks, source, _references(scenario, backend, wanted))
     if later:
         harness.log = []
-    bind = getattr(source, "bind", None)
-    if bind is not None:  # a source that delivers by iteration reads the harness's count
-        bind(lambda: ctx.step)
     sched = _build(factory, cfg, device, harness)
     ctx.scheduler = sched
     for inv in checks.checks:
         inv.bind(ctx)
-    skipped = [inv.id for inv in checks.checks if inv.needs_books and not ctx.has_books]
+    skipped = [inv for inv in checks.checks if inv.needs_books and not ctx.has_books]
     if skipped:
         ctx.notices.append(
-            f"skipped {', '.join(skipped)}: the scheduler has no books() "
+            f"skipped {', '.join(inv.id for inv in skipped)}: the scheduler has no books() "
             "(see core/protocol.py); the black-box checks still run"
         )
-        checks.checks = [
-            inv for inv in checks.checks if not (inv.needs_books and not ctx.has_books)
-        ]
-    later = [inv for inv in later if not (inv.needs_books and not ctx.has_books)]
+        checks.checks = [inv for inv in checks.checks if inv not in skipped]
     with _fewer_collections():
         completed = drive(sched, ctx, checks, step_bound(scenario), harness.log)
     violations, notices = checks.violations, ctx.notices

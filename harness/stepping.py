@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import suppress
-from typing import Any
+from typing import Any, Protocol
 
 from overlapcheck.backends.base import Reference
 from overlapcheck.core.errors import InvariantError
@@ -83,6 +83,13 @@ class Checks:
             raise InvariantViolated(violation)
 
 
+class Workload(MessageSource, Protocol):
+    """The source the harness wraps: it also hears every message the scheduler sends, since a
+    follow-up turn is built from the replies to the turn before."""
+
+    def observe(self, msg: OutMsg, now: float) -> None: ...
+
+
 class Harness:
     """Wraps the scheduler's source and sink; counts iterations."""
 
@@ -90,15 +97,14 @@ class Harness:
         self,
         ctx: RunContext,
         checks: Checks,
-        source: MessageSource,
+        source: Workload,
         reference: Callable[[UserMsg, int], Reference | None],
     ) -> None:
         self.ctx = ctx
         self.checks = checks
         self.inner = source
         self.reference = reference
-        # A workload that reacts to replies (a multi-turn follow-up) observes each one.
-        self._observe: Callable[[OutMsg, float], None] | None = getattr(source, "observe", None)
+        self._observe = source.observe  # looked up once: called for every message sent
         # (kind, message, iteration, ops issued, time) for the checks deferred to after the run
         self.log: list[Event] | None = None
 
@@ -130,8 +136,7 @@ class Harness:
         if self.log is not None:
             self.log.append(("send", msg, step, len(ctx.trace.ops), now))
         req = ctx.book.answer(msg, step)
-        if self._observe is not None:
-            self._observe(msg, now)
+        self._observe(msg, now)
         self.checks.notify("on_message", msg, req)
 
 
@@ -203,7 +208,7 @@ def check_after(
 ) -> tuple[list[Violation], list[str]]:
     """The deferred checks, over the run's recorded events: each sees the trace as it stood, the
     time and the iteration of the event, and a request book rebuilt event by event."""
-    ctx = RunContext(ran.scenario, ran.device, ran.backend_name, ran.scheduler)
+    ctx = RunContext(ran.scenario, ran.device, ran.backend_name, ran.scheduler, ran.kv_shadow)
     view = TracePrefix(ran.device.trace)
     ctx.view, ctx.live_books = view, False
     checks = Checks(later, keep_going)

@@ -53,11 +53,14 @@ class Invariant:
     """One invariant. `bind` gives it the run; `finish` runs the end-of-run check.
 
     `needs_books`: the check reads the scheduler's books; without them it is skipped (one notice).
+    `needs_kv_shadow`: the check reads the device's KV shadow (`RunContext.kv_shadow`), which the
+    harness asks the backend for only then.
     `deferrable`: see below; a check that reads live state (books, the device) is not.
     """
 
     id: str = ""
     needs_books: bool = False
+    needs_kv_shadow: bool = False
     # Judged from the trace and the messages alone, so it may run after the run over the recorded
     # events (on a real device, so that its host time cannot move the timing under test).
     deferrable: bool = True

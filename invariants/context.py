@@ -11,12 +11,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, overload
 
+from overlapcheck.backends.kv_shadow import KvShadow
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.device import Device
 from overlapcheck.core.messages import AbortMsg, InMsg, OutMsg, RejectMsg, UserMsg
 from overlapcheck.core.protocol import Books, HasBooks
 from overlapcheck.core.rules import max_output, rejection
-from overlapcheck.core.trace import Op, Trace
+from overlapcheck.core.trace import Op, Trace, TraceView
 from overlapcheck.invariants.races import Clocks
 
 if TYPE_CHECKING:
@@ -154,11 +155,17 @@ class RunContext:
     """The run as invariants see it: configuration, device, trace, requests, current iteration."""
 
     def __init__(
-        self, scenario: Scenario, device: Device, backend_name: str, scheduler: object
+        self,
+        scenario: Scenario,
+        device: Device,
+        backend_name: str,
+        scheduler: object,
+        kv_shadow: KvShadow | None = None,
     ) -> None:
         self.scenario = scenario
         self.config = scenario.config
         self.device = device
+        self.kv_shadow = kv_shadow  # what the device records of each KV cell, if it keeps one
         self.backend_name = backend_name
         self.scheduler = scheduler
         self.book = RequestBook(scenario.config)
@@ -171,7 +178,7 @@ class RunContext:
         self._view: TracePrefix | None = None
         # What the checks read: the device's trace, or the view. An attribute, not a property:
         # several checks read it at every message.
-        self.trace: Trace = device.trace
+        self.trace: TraceView = device.trace
         self.frozen_now: float | None = None
         self.live_books = True
 
@@ -183,7 +190,7 @@ class RunContext:
     def scheduler(self, scheduler: object) -> None:
         self._scheduler = scheduler
         # Checked once: isinstance against a runtime-checkable protocol costs microseconds.
-        self._has_books = isinstance(scheduler, HasBooks)
+        self._with_books = scheduler if isinstance(scheduler, HasBooks) else None
 
     def scheduler_ran(self) -> None:
         """The scheduler may have changed its books (the harness calls this around `step()`)."""
@@ -196,7 +203,7 @@ class RunContext:
     @view.setter
     def view(self, view: TracePrefix | None) -> None:
         self._view = view
-        self.trace = view if view is not None else self.device.trace  # type: ignore[assignment]
+        self.trace = view if view is not None else self.device.trace
 
     @property
     def clocks(self) -> Clocks:
@@ -210,12 +217,12 @@ class RunContext:
 
     @property
     def has_books(self) -> bool:
-        return self._has_books
+        return self._with_books is not None
 
     def books(self) -> Books | None:
         """The scheduler's resource books, if it offers them (see `core/protocol.py`)."""
         if not self.live_books:
             return None  # replaying after the run: the books of that moment are gone
-        if self._books is None and self._has_books:
-            self._books = self.scheduler.books()  # type: ignore[attr-defined]
+        if self._books is None and self._with_books is not None:
+            self._books = self._with_books.books()
         return self._books

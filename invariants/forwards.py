@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from overlapcheck.core.trace import PAGE_TABLE, Op, Trace
+from overlapcheck.core.trace import PAGE_TABLE, Op, TraceView
 from overlapcheck.invariants.context import Request
 
 Attributed = tuple[Op, tuple[Request | None, ...]]
@@ -21,7 +21,7 @@ class ForwardFeed:
         self.seen = 0
         self.current: dict[int, Request] = {}  # uid -> the instance its forwards run for now
 
-    def pull(self, trace: Trace) -> list[Attributed]:
+    def pull(self, trace: TraceView) -> list[Attributed]:
         """The forwards issued since the last pull, with the request of each sequence."""
         ops = trace.ops
         out: list[Attributed] = []

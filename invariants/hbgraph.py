@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import networkx as nx
 
-from overlapcheck.core.trace import HOST, Op, Trace
+from overlapcheck.core.trace import HOST, Op, TraceView
 
 
-def hb_graph(trace: Trace, upto: int | None = None) -> nx.DiGraph:
+def hb_graph(trace: TraceView, upto: int | None = None) -> nx.DiGraph:
     """Ops as nodes (by seq); edges for program order, host issue, and event record -> wait."""
     ops = trace.ops[: None if upto is None else upto + 1]
     graph = nx.DiGraph()
@@ -30,11 +30,11 @@ def hb_graph(trace: Trace, upto: int | None = None) -> nx.DiGraph:
     return graph
 
 
-def ordered(trace: Trace, first: int, second: int) -> bool:
+def ordered(trace: TraceView, first: int, second: int) -> bool:
     return bool(nx.has_path(hb_graph(trace, second), first, second))
 
 
-def explain(trace: Trace, first: Op, second: Op) -> str:
+def explain(trace: TraceView, first: Op, second: Op) -> str:
     """A sentence naming the synchronisation that would have ordered the two operations."""
     if ordered(trace, first.seq, second.seq):
         return "the two operations are ordered (not a race)"
@@ -49,7 +49,7 @@ def explain(trace: Trace, first: Op, second: Op) -> str:
     return f"{second.agent} never waited on an event recorded on {first.agent} after {where}"
 
 
-def race_subgraph(trace: Trace, first: int, second: int) -> nx.DiGraph:
+def race_subgraph(trace: TraceView, first: int, second: int) -> nx.DiGraph:
     """The happens-before graph around a race: the iterations of its two operations, with the two
     racing nodes marked and no path between them (write it with `nx.write_graphml`)."""
     graph = hb_graph(trace, second)

@@ -54,6 +54,7 @@ class _Context:
 class KvProvenance(Invariant):
     id = "kv-provenance"
     deferrable = False  # reads the device's shadow as the run goes
+    needs_kv_shadow = True
 
     def __init__(self) -> None:
         self.feed = ForwardFeed()
@@ -63,15 +64,13 @@ class KvProvenance(Invariant):
 
     def bind(self, run: RunContext) -> None:
         super().bind(run)
-        device = run.device
-        if not hasattr(device, "kv_shadow"):
+        if run.kv_shadow is None:
             run.notices.append(
                 f"skipped kv-provenance: the {run.backend_name} backend keeps no KV shadow (what "
                 "each KV cell was computed for); only the simulator records it"
             )
             return
-        self.shadow = KvShadow(run.config.num_cells, run.config.max_seq_len)
-        device.kv_shadow = self.shadow
+        self.shadow = run.kv_shadow
 
     def on_receive(self, msg: InMsg, req: Request | None) -> None:
         if self.shadow is None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from overlapcheck.core.trace import HOST, Access, Op, Trace
+from overlapcheck.core.trace import HOST, Access, Op, TraceView
 
 MAX_AGENTS = 8
 _AGENT_BITS = 3  # MAX_AGENTS == 1 << _AGENT_BITS
@@ -130,7 +130,7 @@ class Clocks:
     """One happens-before pass over a trace, shared by every check that needs vector clocks
     (`no-race`, `slot-not-in-flight`, `no-hidden-sync`): each op's agent and vector clock."""
 
-    def __init__(self, trace: Trace) -> None:
+    def __init__(self, trace: TraceView) -> None:
         self.trace = trace
         self.hb = HappensBefore()
         self.agent: list[int] = []
@@ -161,7 +161,7 @@ class RaceDetector:
         assert self.clocks is not None
         return self.clocks.hb
 
-    def check(self, trace: Trace) -> Race | None:
+    def check(self, trace: TraceView) -> Race | None:
         """Check the operations issued since the last call; the first race, or None."""
         if self.clocks is None:
             self.clocks = Clocks(trace)

@@ -57,6 +57,7 @@ class WorkloadSource:
         deliveries: list[tuple[int, int, str]] | None = None,
         config: SchedulerConfig | None = None,
         trace: Trace | None = None,
+        step: Callable[[], int] = lambda: 0,
     ) -> None:
         self.requests = requests
         anchored = any(r.arrival_after or r.abort_after for r in requests)
@@ -67,7 +68,7 @@ class WorkloadSource:
             if anchored and config is not None and trace is not None and deliveries is None
             else None
         )
-        self._step: Callable[[], int] = lambda: 0
+        self._step = step  # the harness's count of scheduler iterations
         n = len(requests)
         self.prompts: list[tuple[int, ...] | None] = [None] * n  # as sent
         self.got: list[list[int]] = [[] for _ in range(n)]  # tokens the scheduler sent for each
@@ -98,10 +99,6 @@ class WorkloadSource:
             elif spec.abort_at is not None:
                 at = max(spec.abort_at, spec.arrival) if spec.timed else spec.abort_at
                 self._pending.append(_Event(ABORT, i, at, None))
-
-    def bind(self, step: Callable[[], int]) -> None:
-        """Where to read the current iteration (the harness's count of scheduler iterations)."""
-        self._step = step
 
     # -- the MessageSource protocol -----------------------------------------------------------
 
@@ -224,13 +221,10 @@ class WorkloadSource:
 class IterationSource:
     """Given messages delivered at given scheduler iterations (a hand-written schedule)."""
 
-    def __init__(self, schedule: list[tuple[int, InMsg]]) -> None:
+    def __init__(self, schedule: list[tuple[int, InMsg]], step: Callable[[], int]) -> None:
+        """`step` reads the current iteration (the scheduler's `step_no`)."""
         self._schedule = sorted(schedule, key=lambda item: item[0])
         self._next = 0
-        self._step: Callable[[], int] = lambda: 0
-
-    def bind(self, step: Callable[[], int]) -> None:
-        """Where to read the current iteration (the scheduler's `step_no`)."""
         self._step = step
 
     def poll(self, now: float) -> list[InMsg]:

@@ -72,10 +72,9 @@ def stream(case: Case) -> tuple[Stream, InvariantError | None]:
     schedule: list[tuple[int, InMsg]] = [(i, user_msg(specs[uid])) for i, uid in case.arrivals]
     schedule += [(i, AbortMsg(uid)) for i, uid in case.aborts]
     device = case.backend().make_device(case.scenario())
-    source = IterationSource(schedule)
+    source = IterationSource(schedule, lambda: sched.step_no)
     out: list[OutMsg] = []
     sched = Scheduler(case.config, device, source, out.append)
-    source.bind(lambda: sched.step_no)
     broken: InvariantError | None = None
     try:
         while sched.step() and sched.step_no < 100:

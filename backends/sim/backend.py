@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from overlapcheck.backends.base import ExactReference
+from overlapcheck.backends.kv_shadow import KvShadow
 from overlapcheck.backends.sim.device import SimDevice
 from overlapcheck.backends.sim.timing import Timing
 from overlapcheck.backends.sim.toy_model import ToyModel
@@ -21,6 +22,12 @@ class SimBackend:
         return scenario  # the toy model runs any scenario as written
 
     def make_device(self, scenario: Scenario) -> SimDevice:
+        return self._device(scenario, None)
+
+    def make_shadowed_device(self, scenario: Scenario, shadow: KvShadow) -> SimDevice:
+        return self._device(scenario, shadow)
+
+    def _device(self, scenario: Scenario, shadow: KvShadow | None) -> SimDevice:
         cfg = scenario.config
         self.model = ToyModel(
             cfg.vocab_size,
@@ -31,7 +38,7 @@ class SimBackend:
         for spec in scenario.requests:
             if spec.continuation:
                 self.model.add_script(spec.prompt, spec.continuation)
-        self.device = SimDevice(cfg, self.model, self.timing)
+        self.device = SimDevice(cfg, self.model, self.timing, shadow)
         return self.device
 
     def reference(self, spec: RequestSpec, max_tokens: int) -> ExactReference:

@@ -122,7 +122,11 @@ class _Span:
 
 class SimDevice(Device):
     def __init__(
-        self, config: SchedulerConfig, model: ToyModel, timing: Timing | None = None
+        self,
+        config: SchedulerConfig,
+        model: ToyModel,
+        timing: Timing | None = None,
+        kv_shadow: KvShadow | None = None,
     ) -> None:
         self.config = config
         self.model = model
@@ -146,8 +150,8 @@ class SimDevice(Device):
         self.kv = np.full(config.num_cells, -1, dtype=DTYPE)
         self.metadata = np.full((2, self.recorder.metadata_width), -1, dtype=np.int64)
         self.staging = np.full(self.recorder.metadata_width, -1, dtype=np.int64)
-        # What each KV cell was computed for; kept only while `kv-provenance` asks for it.
-        self.kv_shadow: KvShadow | None = None
+        # What each KV cell was computed for; kept only when `kv-provenance` asks for it.
+        self.kv_shadow = kv_shadow
 
     # -- host side ----------------------------------------------------------------------------
 

@@ -84,8 +84,10 @@ def calibrated(cuda: TorchBackend, tmp_path_factory: pytest.TempPathFactory) -> 
 
 def test_the_calibrated_simulator_predicts_the_gpu(cuda: TorchBackend, calibrated: Profile) -> None:
     """Every figure within 15 % of the GPU's median or within the GPU's own run-to-run range in
-    this very run, whichever is wider (`misses`); totals with the calibrated profile follow the
-    host's drift and are reported, not judged (see docs/gpu.md)."""
+    this very run, whichever is wider (`misses`), with the host as run; the speed-up with the
+    calibrated profile too. Totals and the engine's idle share with the calibrated profile follow
+    the host's drift (the idle share is a ratio of host phases that drift apart) and are
+    reported, not judged (see docs/gpu-replay.md)."""
     rows = check(cuda, calibrated)
     assert not misses(rows), verdict(rows)
 

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from overlapcheck.commands.common import add_model_options, load_profile
+from overlapcheck.commands.paths import output_file, output_folder
 from overlapcheck.core.errors import UserError
 
 
@@ -41,6 +42,10 @@ def main(args: argparse.Namespace) -> int:
     profile = load_profile(args.check) if args.check else None
     if args.traces is not None and profile is None:
         raise UserError("--traces goes with --check PROFILE")
+    if args.traces is not None:
+        output_folder(str(args.traces), "--traces")
+    elif profile is None:
+        output_file(args.out, "timing profile")
     try:
         from overlapcheck.backends.gpu.backend import make_torch_backend
         from overlapcheck.orchestrate.calibrate_gpu import calibrate, check

@@ -132,6 +132,8 @@ def add_timing(parser: argparse.ArgumentParser) -> None:
 def resolve_scenario(text: str) -> Scenario:
     if text in NAMED:
         return named_scenario(text)
+    if Path(text).is_dir():
+        raise UserError(f"{text}: is a folder, not a scenario file")
     if Path(text).suffix in (".json", ".toml") or Path(text).exists():
         try:
             return load_scenario_file(text)
@@ -149,7 +151,8 @@ def apply_overrides(scenario: Scenario, args: argparse.Namespace) -> Scenario:
         if value is not None:
             changes[name] = value
     try:
-        changes["faults"] = parse_faults(getattr(args, "fault", []) or [])
+        # --fault adds to the faults a scenario file switches on.
+        changes["faults"] = scenario.config.faults | parse_faults(getattr(args, "fault", []) or [])
         return replace(scenario, config=replace(scenario.config, **changes))
     except (UnknownFaultError, ConfigError) as err:
         raise UserError(str(err)) from None
@@ -158,6 +161,8 @@ def apply_overrides(scenario: Scenario, args: argparse.Namespace) -> Scenario:
 def load_profile(path: str) -> Profile:
     """A timing profile file, validated (no unknown field, no negative, nan or infinite latency),
     or one clear UserError."""
+    if Path(path).is_dir():
+        raise UserError(f"{path}: is a folder, not a timing profile")
     try:
         return Profile.load(path)
     except FileNotFoundError:
@@ -196,6 +201,26 @@ class _AppendCheck(argparse.Action):
         if values in chosen:
             parser.error(f"argument --check: {values} is already on (given twice)")
         setattr(namespace, self.dest, [*chosen, values])
+
+
+def add_skip_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--skip",
+        action="append",
+        default=[],
+        metavar="INVARIANT",
+        help="do not check this invariant (repeatable; default: check all of them; e.g. "
+        "--skip exact-length to look past a bug you know, --skip no-race to look for races that "
+        "corrupt tokens, the ones a GPU replay can show)",
+    )
+
+
+def skipped(args: argparse.Namespace) -> frozenset[str]:
+    """`--skip`, each a default invariant (one line naming the known ones otherwise)."""
+    unknown = sorted(set(args.skip) - set(INVARIANTS))
+    if unknown:
+        raise UserError(f"unknown invariant {', '.join(unknown)} (known: {', '.join(INVARIANTS)})")
+    return frozenset(args.skip)
 
 
 def add_check_option(parser: argparse.ArgumentParser) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -21,14 +20,17 @@ from overlapcheck.backends.sim.timing import Profile
 from overlapcheck.commands.common import (
     add_check_option,
     add_scheduler_option,
+    add_skip_option,
     finite_positive_float,
     load_profile,
     nonneg_int,
     positive_int,
     resolve_scenario,
     scheduler_from_args,
+    skipped,
 )
-from overlapcheck.core.config import POLICIES
+from overlapcheck.commands.paths import output_folder
+from overlapcheck.core.config import LOOP_KINDS, POLICIES
 from overlapcheck.core.errors import UserError
 from overlapcheck.core.scenario import Scenario
 from overlapcheck.explore.keeper import FailureKeeper
@@ -44,7 +46,6 @@ from overlapcheck.explore.search import CUT_BUDGET, CUT_INTERRUPTED, SearchSpec,
 from overlapcheck.formats import counterexample
 from overlapcheck.harness.runner import RunResult
 from overlapcheck.harness.scheduler_spec import SchedulerSpec
-from overlapcheck.invariants.registry import INVARIANTS
 from overlapcheck.orchestrate.sim_replay import replay_on_sim
 from overlapcheck.reference.faults import UnknownFaultError, parse_faults
 from overlapcheck.scenarios.named import NAMED
@@ -100,16 +101,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument(
         "--timing", metavar="FILE", help="nominal timing profile (JSON; default: the built-in one)"
     )
-    p.add_argument(
-        "--skip",
-        action="append",
-        default=[],
-        metavar="INVARIANT",
-        help="do not check this invariant (repeatable; default: check all of them; e.g. "
-        "--skip no-race: look for races that corrupt tokens, the ones a GPU replay can show)",
-    )
+    add_skip_option(p)
     p.add_argument(
         "--policy", choices=POLICIES, help="pin the queue policy (default: drawn per example)"
+    )
+    p.add_argument(
+        "--loop",
+        choices=LOOP_KINDS,
+        help="pin the scheduler loop (default: drawn per example; a scheduler with only a "
+        "normal loop: --loop normal)",
     )
     add_check_option(p)
     add_scheduler_option(p)
@@ -142,7 +142,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument(
         "--json",
         action="store_true",
-        help="print one JSON object on stdout at the end (README: JSON output); the human "
+        help="print one JSON object on stdout at the end (docs/json.md); the human "
         "lines go to stderr (default: human lines on stdout)",
     )
     p.set_defaults(main=main)
@@ -152,15 +152,15 @@ def main(args: argparse.Namespace) -> int:
     scenario: str | Scenario = args.scenario
     if scenario != "all" and scenario not in NAMED:
         scenario = resolve_scenario(args.scenario)  # a file, or one line naming the choices
-    unknown = sorted(set(args.skip) - set(INVARIANTS))
-    if unknown:
-        raise UserError(f"unknown invariant {', '.join(unknown)} (known: {', '.join(INVARIANTS)})")
-    out = Path(args.out)
-    _check_writable(out)  # before the search: a found bug must have somewhere to go
+    skip = skipped(args)
+    out = output_folder(args.out, "--out")  # before the search: a found bug must have a home
+    database = _database(args.db, out)
     try:
         faults = parse_faults(args.fault)
     except UnknownFaultError as err:
         raise UserError(str(err)) from None
+    if isinstance(scenario, Scenario):  # --fault adds to the faults the file switches on
+        faults |= scenario.config.faults
     profile = load_profile(args.timing) if args.timing else Profile()
     spec = SearchSpec(
         scenario=scenario,
@@ -169,9 +169,10 @@ def main(args: argparse.Namespace) -> int:
         max_examples=args.max_examples,
         seed=args.seed,
         profile=profile,
-        database=_database(args.db, out),
-        skip=frozenset(args.skip),
+        database=database,
+        skip=skip,
         policy=args.policy,
+        loop=args.loop,
         extra_checks=tuple(args.check),
         scheduler=scheduler_from_args(args) or SchedulerSpec(),
     )
@@ -222,11 +223,19 @@ def main(args: argparse.Namespace) -> int:
         return report.end(0)
     try:
         path = keeper.finish(data)
-    except OSError as err:  # the folder went away mid-search: print it rather than lose it
-        print(json.dumps({k: v for k, v in data.items() if k != "trace"}))
-        raise UserError(
-            f"{args.out}: cannot save the counterexample ({err.strerror}); it is printed above"
-        ) from None
+    except OSError as err:
+        # The folder went away or filled up mid-search: print the counterexample rather than
+        # lose it, and still exit 1: a violation was found, and a script testing for 1 must see it.
+        print(json.dumps({k: v for k, v in data.items() if k != "trace"}), file=human)
+        print(
+            f"overlapcheck: error: {args.out}: cannot save the counterexample "
+            f"({err.strerror}); it is printed above",
+            file=sys.stderr,
+        )
+        violation = data.get("violation")
+        if isinstance(violation, dict):
+            report.violation = violation
+        return report.end(1)
     report.counterexample = path
     cex = counterexample.load(path)
     run = replay_on_sim(cex)
@@ -275,14 +284,21 @@ def main(args: argparse.Namespace) -> int:
 
 def _database(db: str | None, out: Path) -> str | None:
     """`--db`, or the default beside the counterexamples (an absolute path: Ray tasks and worker
-    processes open it from wherever they run)."""
+    processes open it from wherever they run). A regular file there is refused: Hypothesis would
+    silently keep nothing."""
     if db is not None and db.lower() == "none":
         return None
-    return str(Path(db).resolve() if db is not None else (out / DB_FOLDER).resolve())
+    path = Path(db) if db is not None else out / DB_FOLDER
+    if path.exists() and not path.is_dir():
+        option = "--db" if db is not None else f"--out {out}: the example database"
+        raise UserError(f"{option} {path}: is a file, not a folder")
+    if db is not None:
+        output_folder(db, "--db")
+    return str(path.resolve())
 
 
 class _Report:
-    """`--json`: what explore prints on stdout at the end (schema: README, JSON output)."""
+    """`--json`: what explore prints on stdout at the end (schema: docs/json.md)."""
 
     def __init__(self, enabled: bool, outcome: Outcome, keeper: FailureKeeper) -> None:
         self.enabled = enabled
@@ -379,15 +395,6 @@ def _search(spec: SearchSpec, args: argparse.Namespace, keeper: FailureKeeper) -
                 workers = available_cores()
             return search_ray(spec, args.ray, workers, listener)
         return search_streams(spec, args.workers or available_cores(), listener)
-
-
-def _check_writable(out: Path) -> None:
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise UserError(f"--out {out}: cannot create the folder ({err.strerror})") from None
-    if not os.access(out, os.W_OK):
-        raise UserError(f"--out {out}: the folder is not writable")
 
 
 def _draw(run: RunResult, path: Path, say: Callable[[str], None]) -> list[Path]:

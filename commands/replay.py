@@ -15,6 +15,7 @@ from overlapcheck.commands.common import (
     positive_int,
     scheduler_from_args,
 )
+from overlapcheck.commands.paths import output_file
 from overlapcheck.core.errors import UserError
 from overlapcheck.formats import counterexample
 from overlapcheck.harness.runner import RunResult
@@ -58,6 +59,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.hb_graph:
+        output_file(args.hb_graph, "happens-before graph")
     cex = counterexample.load(args.file)
     scheduler = scheduler_from_args(args)  # overrides the one the file records
     change = cex.scheduler_change(scheduler)

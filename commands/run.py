@@ -13,17 +13,21 @@ from overlapcheck.commands.common import (
     add_config_overrides,
     add_model_options,
     add_scheduler_option,
+    add_skip_option,
     add_timing,
     apply_overrides,
     finish_with_outputs,
     make_timing,
     resolve_scenario,
     scheduler_from_args,
+    skipped,
 )
+from overlapcheck.commands.paths import output_file
 from overlapcheck.harness.runner import RunResult, run_scenario
 from overlapcheck.harness.scheduler_spec import SchedulerSpec
-from overlapcheck.invariants.registry import INVARIANTS
+from overlapcheck.invariants.registry import check_specs
 from overlapcheck.scenarios.named import NAMED
+from overlapcheck.timeline.render import FORMATS as TIMELINE_FORMATS
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -43,6 +47,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     add_config_overrides(p)
     add_timing(p)
     add_check_option(p)
+    add_skip_option(p)
     add_scheduler_option(p)
     p.add_argument(
         "--keep-going",
@@ -65,14 +70,20 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def main(args: argparse.Namespace) -> int:
+    # Outputs first: a run must not end in an error its first millisecond could have reported.
+    if args.trace:
+        output_file(args.trace, "trace")
+    if args.timeline:
+        output_file(args.timeline, "timeline", TIMELINE_FORMATS)
     scenario = apply_overrides(resolve_scenario(args.scenario), args)
     options = {k: getattr(args, k) for k in ("model", "preset", "sanitize") if getattr(args, k)}
     backend = make_backend(args.backend, make_timing(args), **options)
     spec = scheduler_from_args(args) or SchedulerSpec()
+    skip = skipped(args)
     result = run_scenario(
         scenario,
         backend,
-        [*INVARIANTS, *args.check] if args.check else None,
+        check_specs(skip, args.check) if skip or args.check else None,
         scheduler=spec.factory(),
         keep_going=args.keep_going,
     )

@@ -17,6 +17,7 @@ from overlapcheck.commands.common import (
     resolve_scenario,
     scheduler_from_args,
 )
+from overlapcheck.commands.paths import output_file
 from overlapcheck.core.errors import UserError
 from overlapcheck.formats import counterexample
 from overlapcheck.formats.counterexample import FORMAT as COUNTEREXAMPLE
@@ -29,7 +30,7 @@ from overlapcheck.orchestrate.calibrate_fit import as_ran
 from overlapcheck.orchestrate.sim_replay import replay_on_sim
 from overlapcheck.scenarios.named import NAMED
 from overlapcheck.timeline.model import Interval, Rendered
-from overlapcheck.timeline.render import FORMATS, output_path, render_trace
+from overlapcheck.timeline.render import FORMATS, render_trace
 
 # What `--json` says a file holds, by its extension.
 FORMAT_NAMES = {".png": "png", ".svg": "svg", ".json": "perfetto"}
@@ -111,7 +112,7 @@ def parse_window(text: str) -> Interval:
 
 
 def main(args: argparse.Namespace) -> int:
-    out = output_path(args.output)
+    out = output_file(args.output, "timeline", FORMATS)
     if args.compare and args.compare_backends:
         raise UserError("choose one of --compare and --compare-backends")
     if args.compare_backends:

@@ -26,6 +26,16 @@ class ConfigError(ValueError):
     """A configuration value that cannot work; the message names the field."""
 
 
+# What one run can hold: the device buffers are numpy arrays of these sizes (token pool and page
+# table: slots x max_seq_len; the KV pool: num_pages x page_size cells), allocated whole when the
+# run starts. Past these a typo (1e8 for 1e3) would take the machine's memory, not start a run.
+MAX_SEQ_LEN = 65_536
+MAX_SLOTS = 4_096
+MAX_ROW_CELLS = 1 << 22  # (num_slots + 1) x max_seq_len
+MAX_KV_CELLS = 1 << 22  # num_pages x page_size
+MAX_VOCAB = 1 << 20
+
+
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
     """Sizes of the device pools and the scheduler's switches."""
@@ -54,6 +64,20 @@ class SchedulerConfig:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_seq_len < 2:
             raise ConfigError(f"max_seq_len must be >= 2, got {self.max_seq_len}")
+        highest = {"max_seq_len": MAX_SEQ_LEN, "num_slots": MAX_SLOTS, "vocab_size": MAX_VOCAB}
+        for name, high in highest.items():
+            if getattr(self, name) > high:
+                raise ConfigError(f"{name} must be <= {high:,}, got {getattr(self, name):,}")
+        if (self.num_slots + 1) * self.max_seq_len > MAX_ROW_CELLS:
+            raise ConfigError(
+                f"(num_slots + 1) x max_seq_len must be <= {MAX_ROW_CELLS:,} token-pool cells, "
+                f"got ({self.num_slots} + 1) x {self.max_seq_len}"
+            )
+        if self.num_pages * self.page_size > MAX_KV_CELLS:
+            raise ConfigError(
+                f"num_pages x page_size must be <= {MAX_KV_CELLS:,} KV cells, "
+                f"got {self.num_pages:,} x {self.page_size:,}"
+            )
         if self.vocab_size < 4:
             raise ConfigError(f"vocab_size must be >= 4, got {self.vocab_size}")
         if not 0 <= self.eos_token_id < self.vocab_size:

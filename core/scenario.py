@@ -42,6 +42,13 @@ class Anchor:
         return {"request": self.request, "at": self.at, "iterations": self.iterations}
 
 
+# A simulated clock far past this loses the resolution of the delays it adds (1e12 + 1e-6 ==
+# 1e12 in floating point), and an idle scheduler steps once per iteration until a delivery
+# iteration comes: both bound what a workload may ask for.
+MAX_SECONDS = 1e6
+MAX_ITERATION = 100_000
+
+
 @dataclass(frozen=True, slots=True)
 class RequestSpec:
     """One request of a workload. Times are simulated seconds from the start of the run.
@@ -88,10 +95,16 @@ class RequestSpec:
         """Why this request cannot stand at position `index` of a workload (None: it can)."""
         if self.arrival < 0 or (self.abort_at is not None and self.abort_at < 0) or self.think < 0:
             return "times must be >= 0"
+        for name in ("arrival", "abort_at", "think"):
+            value = getattr(self, name)
+            if value is not None and value > MAX_SECONDS:
+                return f"{name} must be <= {MAX_SECONDS:g} simulated seconds, got {value:g}"
         for name in ("arrival_iteration", "abort_iteration"):
             value = getattr(self, name)
             if value is not None and value < 0:
                 return f"{name} must be >= 0"
+            if value is not None and value > MAX_ITERATION:
+                return f"{name} must be <= {MAX_ITERATION:,}, got {value:,}"
         if self.arrival and self.arrival_iteration is not None:
             return "give 'arrival' or 'arrival_iteration', not both"
         if self.abort_at is not None and self.abort_iteration is not None:

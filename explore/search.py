@@ -24,7 +24,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.backends.sim.timing import Profile, Timing
-from overlapcheck.core.config import PolicyKind
+from overlapcheck.core.config import LoopKind, PolicyKind
 from overlapcheck.core.scenario import Scenario
 from overlapcheck.core.trace import Trace
 from overlapcheck.harness.crash import CheckerBug
@@ -259,10 +259,10 @@ class SearchSpec:
 
     `scenario`: `all` (generated workloads), a named scenario, or a `Scenario` (from a user's
     file): variations of it are explored. `skip`: invariants not to check; `extra_checks`: opt-in
-    ones (`bounded-wait=K`); `policy` pins the queue policy (else it is drawn with the rest of
-    the configuration); `database`: a Hypothesis example database directory (None: in memory);
-    `scheduler`: the scheduler under test; `round_size`: examples per Hypothesis run (the budget
-    and the progress are checked between rounds).
+    ones (`bounded-wait=K`); `policy` pins the queue policy and `loop` the scheduler loop (else
+    each is drawn with the rest of the configuration); `database`: a Hypothesis example database
+    directory (None: in memory); `scheduler`: the scheduler under test; `round_size`: examples
+    per Hypothesis run (the budget and the progress are checked between rounds).
     """
 
     scenario: str | Scenario = "all"
@@ -279,6 +279,7 @@ class SearchSpec:
     round_size: int = 25
     # A saved example (`Found.choices`) to replay first and shrink from: `explore --resume`.
     resume: bytes = b""
+    loop: LoopKind | None = None
 
     @property
     def checks(self) -> list[str]:
@@ -291,8 +292,14 @@ class SearchSpec:
             base = self.scenario
             if self.policy is not None:
                 base = base.with_config(policy=self.policy)
-            return variations(base, self.faults)
-        return scenarios(self.scenario, self.faults, self.policy)
+            drawn = variations(base, self.faults)
+        else:
+            drawn = scenarios(self.scenario, self.faults, self.policy)
+        loop = self.loop
+        if loop is None:
+            return drawn
+        # The loop is still drawn (and shrinks as before); a pinned one replaces the draw.
+        return drawn.map(lambda scenario: scenario.with_config(loop=loop))
 
     def database_namespace(self) -> bytes:
         """What a saved example means: the same choices replay as the same test only under the
@@ -310,6 +317,8 @@ class SearchSpec:
             "scheduler": self.scheduler.text,
             "profile": self.profile.as_dict(),
         }
+        if self.loop is not None:
+            what["loop"] = self.loop
         text = json.dumps(what, sort_keys=True, default=str)
         return hashlib.blake2b(text.encode(), digest_size=12).hexdigest().encode()
 

@@ -12,6 +12,8 @@ from overlapcheck.core.errors import UserError
 def read_json_file(path: str | Path, what: str) -> Any:
     """The parsed contents of `path`; a missing or malformed file is a UserError naming `what`."""
     p = Path(path)
+    if p.is_dir():
+        raise UserError(f"{p}: is a folder, not a {what} file")
     if not p.is_file():
         raise UserError(f"{p}: no such {what} file")
     try:

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 from overlapcheck.core.config import ConfigError, SchedulerConfig
 from overlapcheck.core.scenario import Anchor, RequestSpec, Scenario
+from overlapcheck.reference.faults import UnknownFaultError, parse_faults
 
 
 class ScenarioError(ValueError):
@@ -23,13 +24,15 @@ class ScenarioError(ValueError):
 CONFIG_TYPES: dict[str, type] = {
     f.name: type(f.default) for f in fields(SchedulerConfig) if f.name != "faults"
 }
-CONFIG_FIELDS = set(CONFIG_TYPES)
+CONFIG_FIELDS = {*CONFIG_TYPES, "faults"}
 REQUEST_FIELDS = {f.name for f in fields(RequestSpec)}
 T = TypeVar("T")
 
 
 def load_scenario_file(path: str | Path) -> Scenario:
     p = Path(path)
+    if p.is_dir():
+        raise ScenarioError(f"{p}: is a folder, not a scenario file")
     if not p.is_file():
         raise ScenarioError(f"{p}: no such scenario file")
     try:
@@ -60,7 +63,12 @@ def scenario_from_dict(
     bad = sorted(set(cfg) - CONFIG_FIELDS)
     if bad:
         raise ScenarioError(f"{where}: unknown config field {', '.join(bad)}")
+    cfg = dict(cfg)
+    if "faults" in cfg:
+        cfg["faults"] = _faults(cfg["faults"], f"{where}: config.faults")
     for name, value in cfg.items():
+        if name == "faults":
+            continue
         if CONFIG_TYPES[name] is int:
             _int(value, f"{where}: config.{name}")
         elif not isinstance(value, str):
@@ -131,6 +139,16 @@ def _anchor(value: Any, at: str) -> Anchor:
         _str(value["at"], f"{at}.at"),
         _int(value.get("iterations", 0), f"{at}.iterations"),
     )
+
+
+def _faults(value: Any, at: str) -> frozenset[str]:
+    """Named faults (`overlapcheck faults`) to switch on, as in `--fault`."""
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ScenarioError(f"{at}: expected a list of fault names, got {value!r}")
+    try:
+        return parse_faults(value)
+    except UnknownFaultError as err:
+        raise ScenarioError(f"{at}: {err}") from None
 
 
 def _maybe(raw: dict[str, Any], name: str, parse: Callable[[Any, str], T], at: str) -> T | None:

@@ -273,8 +273,56 @@ CASES = [
     Case(
         "trace-unwritable",
         ("run", "--scenario", "basic", "--trace", "no-dir/t.json"),
-        ("no-dir/t.json", "cannot write the trace"),
+        ("no-dir/t.json", "does not exist"),
     ),
+    Case("trace-a-folder", ("run", "--trace", "."), ("is a folder", "trace")),
+    Case("timeline-format", ("run", "--timeline", "x.txt"), ("x.txt", ".png, .svg, .json")),
+    Case(
+        "hb-graph-unwritable",
+        ("replay", "x.json", "--hb-graph", "no-dir/g.graphml"),
+        ("no-dir/g.graphml", "does not exist"),
+    ),
+    # Folders given as files, files given as folders.
+    Case("scenario-a-folder", ("run", "--scenario", "."), ("is a folder", "scenario file")),
+    Case("timing-a-folder", ("run", "--timing", "."), ("is a folder", "timing profile")),
+    Case("replay-a-folder", ("replay", "."), ("is a folder", "counterexample file")),
+    Case(
+        "db-a-file",
+        ("explore", "--db", "db", "--budget", "1"),
+        ("--db db", "is a file, not a folder"),
+        (("db", ""),),
+    ),
+    Case(
+        "out-a-file",
+        ("explore", "--out", "out", "--budget", "1"),
+        ("--out out", "is a file, not a folder"),
+        (("out", ""),),
+    ),
+    Case("skip-unknown", ("run", "--skip", "nope"), ("unknown invariant nope",)),
+    # Sizes and times past what one run can hold: the field and the limit, before any run.
+    _request("arrival-too-late", "arrival", 1e12, ("arrival must be <= 1e+06 simulated seconds",)),
+    _request("arrival-iteration-too-late", "arrival_iteration", 10**8, ("<= 100,000",)),
+    _toml(
+        "config-max-seq-len-huge",
+        "[config]\nmax_seq_len = 100000000\n" + TOML_REQUEST,
+        ("max_seq_len must be <= 65,536",),
+    ),
+    _toml(
+        "config-num-pages-huge",
+        "[config]\nnum_pages = 1000000000\n" + TOML_REQUEST,
+        ("num_pages x page_size must be <= 4,194,304 KV cells",),
+    ),
+    _toml(
+        "config-slots-times-row",
+        "[config]\nnum_slots = 4000\nmax_seq_len = 60000\n" + TOML_REQUEST,
+        ("(num_slots + 1) x max_seq_len",),
+    ),
+    _toml(
+        "config-fault-unknown",
+        '[config]\nfaults = ["nope"]\n' + TOML_REQUEST,
+        ("config.faults", "unknown fault nope"),
+    ),
+    Case("page-size-huge", ("run", "--page-size", "1000000000"), ("num_pages x page_size",)),
     Case(
         "timeline-unwritable",
         ("run", "--scenario", "basic", "--timeline", "no-dir/x.png"),
@@ -305,8 +353,9 @@ def test_bad_input_is_one_line_and_exit_2(
             code = main(list(case.argv))
         except SystemExit as stop:  # argparse's errors
             code = stop.code  # type: ignore[assignment]
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     assert code == 2, err
+    assert not out, out  # refused before anything ran
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
     assert "Traceback" not in err and "overlapcheck bug" not in err
@@ -355,11 +404,26 @@ def test_python_dash_m_overlapcheck() -> None:
     assert proc.returncode == 0 and proc.stdout.startswith("overlapcheck "), proc.stderr
 
 
+def _folder_removed_during_the_run(monkeypatch: pytest.MonkeyPatch, folder: Path) -> None:
+    """The outputs' folder is there when the run starts and gone when it ends."""
+    from overlapcheck.commands import run
+    from overlapcheck.harness import runner
+
+    def run_then_remove(*args: Any, **kwargs: Any) -> Any:
+        result = runner.run_scenario(*args, **kwargs)
+        folder.rmdir()
+        return result
+
+    monkeypatch.setattr(run, "run_scenario", run_then_remove)
+
+
 def test_a_violation_is_printed_before_a_write_that_fails(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The finding first, then each write's own error line; exit 1, since a violation was found."""
     missing = tmp_path / "no-dir"
+    missing.mkdir()
+    _folder_removed_during_the_run(monkeypatch, missing)
     argv = ["run", "--scenario", "abort", "--fault", "free-slot-early"]
     code = main([*argv, "--timeline", str(missing / "x.png"), "--trace", str(missing / "t.json")])
     out, err = capsys.readouterr()
@@ -371,8 +435,10 @@ def test_a_violation_is_printed_before_a_write_that_fails(
 
 
 def test_run_json_comes_out_before_a_write_that_fails(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    (tmp_path / "no-dir").mkdir()
+    _folder_removed_during_the_run(monkeypatch, tmp_path / "no-dir")
     argv = ["run", "--scenario", "single-slot", "--fault", "copy-done-wrong-stream", "--json"]
     assert main([*argv, "--trace", str(tmp_path / "no-dir" / "t.json")]) == 1
     out, err = capsys.readouterr()
@@ -381,14 +447,22 @@ def test_run_json_comes_out_before_a_write_that_fails(
 
 
 def test_replay_prints_the_reproduced_race_before_the_hb_graph_fails(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import errno
+
+    from overlapcheck.commands import replay
+
+    def disk_full(*args: Any) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(replay.nx, "write_graphml", disk_full)
     scenario = named_scenario("single-slot")
     scenario = scenario.with_config(faults=parse_faults(["copy-done-wrong-stream"]))
     result = run_scenario(scenario, SimBackend())
     assert result.violations and result.violations[0].invariant == "no-race"
     path = counterexample.save(result, Profile(), {}, tmp_path)
-    assert main(["replay", str(path), "--hb-graph", str(tmp_path / "no-dir" / "g.graphml")]) == 1
+    assert main(["replay", str(path), "--hb-graph", str(tmp_path / "g.graphml")]) == 1
     out, err = capsys.readouterr()
     assert out.startswith("reproduced: [no-race]")
     assert len(err.strip().splitlines()) == 1 and "g.graphml" in err

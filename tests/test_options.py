@@ -1,0 +1,85 @@
+"""Options a first-time user reaches for: faults in a scenario file, `run --skip`, `explore --loop`,
+and a found bug whose file cannot be written still exiting 1."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from overlapcheck.cli import main
+from overlapcheck.core.scenario import Scenario
+from overlapcheck.explore.search import SearchSpec
+from overlapcheck.scenarios.loader import load_scenario_file
+
+FAULTY_TOML = """name = "faulty"
+[config]
+faults = ["finish-by-can-decode"]
+[[requests]]
+uid = 0
+prompt = [5, 6, 7]
+max_tokens = 4
+ignore_eos = true
+"""
+
+
+def test_a_scenario_file_switches_faults_on(tmp_path: Path) -> None:
+    path = tmp_path / "faulty.toml"
+    path.write_text(FAULTY_TOML)
+    assert load_scenario_file(path).config.faults == {"finish-by-can-decode"}
+    assert main(["run", "--scenario", str(path)]) == 1
+    # --fault adds to the file's faults rather than replacing them
+    assert main(["run", "--scenario", str(path), "--fault", "free-slot-early"]) == 1
+
+
+def test_run_skip_looks_past_a_known_bug(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "faulty.toml"
+    path.write_text(FAULTY_TOML)
+    assert main(["run", "--scenario", str(path), "--json"]) == 1
+    first = json.loads(capsys.readouterr().out)["violations"][0]["invariant"]
+    assert first == "exact-length"
+    assert main(["run", "--scenario", str(path), "--json", "--skip", first]) == 1
+    violations = json.loads(capsys.readouterr().out)["violations"]
+    assert violations and all(v["invariant"] != first for v in violations)
+    assert main(["run", "--scenario", str(path), "--skip", first, "--skip", "no-post-eos"]) == 0
+
+
+@settings(max_examples=30, deadline=None, database=None)
+@given(st.data())
+def test_explore_loop_pins_the_loop_of_every_example(data: st.DataObject) -> None:
+    for scenario in ("all", "basic"):
+        drawn = data.draw(SearchSpec(scenario=scenario, loop="normal").strategy())
+        assert isinstance(drawn, Scenario) and drawn.config.loop == "normal"
+
+
+def test_explore_loop_normal_cannot_find_an_overlap_only_bug(tmp_path: Path) -> None:
+    """finish-by-can-decode needs the overlap loop (a search with the loop drawn finds it within 5
+    examples, docs/faults.md): pinned to normal, 25 examples find nothing."""
+    argv = ["explore", "--fault", "finish-by-can-decode", "--workers", "1", "--db", "none"]
+    argv += ["--max-examples", "25", "--no-timeline", "--out", str(tmp_path)]
+    assert main([*argv, "--loop", "normal"]) == 0
+
+
+def test_a_found_bug_whose_file_cannot_be_written_still_exits_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from overlapcheck.explore import keeper
+
+    def disk_full(self: Any, data: Any) -> Path:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(keeper.FailureKeeper, "finish", disk_full)
+    argv = ["explore", "--fault", "copy-done-wrong-stream", "--workers", "1", "--db", "none"]
+    code = main([*argv, "--max-examples", "50", "--out", str(tmp_path), "--json"])
+    out, err = capsys.readouterr()
+    assert code == 1
+    assert "cannot save the counterexample (No space left on device)" in err
+    report = json.loads(out)  # the one JSON document; the printed counterexample went to stderr
+    assert report["exit"] == 1 and report["violation"]["invariant"] == "no-race"
+    assert '"format": "overlapcheck-counterexample"' in err

@@ -1,0 +1,6 @@
+"""Adapters: upstream schedulers, unmodified, as schedulers under test (`--scheduler`).
+
+An adapter runs the upstream scheduler's own code on the simulated CUDA (`backends/torchsim`) and
+replaces only what needs a real kernel or a real process around it: the engine's forward, the
+tokenizer, the message transport. It never edits or copies upstream code.
+"""

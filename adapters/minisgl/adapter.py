@@ -1,0 +1,227 @@
+"""mini-sglang's own `Scheduler` as a scheduler under test.
+
+The adapter subclasses it, as mini-sglang's offline `LLM` does, only to supply its offline message
+I/O (`offline_receive_msg` / `offline_send_result`, mapped onto the harness's source and sink) and
+to mark its host phases for the timeline (each override calls upstream's method unchanged). One
+`step()` is one call of upstream's `overlap_loop` (or `normal_loop`), inside the simulated CUDA.
+
+As a front end would, the adapter answers requests that `core.rules` rejects with a `RejectMsg`
+and never hands them over (mini-sglang drops an over-long prompt silently and would wait forever
+for pages it can never have).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from overlapcheck.adapters.minisgl import checkout
+from overlapcheck.adapters.minisgl.books import read_books
+from overlapcheck.adapters.minisgl.engine import EngineParts, make_engine_class
+from overlapcheck.backends.sim.device import SimDevice
+from overlapcheck.backends.torchsim.dispatch import plain
+from overlapcheck.backends.torchsim.session import SimulatedCuda
+from overlapcheck.core.config import SchedulerConfig
+from overlapcheck.core.device import Device
+from overlapcheck.core.errors import UserError
+from overlapcheck.core.messages import AbortMsg, RejectMsg, TokenMsg, UserMsg
+from overlapcheck.core.protocol import Books, MessageSink, MessageSource
+from overlapcheck.core.rules import rejection
+
+
+class _Idle(Exception):
+    """The scheduler asked to block with nothing more to come: the run is over."""
+
+
+class _Tokenizer:
+    def __init__(self, eos: int) -> None:
+        self.eos_token_id = eos
+
+
+def fast_compare_key(x: torch.Tensor, y: torch.Tensor) -> int:
+    """mini-sglang's C++ radix kernel: the length of the common prefix of two 1-D CPU tensors."""
+    with plain():
+        n = min(len(x), len(y))
+        differ = (x[:n] != y[:n]).nonzero()
+        return int(differ[0, 0]) if len(differ) else n
+
+
+@contextlib.contextmanager
+def _patched(owner: Any, name: str, value: Any) -> Iterator[None]:
+    before = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, before)
+
+
+class MiniSglScheduler:
+    """Drives mini-sglang's Scheduler one loop iteration per `step()`."""
+
+    def __init__(
+        self, config: SchedulerConfig, device: SimDevice, source: MessageSource, sink: MessageSink
+    ) -> None:
+        self.config = config
+        self.device = device
+        self.source = source
+        self.sink = sink
+        self.live: set[int] = set()
+        self.up = checkout.load()
+        self.cuda = SimulatedCuda(device, ("engine", "scheduler"))
+        self.parts = EngineParts(config, self.cuda, device.model, self.up)
+        self.data: Any = None
+        with self._block(), self._building():
+            self.sched = self._make()
+
+    # -- construction -------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _block(self) -> Iterator[None]:
+        kernel = __import__("minisgl.kernel", fromlist=["fast_compare_key"])
+        with (
+            self.cuda,
+            torch.inference_mode(),
+            _patched(kernel, "fast_compare_key", fast_compare_key),
+        ):
+            yield
+
+    @contextlib.contextmanager
+    def _building(self) -> Iterator[None]:
+        up = self.up
+        scheduler_module = __import__("minisgl.scheduler.scheduler", fromlist=["load_tokenizer"])
+        core = up["minisgl.core"]
+        eos = self.config.eos_token_id
+        # One Scheduler per run: upstream sets its context and TP info once per process.
+        core._GLOBAL_CTX = None
+        info = __import__("minisgl.distributed.info", fromlist=["set_tp_info"])
+        info._TP_INFO = None
+        info.set_tp_info(rank=0, size=1)
+        with (
+            _patched(up["minisgl.engine"], "Engine", make_engine_class(self.parts)),
+            _patched(scheduler_module, "load_tokenizer", lambda path: _Tokenizer(eos)),
+        ):
+            yield
+
+    def _make(self) -> Any:
+        up = self.up
+        cfg = self.config
+        adapter = self
+        base = up["minisgl.scheduler"].Scheduler
+
+        class Checked(base):  # type: ignore[misc, valid-type]
+            def offline_receive_msg(self, blocking: bool = False) -> list[Any]:
+                return adapter._receive(self, blocking)
+
+            def offline_send_result(self, reply: list[Any]) -> None:
+                adapter._send(reply)
+
+            def _schedule_next_batch(self) -> Any:
+                pending = len(self.prefill_manager.pending_list)
+                with adapter.device.span("schedule", pending + len(self.decode_manager.running_reqs)):
+                    return super()._schedule_next_batch()
+
+            def _forward(self, forward_input: Any) -> Any:
+                with adapter.device.span("launch", len(forward_input.batch.reqs)):
+                    return super()._forward(forward_input)
+
+            def _process_last_data(self, last_data: Any) -> None:
+                if last_data is None:
+                    return super()._process_last_data(last_data)
+                with adapter.device.span("process", len(last_data[0].batch.reqs)):
+                    return super()._process_last_data(last_data)
+
+        try:
+            config = up["minisgl.scheduler"].SchedulerConfig(
+                model_path="overlapcheck-toy-model",
+                tp_info=up["minisgl.distributed"].DistributedInfo(0, 1),
+                dtype=torch.int32,
+                max_running_req=cfg.num_slots,
+                page_size=cfg.page_size,
+                max_extend_tokens=cfg.max_extend_tokens,
+                cache_type=cfg.cache,
+                offline_mode=True,
+                cuda_graph_bs=[],
+                max_seq_len_override=cfg.max_seq_len,
+                num_page_override=cfg.num_pages,
+            )
+            return Checked(config)
+        except TypeError as err:
+            raise UserError(f"mini-sglang checkout is incompatible: {err}") from None
+
+    # -- the protocol -------------------------------------------------------------------------
+
+    def step(self) -> bool:
+        try:
+            with self._block():
+                if self.config.loop == "overlap":
+                    self.data = self.sched.overlap_loop(self.data)
+                else:
+                    self.sched.normal_loop()
+        except _Idle:
+            self.cuda.drain()
+            return False
+        return True
+
+    def books(self) -> Books:
+        return read_books(self.sched, self.data, self.config, self.up)
+
+    # -- offline I/O --------------------------------------------------------------------------
+
+    def _receive(self, sched: Any, blocking: bool) -> list[Any]:
+        device, source = self.device, self.source
+        msgs = self._convert(source.poll(device.now()))
+        while blocking and not msgs:
+            sched.run_when_idle()
+            later = source.next_arrival()
+            if later is None:
+                raise _Idle
+            device.sleep_until(later)
+            msgs = self._convert(source.poll(device.now()))
+        return msgs
+
+    def _convert(self, msgs: list[UserMsg | AbortMsg]) -> list[Any]:
+        up = self.up
+        out: list[Any] = []
+        for msg in msgs:
+            if isinstance(msg, AbortMsg):
+                self.live.discard(msg.uid)
+                out.append(up["minisgl.message"].AbortBackendMsg(uid=msg.uid))
+                continue
+            why = rejection(self.config, msg, live=msg.uid in self.live)
+            if why is not None:
+                self.sink(RejectMsg(msg.uid, why))
+                continue
+            self.live.add(msg.uid)
+            sp = msg.sampling_params
+            params = up["minisgl.core"].SamplingParams(
+                temperature=sp.temperature,
+                top_k=sp.top_k,
+                top_p=sp.top_p,
+                ignore_eos=sp.ignore_eos,
+                max_tokens=sp.max_tokens,
+            )
+            with plain():
+                ids = torch.tensor(msg.input_ids, dtype=torch.int32)
+            out.append(
+                up["minisgl.message"].UserMsg(uid=msg.uid, input_ids=ids, sampling_params=params)
+            )
+        return out
+
+    def _send(self, reply: list[Any]) -> None:
+        for msg in reply:
+            if msg.finished:
+                self.live.discard(msg.uid)
+            self.sink(TokenMsg(int(msg.uid), int(msg.next_token), bool(msg.finished)))
+
+
+def make_scheduler(
+    config: SchedulerConfig, device: Device, source: MessageSource, sink: MessageSink
+) -> MiniSglScheduler:
+    """`--scheduler overlapcheck.adapters.minisgl:make_scheduler` (runs on the simulator)."""
+    if not isinstance(device, SimDevice):
+        raise UserError("the mini-sglang adapter runs on the simulator only (--backend sim)")
+    return MiniSglScheduler(config, device, source, sink)

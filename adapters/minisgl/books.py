@@ -1,0 +1,86 @@
+"""`books()` for mini-sglang: read off its table and cache managers, between iterations.
+
+Device values (the page table, the free list, the radix tree's page indices) are read from the
+simulated CUDA's logical copies: the values in program order, which is what the scheduler's
+accounting means (`backends/torchsim/memory.py`).
+
+Live requests: those waiting (a chunked one holds its row and pages), running, or in the batch in
+flight and not yet given back (not finished, and its row not on the free list). What one holds:
+its row, and the pages of `page_table[row, :cached_len]` (the positions pages were allocated for).
+Cached pages are those of every node of the radix tree; locked ones, of nodes with references.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from overlapcheck.backends.torchsim.tensor import SimTensor
+from overlapcheck.core.config import SchedulerConfig
+from overlapcheck.core.protocol import Books, Holding
+
+
+def _values(tensor: Any) -> np.ndarray:
+    if isinstance(tensor, SimTensor):
+        out: np.ndarray = tensor.logic.numpy().astype(np.int64)
+        return out
+    return np.asarray(tensor, dtype=np.int64)
+
+
+def read_books(sched: Any, data: Any, config: SchedulerConfig, up: dict[str, Any]) -> Books:
+    chunked_cls = up["minisgl.scheduler.prefill"].ChunkedReq
+    table = _values(sched.engine.page_table)
+    page_size = config.page_size
+    free_slots = tuple(int(s) for s in sched.table_manager._free_slots)
+
+    def pages(req: Any) -> tuple[int, ...]:
+        row = table[int(req.table_idx), : int(req.cached_len)]
+        return tuple(int(p) for p in np.unique(row // page_size))
+
+    live: list[Holding] = []
+    seen: set[int] = set()
+    pending: list[int] = []
+    for p in sched.prefill_manager.pending_list:
+        pending.append(int(p.uid))
+        seen.add(int(p.uid))
+        chunk = p.chunked_req
+        if chunk is None:
+            live.append(Holding(int(p.uid), None, ()))
+        else:
+            live.append(Holding(int(p.uid), int(chunk.table_idx), pages(chunk)))
+    running = sorted(sched.decode_manager.running_reqs, key=lambda r: int(r.uid))
+    for req in running:
+        seen.add(int(req.uid))
+        live.append(Holding(int(req.uid), int(req.table_idx), pages(req)))
+    if data is not None:
+        free = set(free_slots)
+        for req in data[0].batch.reqs:
+            uid = int(req.uid)
+            if uid in seen or isinstance(req, chunked_cls) or req in sched.finished_reqs:
+                continue
+            if int(req.table_idx) in free:
+                continue
+            seen.add(uid)
+            live.append(Holding(uid, int(req.table_idx), pages(req)))
+    cache = sched.cache_manager
+    free_pages = tuple(int(p) for p in _values(cache.free_slots) // page_size)
+    cached: list[int] = []
+    locked: list[int] = []
+    root = getattr(cache.prefix_cache, "root_node", None)
+    stack = [] if root is None else list(root.children.values())
+    while stack:
+        node = stack.pop()
+        node_pages = [int(p) for p in np.unique(_values(node.value) // page_size)]
+        cached.extend(node_pages)
+        if node.ref_count > 0:
+            locked.extend(node_pages)
+        stack.extend(node.children.values())
+    return Books(
+        live=tuple(live),
+        free_slots=free_slots,
+        free_pages=free_pages,
+        cached_pages=tuple(sorted(set(cached))),
+        locked_pages=tuple(sorted(set(locked))),
+        pending=tuple(pending),
+    )

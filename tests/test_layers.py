@@ -22,6 +22,7 @@ LAYERS: dict[str, int] = {
     "backends": 1,
     "invariants": 2,
     "scenarios": 2,
+    "adapters": 2,  # upstream schedulers on the simulated CUDA (backends/torchsim)
     "harness": 3,
     "explore": 4,
     "formats": 4,

@@ -59,6 +59,18 @@ def _patched(owner: Any, name: str, value: Any) -> Iterator[None]:
         setattr(owner, name, before)
 
 
+class _Clock:
+    """`time.monotonic_ns` for the radix cache's LRU stamps: simulated time, ties in call order."""
+
+    def __init__(self, device: SimDevice) -> None:
+        self.device = device
+        self.calls = 0
+
+    def monotonic_ns(self) -> int:
+        self.calls += 1
+        return int(self.device.now() * 1e9) * 1_000_000 + self.calls
+
+
 class MiniSglScheduler:
     """Drives mini-sglang's Scheduler one loop iteration per `step()`."""
 
@@ -74,18 +86,22 @@ class MiniSglScheduler:
         self.cuda = SimulatedCuda(device, ("engine", "scheduler"))
         self.parts = EngineParts(config, self.cuda, device.model, self.up)
         self.data: Any = None
+        self.clock = _Clock(device)
         with self._block(), self._building():
             self.sched = self._make()
+            self.cuda.name(self.sched.token_pool, "token_pool")
 
     # -- construction -------------------------------------------------------------------------
 
     @contextlib.contextmanager
     def _block(self) -> Iterator[None]:
         kernel = __import__("minisgl.kernel", fromlist=["fast_compare_key"])
+        radix = self.up["minisgl.kvcache.radix_cache"]
         with (
             self.cuda,
             torch.inference_mode(),
             _patched(kernel, "fast_compare_key", fast_compare_key),
+            _patched(radix, "time", self.clock),
         ):
             yield
 
@@ -121,7 +137,9 @@ class MiniSglScheduler:
 
             def _schedule_next_batch(self) -> Any:
                 pending = len(self.prefill_manager.pending_list)
-                with adapter.device.span("schedule", pending + len(self.decode_manager.running_reqs)):
+                with adapter.device.span(
+                    "schedule", pending + len(self.decode_manager.running_reqs)
+                ):
                     return super()._schedule_next_batch()
 
             def _forward(self, forward_input: Any) -> Any:

@@ -40,8 +40,10 @@ class _Placeholder:
         self._name = name
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError(f"{self._name} is an overlapcheck stand-in: mini-sglang's real "
-                           "transport and kernels are not run under the simulated CUDA")
+        raise RuntimeError(
+            f"{self._name} is an overlapcheck stand-in: mini-sglang's real "
+            "transport and kernels are not run under the simulated CUDA"
+        )
 
     def __getattr__(self, attr: str) -> _Placeholder:
         return _Placeholder(f"{self._name}.{attr}")
@@ -115,4 +117,27 @@ def load() -> dict[str, Any]:
                 "(the adapter knows the API of 20fcd7f)"
             )
         modules[name] = module
+    _quiet()
+    _deterministic(modules["minisgl.core"].Req)
     return modules
+
+
+def _request_hash(req: Any) -> int:
+    return hash(req.uid)
+
+
+def _deterministic(req_class: Any) -> None:
+    """mini-sglang keeps requests in sets (`DecodeManager.running_reqs`) and builds each decode
+    batch by iterating one. `Req` hashes by identity, so that order follows memory addresses and
+    differs from process to process. Hashing by uid keeps identity equality and makes the order
+    the same in every process (a set never promised one)."""
+    req_class.__hash__ = _request_hash
+
+
+def _quiet() -> None:
+    """mini-sglang logs at INFO (\"Scheduler is idle\" every idle iteration): warnings only."""
+    import logging
+
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith("minisgl") or name in ("core",):
+            logging.getLogger(name).setLevel(logging.WARNING)

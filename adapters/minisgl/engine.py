@@ -21,7 +21,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from overlapcheck.backends.sim.device import SimDevice
 from overlapcheck.backends.sim.toy_model import DTYPE, ToyModel
 from overlapcheck.backends.torchsim.dispatch import plain
 from overlapcheck.backends.torchsim.session import SimulatedCuda
@@ -113,11 +112,13 @@ def make_engine_class(parts: EngineParts) -> Callable[[Any], Any]:
             self.num_pages = cfg.num_pages
             self.max_seq_len = cfg.max_seq_len
             num_tokens = cfg.num_pages * cfg.page_size
-            self.kv = torch.full((num_tokens + cfg.page_size,), -1, dtype=torch.int32,
-                                 device=self.device)
+            self.kv = torch.full(
+                (num_tokens + cfg.page_size,), -1, dtype=torch.int32, device=self.device
+            )
             parts.cuda.name(self.kv, "kv")
             self.ctx.page_table = self.page_table = torch.zeros(
-                (config.max_running_req + 1, cfg.max_seq_len), dtype=torch.int32,
+                (config.max_running_req + 1, cfg.max_seq_len),
+                dtype=torch.int32,
                 device=self.device,
             )
             parts.cuda.name(self.page_table, "page_table")
@@ -148,7 +149,9 @@ def make_engine_class(parts: EngineParts) -> Callable[[Any], Any]:
             next_tokens_cpu = tokens.to("cpu", non_blocking=True)
             copy_done = torch.cuda.Event()
             copy_done.record(self.stream)
-            return parts.upstream["minisgl.engine"].ForwardOutput(tokens, next_tokens_cpu, copy_done)
+            return parts.upstream["minisgl.engine"].ForwardOutput(
+                tokens, next_tokens_cpu, copy_done
+            )
 
         def shutdown(self) -> None:
             return None
@@ -172,9 +175,14 @@ def _launch_forward(
     meta = batch.attn_metadata
     with plain():
         table_cells = np.concatenate(
-            [np.arange(row * width, row * width + end, dtype=np.int64) for row, end in zip(rows, ends, strict=True)]
+            [
+                np.arange(row * width, row * width + end, dtype=np.int64)
+                for row, end in zip(rows, ends, strict=True)
+            ]
         )
-        kv_of_table = table.logic.reshape(-1)[torch.from_numpy(table_cells)].numpy().astype(np.int64)
+        kv_of_table = (
+            table.logic.reshape(-1)[torch.from_numpy(table_cells)].numpy().astype(np.int64)
+        )
         kv_cells = np.mod(kv_of_table, kv.buffer.numel)
         written = np.mod(out_loc.logic.numpy().astype(np.int64), kv.buffer.numel)
     accesses: list[tuple[torch.Tensor, np.ndarray | None, str]] = [
@@ -194,8 +202,9 @@ def _launch_forward(
     phase = "prefill" if batch.is_prefill else "decode"
     label = f"{'P' if phase == 'prefill' else 'D'}{batch_id}"
 
-    def compute(pool: torch.Tensor, table_values: torch.Tensor, ids: torch.Tensor,
-                loc: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def compute(
+        pool: torch.Tensor, table_values: torch.Tensor, ids: torch.Tensor, loc: torch.Tensor
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Next tokens from what the kernel reads: each request's context is its cached KV
         through its page-table row, then its new input ids."""
         kv_all = pool.numpy()
@@ -204,7 +213,9 @@ def _launch_forward(
         out = np.empty(len(reqs), dtype=DTYPE)
         offset = 0
         for i, (row, begin, end) in enumerate(zip(rows, begins, ends, strict=True)):
-            cells = np.mod(table_np[row * width : row * width + begin].astype(np.int64), len(kv_all))
+            cells = np.mod(
+                table_np[row * width : row * width + begin].astype(np.int64), len(kv_all)
+            )
             new = ids_np[offset : offset + end - begin]
             offset += end - begin
             context = np.concatenate([kv_all[cells], new]).astype(DTYPE)
@@ -213,13 +224,17 @@ def _launch_forward(
 
     # program order: the logical copies get the same computation at issue
     with plain():
-        logical_tokens, logical_loc, logical_ids = compute(kv.logic, table.logic, inputs.logic, out_loc.logic)
+        logical_tokens, logical_loc, logical_ids = compute(
+            kv.logic, table.logic, inputs.logic, out_loc.logic
+        )
         kv.buffer.logical[torch.from_numpy(logical_loc)] = torch.from_numpy(logical_ids)
         tokens.logic.copy_(torch.from_numpy(logical_tokens))
 
     def start() -> Callable[[], None]:
         with plain():
-            values, loc, ids = compute(kv.buffer.physical, table.buffer.physical, inputs.phys, out_loc.phys)
+            values, loc, ids = compute(
+                kv.buffer.physical, table.buffer.physical, inputs.phys, out_loc.phys
+            )
 
         def end() -> None:
             with plain():

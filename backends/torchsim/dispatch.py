@@ -63,15 +63,20 @@ _LIKE = frozenset(
 
 
 class plain:
-    """Torch calls of the simulation itself: no mode of ours sees them."""
+    """Torch calls of the simulation itself: no mode of ours sees them, and in inference mode
+    (a program stepped under `torch.inference_mode()` makes inference tensors of its buffers,
+    which the streams update whenever simulated time runs, inside a step or not)."""
 
     def __enter__(self) -> None:
         self._modes = _disable_current_modes()
         self._modes.__enter__()
         self._function = torch._C.DisableTorchFunction()
         self._function.__enter__()
+        self._inference = torch.inference_mode()
+        self._inference.__enter__()
 
     def __exit__(self, *exc: object) -> None:
+        self._inference.__exit__(None, None, None)
         self._function.__exit__(None, None, None)
         self._modes.__exit__(None, None, None)
 

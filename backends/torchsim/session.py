@@ -56,6 +56,7 @@ class SimulatedCuda:
             stack.enter_context(_patched(torch.cuda, name, value))
         stack.enter_context(_patched(torch.cuda.nvtx, "range", _no_range))
         stack.enter_context(_patched(torch.Tensor, "record_stream", _record_stream))
+        stack.enter_context(_patched(torch.Tensor, "copy_", _copy))
         stack.enter_context(DispatchMode(self.interceptor))
         stack.enter_context(PinMode())
         self._stack = stack
@@ -75,17 +76,8 @@ class SimulatedCuda:
         def new_event(*args: Any, **kwargs: Any) -> SimCudaEvent:
             return SimCudaEvent(runtime)
 
-        @contextlib.contextmanager
-        def stream(s: SimStream | None) -> Iterator[None]:
-            if s is None:
-                yield
-                return
-            before = runtime.current
-            runtime.current = s
-            try:
-                yield
-            finally:
-                runtime.current = before
+        def stream(s: SimStream | None) -> StreamContext:
+            return StreamContext(runtime, s)
 
         def set_stream(s: SimStream) -> None:
             runtime.current = s
@@ -162,6 +154,24 @@ class SimulatedCuda:
             self.runtime.drain()
 
 
+class StreamContext:
+    """`torch.cuda.stream(s)`: makes `s` current inside; reusable, as torch's is (a scheduler may
+    keep one and enter it every iteration)."""
+
+    def __init__(self, runtime: StreamRuntime, stream: SimStream | None) -> None:
+        self.runtime = runtime
+        self.stream = stream
+        self._before: list[SimStream] = []
+
+    def __enter__(self) -> None:
+        self._before.append(self.runtime.current)
+        if self.stream is not None:
+            self.runtime.current = self.stream
+
+    def __exit__(self, *exc: object) -> None:
+        self.runtime.current = self._before.pop()
+
+
 @contextlib.contextmanager
 def _patched(owner: Any, name: str, value: Any) -> Iterator[None]:
     missing = object()
@@ -183,6 +193,13 @@ def _patched(owner: Any, name: str, value: Any) -> Iterator[None]:
 @contextlib.contextmanager
 def _no_range(*args: Any, **kwargs: Any) -> Iterator[None]:
     yield
+
+
+def _copy(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    """`Tensor.copy_` into host memory from a simulated device tensor: the same aten op, without
+    the binding's device guard (a build without CUDA has none)."""
+    out: torch.Tensor = torch.ops.aten.copy_.default(self, src, non_blocking)
+    return out
 
 
 def _record_stream(self: torch.Tensor, stream: Any) -> None:

@@ -57,5 +57,10 @@ class SimTensor(torch.Tensor):
     def __setitem__(self, index: Any, value: Any) -> None:
         setitem(self, index, value)
 
+    def copy_(self, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:  # type: ignore[override]
+        # torch's binding guards the device first, as indexing does (see indexing.py)
+        out: torch.Tensor = torch.ops.aten.copy_.default(self, src, non_blocking)
+        return out
+
     def __repr__(self) -> str:  # type: ignore[override]
         return f"SimTensor({self.buffer.name}, shape={list(self.shape)}, dtype={self.dtype})"

@@ -1,0 +1,228 @@
+"""mini-sglang's own scheduler, unmodified, under the simulated CUDA: against the 20fcd7f snapshot
+(`../shared/upstream/mini-sglang-20fcd7f.tar.gz`, or `MINISGL_SNAPSHOT`), unpacked per test run.
+
+Fast tests run one scenario in this process; a patched or edited copy runs in a subprocess (one
+mini-sglang per process). The searches are `slow`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parent.parent
+SNAPSHOT = Path(
+    os.environ.get("MINISGL_SNAPSHOT", ROOT.parent / "shared/upstream/mini-sglang-20fcd7f.tar.gz")
+)
+SPEC = "overlapcheck.adapters.minisgl:make_scheduler"
+needs_snapshot = pytest.mark.skipif(
+    not SNAPSHOT.is_file(), reason=f"no mini-sglang snapshot at {SNAPSHOT}"
+)
+
+# The four fixes of the documented overlap bugs, as (old, new) text in scheduler.py.
+FIXES = [
+    # 1: finished by the tokens the host has, not by `can_decode` (which counts launched rounds);
+    # 2: a request that finished (or was aborted) earlier is skipped entirely
+    (
+        """                if isinstance(req, ChunkedReq):
+                    continue
+                next_token = next_tokens_cpu[i]
+                req.append_host(next_token.unsqueeze(0))
+                next_token = int(next_token.item())
+                finished = not req.can_decode""",
+        """                if isinstance(req, ChunkedReq) or req in self.finished_reqs:
+                    continue
+                next_token = next_tokens_cpu[i]
+                req.append_host(next_token.unsqueeze(0))
+                next_token = int(next_token.item())
+                finished = len(req.input_ids) >= req.max_device_len""",
+    ),
+    (
+        "                # NOTE: overlap scheduling may make the request freed twice, skip second"
+        " free\n                if finished and req not in self.finished_reqs:",
+        """                if finished:""",
+    ),
+    # 3: a freed row goes back once the batch in flight that writes it was processed (at once
+    # when nothing is in flight), and the scheduler stream then waits for the engine stream: the
+    # sample's token-pool write comes after the forward's copy_done, so no event covers it
+    (
+        """        self.finished_reqs: Set[Req] = set()""",
+        """        self.finished_reqs: Set[Req] = set()
+        self.rows_pending: List[int] = []""",
+    ),
+    (
+        """        copy_done.synchronize()""",
+        """        copy_done.synchronize()
+        self._release_rows()""",
+    ),
+    (
+        """    def _free_req_resources(self, req: Req) -> None:
+        self.table_manager.free(req.table_idx)""",
+        """    def _release_rows(self) -> None:
+        if self.rows_pending:
+            self.stream.wait_stream(self.engine.stream)
+        for table_idx in self.rows_pending:
+            self.table_manager.free(table_idx)
+        self.rows_pending = []
+
+    def _free_req_resources(self, req: Req) -> None:
+        self.rows_pending.append(req.table_idx)""",
+    ),
+    (
+        """        forward_input = self._schedule_next_batch()
+        ongoing_data = None
+        if forward_input is not None:
+            with self.engine_stream_ctx:""",
+        """        if last_data is None:
+            self._release_rows()
+        forward_input = self._schedule_next_batch()
+        ongoing_data = None
+        if forward_input is not None:
+            with self.engine_stream_ctx:""",
+    ),
+    (
+        """        self._process_last_data(last_data)
+        return ongoing_data""",
+        """        self._process_last_data(last_data)
+        if ongoing_data is None:
+            self._release_rows()
+        return ongoing_data""",
+    ),
+    (
+        """        self._process_last_data(ongoing_data)
+
+    @torch.inference_mode()""",
+        """        self._process_last_data(ongoing_data)
+        self._release_rows()
+
+    @torch.inference_mode()""",
+    ),
+    # 4: an abort drops the result of the request's batch in flight
+    (
+        """            if req_to_free is not None:
+                self._free_req_resources(req_to_free)""",
+        """            if req_to_free is not None:
+                self._free_req_resources(req_to_free)
+                self.finished_reqs.add(req_to_free)""",
+    ),
+]
+WAIT = "                self.engine.stream.wait_stream(self.stream)\n"
+
+
+def unpack(into: Path, edits: list[tuple[str, str]] = ()) -> Path:  # type: ignore[assignment]
+    with tarfile.open(SNAPSHOT) as tar:
+        tar.extractall(into, filter="data")
+    root = into / "mini-sglang-20fcd7f"
+    path = root / "python/minisgl/scheduler/scheduler.py"
+    text = path.read_text()
+    for old, new in edits:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    path.write_text(text)
+    return root
+
+
+def overlapcheck(
+    args: list[str], checkout: Path | str, cwd: Path
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "MINISGL_PATH": str(checkout)}
+    return subprocess.run(
+        [sys.executable, "-m", "overlapcheck", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=600,
+    )
+
+
+@pytest.fixture(scope="module")
+def snapshot(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return unpack(tmp_path_factory.mktemp("minisgl"))
+
+
+def test_a_missing_checkout_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    done = overlapcheck(["run", "--scheduler", SPEC], tmp_path / "nowhere", tmp_path)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert (
+        len(lines) == 1 and "MINISGL_PATH" in lines[0] and "not a mini-sglang checkout" in lines[0]
+    )
+
+
+@needs_snapshot
+def test_the_shipped_scheduler_marks_max_tokens_finished_one_token_early(
+    snapshot: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from overlapcheck.adapters.minisgl import make_scheduler
+    from overlapcheck.backends.sim.backend import SimBackend
+    from overlapcheck.harness.runner import run_scenario
+    from overlapcheck.scenarios.named import named_scenario
+
+    monkeypatch.setenv("MINISGL_PATH", str(snapshot))
+    first = run_scenario(named_scenario("basic"), SimBackend(), scheduler=make_scheduler)
+    assert [v.invariant for v in first.violations] == ["exact-length"]
+    assert "finished after 5 of 6 tokens" in first.violations[0].message
+    # the run is deterministic: the same trace again, and a timeline draws it
+    again = run_scenario(named_scenario("basic"), SimBackend(), scheduler=make_scheduler)
+    assert again.trace_hash == first.trace_hash
+    kinds = {op.kind for op in first.trace.ops}
+    assert {"forward", "h2d", "d2h", "kernel", "host_wait", "span"} <= kinds
+    assert {op.agent for op in first.trace.ops} >= {"host", "engine", "scheduler"}
+
+
+@needs_snapshot
+@pytest.mark.slow
+def test_with_the_four_fixes_a_search_finds_nothing(tmp_path: Path) -> None:
+    checkout = unpack(tmp_path, FIXES)
+    done = overlapcheck(
+        [
+            "explore",
+            "--scheduler",
+            SPEC,
+            "--max-examples",
+            "40",
+            "--budget",
+            "300",
+            "--out",
+            str(tmp_path / "cx"),
+        ],
+        checkout,
+        tmp_path,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "No violation found" in done.stdout
+
+
+@needs_snapshot
+@pytest.mark.slow
+def test_without_the_engine_waiting_for_the_scheduler_stream_no_race_names_both(
+    tmp_path: Path,
+) -> None:
+    checkout = unpack(tmp_path, [(WAIT, "")])
+    done = overlapcheck(["run", "--scheduler", SPEC, "--json"], checkout, tmp_path)
+    assert done.returncode == 1, done.stderr
+    report = json.loads(done.stdout)
+    race = report["violations"][0]
+    assert race["invariant"] == "no-race"
+    first, second = race["details"]["first"], race["details"]["second"]
+    assert first["agent"] == "scheduler" and second["agent"] == "engine"
+    assert first["kind"] == "h2d" and second["step"] == first["step"]
+
+
+@needs_snapshot
+@pytest.mark.slow
+def test_the_same_trace_hash_in_two_processes(tmp_path: Path, snapshot: Path) -> None:
+    hashes = []
+    for _ in range(2):
+        done = overlapcheck(["run", "--scheduler", SPEC, "--json"], snapshot, tmp_path)
+        hashes.append(json.loads(done.stdout)["trace_hash"])
+    assert hashes[0] == hashes[1]

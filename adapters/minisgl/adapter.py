@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from overlapcheck.adapters.minisgl import checkout
 from overlapcheck.adapters.minisgl.books import read_books
+from overlapcheck.adapters.minisgl.checkout import load as load_checkout
 from overlapcheck.adapters.minisgl.engine import EngineParts, make_engine_class
 from overlapcheck.backends.sim.device import SimDevice
 from overlapcheck.backends.torchsim.dispatch import plain
@@ -82,7 +82,7 @@ class MiniSglScheduler:
         self.source = source
         self.sink = sink
         self.live: set[int] = set()
-        self.up = checkout.load()
+        self.up = load_checkout()
         self.cuda = SimulatedCuda(device, ("engine", "scheduler"))
         self.parts = EngineParts(config, self.cuda, device.model, self.up)
         self.data: Any = None
@@ -113,7 +113,7 @@ class MiniSglScheduler:
         eos = self.config.eos_token_id
         # One Scheduler per run: upstream sets its context and TP info once per process.
         core._GLOBAL_CTX = None
-        info = __import__("minisgl.distributed.info", fromlist=["set_tp_info"])
+        info: Any = __import__("minisgl.distributed.info", fromlist=["set_tp_info"])
         info._TP_INFO = None
         info.set_tp_info(rank=0, size=1)
         with (
@@ -148,9 +148,10 @@ class MiniSglScheduler:
 
             def _process_last_data(self, last_data: Any) -> None:
                 if last_data is None:
-                    return super()._process_last_data(last_data)
+                    super()._process_last_data(last_data)
+                    return
                 with adapter.device.span("process", len(last_data[0].batch.reqs)):
-                    return super()._process_last_data(last_data)
+                    super()._process_last_data(last_data)
 
         try:
             config = up["minisgl.scheduler"].SchedulerConfig(

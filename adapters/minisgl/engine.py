@@ -143,6 +143,7 @@ def make_engine_class(parts: EngineParts) -> Callable[[Any], Any]:
             assert torch.cuda.current_stream() == self.stream
             parts.batches += 1
             tokens = torch.empty(batch.size, dtype=torch.int32, device=self.device)
+            assert isinstance(tokens, SimTensor)
             _launch_forward(parts, self, batch, tokens, parts.batches)
             for req in batch.reqs:
                 req.complete_one()
@@ -160,7 +161,7 @@ def make_engine_class(parts: EngineParts) -> Callable[[Any], Any]:
 
 
 def _launch_forward(
-    parts: EngineParts, engine: Any, batch: Any, tokens: torch.Tensor, batch_id: int
+    parts: EngineParts, engine: Any, batch: Any, tokens: SimTensor, batch_id: int
 ) -> None:
     """The model as one kernel on the current (engine) stream, over what the batch names."""
     cuda, model = parts.cuda, parts.model

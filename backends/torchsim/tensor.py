@@ -57,7 +57,7 @@ class SimTensor(torch.Tensor):
     def __setitem__(self, index: Any, value: Any) -> None:
         setitem(self, index, value)
 
-    def copy_(self, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:  # type: ignore[override]
+    def copy_(self, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
         # torch's binding guards the device first, as indexing does (see indexing.py)
         out: torch.Tensor = torch.ops.aten.copy_.default(self, src, non_blocking)
         return out

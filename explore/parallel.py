@@ -2,20 +2,12 @@
 one driver.
 
 Each stream is an ordinary `search()` with its own seed (`SearchSpec.stream`), all of them over
-one Hypothesis example database. Streams talk to the driver in messages (plain tuples, so that a
-process queue and a Ray queue carry the same):
-
-    ("progress", index, examples, iterations)      after every round
-    ("unshrunk", index, cex)                        the first failing example, before shrinking
-    ("smaller", index, cex)                         a smaller failure found while shrinking
-    ("done", index, examples, iterations, cex, cut) the end: the shrunk counterexample (cut:
-                                                    the budget ended the shrink), or None
-    ("error", index, line)                          it failed (then ends without "done")
-    ("bug", index, scenario, line, traceback, extra) overlapcheck itself crashed (a CheckerBug)
+one Hypothesis example database. Streams talk to the driver in the messages of
+`explore/stream_messages.py`.
 
 The driver adds them up, hands the unshrunk counterexample and each smaller one to the caller at
 once (they go to disk while shrinking goes on), stops the other streams on the first violation,
-and reports a stream that died without saying "done" in one line while the rest carry on. Ctrl-C
+and reports a stream that died without saying `Done` in one line while the rest carry on. Ctrl-C
 in the driver ends the search with the smallest failure it has heard of.
 """
 
@@ -43,11 +35,20 @@ from overlapcheck.explore.search import (
     SearchStats,
     search,
 )
+from overlapcheck.explore.stream_messages import (
+    Crashed,
+    Done,
+    Failed,
+    Progress,
+    Smaller,
+    StreamMessage,
+    Unshrunk,
+)
 from overlapcheck.formats import counterexample
 from overlapcheck.harness.crash import CheckerBug
 from overlapcheck.harness.revision import git_revision
 
-Message = tuple[Any, ...]
+Message = StreamMessage
 NOBODY = -1  # no stream has found a violation yet
 EVERYBODY = -2  # stop every stream (the budget ran out)
 
@@ -87,25 +88,25 @@ def run_stream(
     should_stop: Callable[[], bool] | None = None,
 ) -> Message:
     """One search stream: reports progress, the unshrunk failure (if `claim` says this stream is
-    the first to find one), each smaller one while shrinking, and its end; returns the "done"
+    the first to find one), each smaller one while shrinking, and its end; returns the `Done`
     message too."""
 
     def on_round(stats: SearchStats) -> None:
-        report(("progress", index, stats.examples, stats.iterations))
+        report(Progress(index, stats.examples, stats.iterations))
 
     def on_failure(found: Found) -> bool:
         if not claim():
             return False
-        report(("unshrunk", index, cex_data(found, spec)))
+        report(Unshrunk(index, cex_data(found, spec)))
         return True
 
     def on_smaller(found: Found) -> None:
-        report(("smaller", index, cex_data(found, spec)))
+        report(Smaller(index, cex_data(found, spec)))
 
     result = search(spec, on_round, on_failure, should_stop, on_smaller)
     data = cex_data(result.found, spec) if result.found is not None else None
     stats = result.stats
-    done: Message = ("done", index, stats.examples, stats.iterations, data, result.cut)
+    done = Done(index, stats.examples, stats.iterations, data, result.cut)
     report(done)
     return done
 
@@ -191,38 +192,38 @@ class _Driver:
         self.stopped_all = False
 
     def handle(self, msg: Message) -> None:
-        kind, index = msg[0], msg[1]
-        if kind == "error":
-            self.errors[index] = msg[2]
-        elif kind == "bug":
-            self.errors[index] = f"overlapcheck bug: {msg[3]}"
+        index = msg.stream
+        if isinstance(msg, Failed):
+            self.errors[index] = msg.line
+        elif isinstance(msg, Crashed):
+            self.errors[index] = f"overlapcheck bug: {msg.line}"
             if self.outcome.bug is None:
-                error = RuntimeError(f"{msg[3]} (in search worker {index})\n{msg[4]}")
-                self.outcome.bug = CheckerBug(error, msg[2])
-                self.outcome.bug.extra.update(msg[5])
+                error = RuntimeError(f"{msg.line} (in search worker {index})\n{msg.traceback}")
+                self.outcome.bug = CheckerBug(error, msg.scenario)
+                self.outcome.bug.extra.update(msg.extra)
                 self.pool.stop(keep=self.outcome.winner)
-        elif kind == "progress":
-            self.examples[index], self.iterations[index] = msg[2], msg[3]
-        elif kind == "unshrunk":
+        elif isinstance(msg, Progress):
+            self.examples[index], self.iterations[index] = msg.examples, msg.iterations
+        elif isinstance(msg, Unshrunk):
             if self.outcome.winner is None:
                 self.outcome.winner = index
-                self.outcome.unshrunk = self.outcome.best = msg[2]
+                self.outcome.unshrunk = self.outcome.best = msg.cex
                 stats = self.outcome.stats
                 stats.first_failure = time.perf_counter() - self.started
                 stats.examples_to_failure = sum(self.examples) + 1
                 self.pool.stop(keep=index)
-                self.listener.unshrunk(msg[2])
-        elif kind == "smaller":
+                self.listener.unshrunk(msg.cex)
+        elif isinstance(msg, Smaller):
             if index == self.outcome.winner:
-                self.outcome.best = msg[2]
+                self.outcome.best = msg.cex
                 self.outcome.stats.smaller += 1
-                self.listener.smaller(msg[2])
-        elif kind == "done":
-            self.examples[index], self.iterations[index] = msg[2], msg[3]
-            if index == self.outcome.winner and msg[4] is not None:
-                self.outcome.found, self.outcome.cut = msg[4], msg[5]
-            elif msg[4] is not None and self.outcome.winner is None:  # no "unshrunk" came first
-                self.outcome.winner, self.outcome.found = index, msg[4]
+                self.listener.smaller(msg.cex)
+        else:
+            self.examples[index], self.iterations[index] = msg.examples, msg.iterations
+            if index == self.outcome.winner and msg.cex is not None:
+                self.outcome.found, self.outcome.cut = msg.cex, msg.cut
+            elif msg.cex is not None and self.outcome.winner is None:  # no Unshrunk came first
+                self.outcome.winner, self.outcome.found = index, msg.cex
                 self.pool.stop(keep=index)
 
     def drain(self, timeout: float) -> None:
@@ -333,10 +334,10 @@ def _process_main(spec: SearchSpec, index: int, channel: Any, winner: Any) -> No
     try:
         run_stream(spec, index, channel.put, claim, should_stop)
     except CheckerBug as bug:  # ours: the driver saves its input (the traceback is text now)
-        channel.put(("bug", index, bug.scenario, str(bug), bug.traceback_text(), bug.extra))
+        channel.put(Crashed(index, bug.scenario, str(bug), bug.traceback_text(), bug.extra))
         raise SystemExit(1) from None
     except Exception as err:  # a bug of ours, or the scheduler's import: one line, not a trace
-        channel.put(("error", index, f"{type(err).__name__}: {err}"))
+        channel.put(Failed(index, f"{type(err).__name__}: {err}"))
         raise SystemExit(1) from None
 
 
@@ -344,7 +345,7 @@ class ProcessPool:
     """Streams in worker processes (forkserver where there is one, else spawn: never a fork of a
     driver that may hold threads)."""
 
-    GRACE = 5.0  # seconds a stopped stream gets to finish its example and say "done"
+    GRACE = 5.0  # seconds a stopped stream gets to finish its example and say `Done`
 
     def __init__(self, spec: SearchSpec, workers: int) -> None:
         ctx: Any = mp.get_context(

@@ -102,8 +102,7 @@ class _Span:
         self.outer = recorder.phase
         recorder.phase = phase
         self.op = recorder.span(phase, device.now(), self.work)
-        self.cost = device.timing.host(phase, self.work)
-        self.op.delay = device.timing.last_delay
+        self.cost, self.op.delay = device.timing.host(phase, self.work)
         self.before = phase in HOST_WORK_BEFORE_ISSUE
         if self.before:
             device._advance(self.cost)
@@ -212,8 +211,7 @@ class SimDevice(Device):
         op = self.recorder.op(
             stream.name, "h2d", self.now(), label=f"h2d {buffer}", accesses=[access]
         )
-        duration = self.timing.h2d(len(access.cells))
-        op.delay = self.timing.last_delay
+        duration, op.delay = self.timing.h2d(len(access.cells))
         captured = [(w.row, w.start, np.asarray(w.values, dtype=target.dtype)) for w in writes]
 
         def body() -> Generator[simpy.Event, Any, None]:
@@ -231,8 +229,7 @@ class SimDevice(Device):
         self.staging[: len(flat)] = flat
         self.recorder.staging_write(batch, self.now())
         op = self.recorder.metadata_copy(batch, stream.name, self.now())
-        duration = self.timing.h2d(len(flat))
-        op.delay = self.timing.last_delay
+        duration, op.delay = self.timing.h2d(len(flat))
         parity, n = batch.batch_id % 2, len(flat)
 
         def body() -> Generator[simpy.Event, Any, None]:
@@ -278,11 +275,9 @@ class SimDevice(Device):
     def forward(self, batch: BatchInput, stream: Stream) -> ForwardOutput:
         output = SimOutput(self, batch)
         kernel = self.recorder.forward(batch, stream.name, self.now())
-        duration = self.timing.forward(batch.num_tokens, batch.num_context_tokens)
-        kernel.delay = self.timing.last_delay
+        duration, kernel.delay = self.timing.forward(batch.num_tokens, batch.num_context_tokens)
         copy = self.recorder.d2h(batch, stream.name, self.now())
-        copy_duration = self.timing.d2h()
-        copy.delay = self.timing.last_delay
+        copy_duration, copy.delay = self.timing.d2h()
         n = len(batch.seqs)
 
         first_queued, enqueued_by, copy_queued = 0.0, None, 0.0

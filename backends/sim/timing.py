@@ -11,7 +11,7 @@ import math
 import random
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 US = 1e-6
 # Offsets from the end of the launch phase, not durations: a calibrated GPU puts them before it.
@@ -140,16 +140,23 @@ class ReplayDelay:
         return self.draws.get(site, 0.0)
 
 
+class Cost(NamedTuple):
+    """How long a timed operation takes, and the part of it the delay source added (recorded in
+    the trace: a GPU replay injects it again)."""
+
+    seconds: float
+    delay: float
+
+
 @dataclass(slots=True)
 class Timing:
     profile: Profile = field(default_factory=Profile)
     source: DelaySource = field(default_factory=NoDelay)
     draws: dict[int, float] = field(default_factory=dict)  # site -> non-zero delay drawn
     sites: int = 0
-    last_delay: float = 0.0  # the delay of the latest cost, for the trace (and GPU replay plans)
 
-    def cost(self, kind: str, nominal: float) -> float:
-        """The duration of the next timed operation: nominal plus the source's delay."""
+    def cost(self, kind: str, nominal: float) -> Cost:
+        """The cost of the next timed operation: nominal plus the source's delay."""
         site = self.sites
         self.sites += 1
         extra = self.source.delay(site, kind, nominal)
@@ -157,10 +164,9 @@ class Timing:
             raise ValueError(f"negative delay {extra} at site {site}")
         if extra:
             self.draws[site] = extra
-        self.last_delay = extra
-        return nominal + extra
+        return Cost(nominal + extra, extra)
 
-    def host(self, phase: str, work: int) -> float:
+    def host(self, phase: str, work: int) -> Cost:
         p = self.profile
         base, per = {
             "schedule": (p.schedule, p.schedule_per_req),
@@ -169,11 +175,11 @@ class Timing:
         }.get(phase, (0.0, 0.0))
         return self.cost(phase, base + per * work)
 
-    def h2d(self, cells: int) -> float:
+    def h2d(self, cells: int) -> Cost:
         return self.cost("h2d", self.profile.h2d + self.profile.h2d_per_cell * cells)
 
-    def d2h(self) -> float:
+    def d2h(self) -> Cost:
         return self.cost("d2h", self.profile.d2h)
 
-    def forward(self, tokens: int, context: int) -> float:
+    def forward(self, tokens: int, context: int) -> Cost:
         return self.cost("forward", self.profile.forward_time(tokens, context))

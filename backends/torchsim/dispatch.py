@@ -285,8 +285,7 @@ class Interceptor:
             accesses=[Access(t.buffer.name, t.cells, t.mode) for t in found],  # type: ignore[arg-type]
         )
         seen: list[Any] = []
-        duration = self.device.timing.d2h()
-        op.delay = self.device.timing.last_delay
+        duration, op.delay = self.device.timing.d2h()
 
         def start() -> Callable[[], None]:
             with plain():
@@ -387,8 +386,7 @@ class Interceptor:
             accesses=[Access(t.buffer.name, t.cells, t.mode) for t in found],  # type: ignore[arg-type]
         )
         timing = self.device.timing
-        duration = timing.cost("kernel", KERNEL)
-        op.delay = timing.last_delay
+        duration, op.delay = timing.cost("kernel", KERNEL)
 
         def start() -> Callable[[], None]:
             with plain():
@@ -541,8 +539,7 @@ class Interceptor:
             accesses=[Access(t.buffer.name, t.cells, t.mode) for t in found],  # type: ignore[arg-type]
         )
         timing = self.device.timing
-        duration = timing.h2d(dst.numel())
-        op.delay = timing.last_delay
+        duration, op.delay = timing.h2d(dst.numel())
 
         def start() -> Callable[[], None]:
             with plain():
@@ -574,8 +571,7 @@ class Interceptor:
             accesses=[Access(t.buffer.name, t.cells, t.mode) for t in found],  # type: ignore[arg-type]
         )
         timing = self.device.timing
-        duration = timing.d2h()
-        op.delay = timing.last_delay
+        duration, op.delay = timing.d2h()
 
         def start() -> Callable[[], None]:
             with plain():

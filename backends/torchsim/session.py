@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from overlapcheck.backends.sim.device import SimDevice, Unit
+from overlapcheck.backends.sim.timing import Cost
 from overlapcheck.backends.torchsim.dispatch import (
     DispatchMode,
     Interceptor,
@@ -121,7 +122,7 @@ class SimulatedCuda:
         kind: str,
         label: str,
         accesses: Sequence[tuple[torch.Tensor, np.ndarray | None, str]],
-        duration: float,
+        cost: Cost,
         start: Callable[[], Callable[[], None]],
         batch: int | None = None,
         uids: tuple[int, ...] = (),
@@ -142,8 +143,8 @@ class SimulatedCuda:
         op = self.runtime.op(
             self.runtime.current.name, kind, label=label, accesses=traced, batch=batch, uids=uids
         )
-        op.delay = self.device.timing.last_delay
-        self.interceptor._enqueue(_Launch(op, unit or self.device.compute, duration, start))
+        op.delay = cost.delay
+        self.interceptor._enqueue(_Launch(op, unit or self.device.compute, cost.seconds, start))
 
     def buffer(self, tensor: torch.Tensor) -> Buffer | None:
         found = self.interceptor.locate(tensor)

@@ -1,0 +1,51 @@
+"""What a search stream tells the driver, in order: progress after every round, the first failing
+example before shrinking (`Unshrunk`), each smaller one while shrinking, then `Done`; or, instead
+of `Done`, `Failed` (one line) or `Crashed` (overlapcheck itself raised). NamedTuples, so that a
+process queue and a Ray queue carry them as they are.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from overlapcheck.core.scenario import Scenario
+
+
+class Progress(NamedTuple):
+    stream: int  # which search stream sent it
+    examples: int
+    iterations: int
+
+
+class Unshrunk(NamedTuple):
+    stream: int
+    cex: dict[str, Any]  # a counterexample file's JSON value
+
+
+class Smaller(NamedTuple):
+    stream: int
+    cex: dict[str, Any]
+
+
+class Done(NamedTuple):
+    stream: int
+    examples: int
+    iterations: int
+    cex: dict[str, Any] | None  # the shrunk counterexample, or None
+    cut: str | None  # what cut the shrink short (the budget, an interrupt), or None
+
+
+class Failed(NamedTuple):
+    stream: int
+    line: str
+
+
+class Crashed(NamedTuple):
+    stream: int
+    scenario: Scenario  # the input that makes overlapcheck crash
+    line: str
+    traceback: str
+    extra: dict[str, Any]
+
+
+StreamMessage = Progress | Unshrunk | Smaller | Done | Failed | Crashed

@@ -66,12 +66,10 @@ def phase_search(out: Path, budget: float, faults: list[str]) -> None:
 
 def phase_replay(out: Path, repeat: int, backend_name: str, preset: str | None) -> None:
     from overlapcheck.backends.gpu.backend import make_torch_backend
-    from overlapcheck.backends.gpu.sleep import sleep_cycles_per_second
     from overlapcheck.orchestrate.gpu_replay import replay_verdicts
 
     backend = make_torch_backend(backend_name, preset=preset)
     if backend_name == "cuda":
-        backend.sleep_rate = sleep_cycles_per_second()
         print(f"torch.cuda._sleep: {backend.sleep_rate / 1e9:.3f} G cycles/s")
     rows = []
     for name in FAULTS:

@@ -194,14 +194,11 @@ def _replay_share(
 ) -> dict[str, Any]:
     """One engine (one GPU) runs `repeats` of the replay; runs inside a Ray task."""
     from overlapcheck.backends.gpu.backend import make_torch_backend
-    from overlapcheck.backends.gpu.sleep import sleep_cycles_per_second
     from overlapcheck.formats.counterexample import Counterexample
     from overlapcheck.orchestrate.gpu_replay import replay_verdicts
 
     cex = Counterexample(data, where)
     backend = make_torch_backend(backend_name, model=model, preset=preset)
-    if backend_name == "cuda":
-        backend.sleep_rate = sleep_cycles_per_second()
     plan, verdicts = replay_verdicts(cex, backend, repeats)
     return {
         "node": socket.gethostname(),

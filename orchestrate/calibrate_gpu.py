@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from overlapcheck.backends.gpu.backend import TorchBackend
-from overlapcheck.backends.gpu.sleep import sleep_cycles_per_second
+from overlapcheck.backends.gpu.backend import PlannedBackend, TorchBackend
+from overlapcheck.backends.gpu.device import DevicePlan
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.backends.sim.timing import Profile, Timing
 from overlapcheck.core.scenario import Scenario
@@ -35,7 +35,10 @@ LOOPS = ("overlap", "normal")
 
 
 def each_run(
-    backend: TorchBackend, scenarios: list[Scenario], rounds: int, take: Callable[[Trace], None]
+    backend: TorchBackend | PlannedBackend,
+    scenarios: list[Scenario],
+    rounds: int,
+    take: Callable[[Trace], None],
 ) -> None:
     """Run each scenario `rounds` times and hand each trace to `take`, keeping none: a growing
     heap of kept traces slows the host phases being measured (on the CPU backend the median
@@ -105,14 +108,8 @@ def measure(backend: TorchBackend, scenarios: list[Scenario], base: Profile) -> 
     # The median run's longest phase: a run that compiled kernels (seconds) must not set it.
     hold = 2 * statistics.median(longest) + 1e-3 if backend.name == "cuda" else 0.0
     device: list[Sample] = []
-    if hold:
-        if not backend.sleep_rate:
-            backend.sleep_rate = sleep_cycles_per_second()
-        backend.hold = dict.fromkeys(STREAM_KINDS, hold)
-    try:
-        each_run(backend, scenarios, 1, lambda t: device.extend(device_samples(t)))
-    finally:
-        backend.hold = {}
+    held = backend.planned(DevicePlan(hold=dict.fromkeys(STREAM_KINDS, hold) if hold else {}))
+    each_run(held, scenarios, 1, lambda t: device.extend(device_samples(t)))
     streams = fit_profile(device, base)
     host: list[Sample] = []
     leads: list[Sample] = []

@@ -19,7 +19,7 @@ from typing import Any
 
 from overlapcheck.backends.gates import GateOutcome
 from overlapcheck.backends.gpu.backend import TorchBackend, make_torch_backend
-from overlapcheck.backends.gpu.sleep import sleep_cycles_per_second
+from overlapcheck.backends.gpu.device import DevicePlan
 from overlapcheck.formats.counterexample import Counterexample
 from overlapcheck.harness.runner import RunResult, run_scenario
 from overlapcheck.invariants.no_race import NoRace
@@ -65,12 +65,12 @@ def replay_once(
     deliveries: list[tuple[int, int, str]],
     repeat: int,
 ) -> tuple[Verdict, RunResult]:
-    backend.delays, backend.gates = plan.sleeps, list(plan.gates)
+    planned = backend.planned(DevicePlan(tuple(plan.sleeps), plan.gates))
     # Every violation (keep going): the verdict asks whether the recorded one manifested.
     checks = [i for i in cex.checks if i != NoRace.id]
     factory = None if cex.scheduler.is_reference else cex.scheduler.factory()
     result = run_scenario(
-        cex.scenario, backend, checks, deliveries=deliveries, scheduler=factory, keep_going=True
+        cex.scenario, planned, checks, deliveries=deliveries, scheduler=factory, keep_going=True
     )
     gates: list[GateOutcome] = []
     if backend.device is not None:
@@ -129,14 +129,11 @@ def replay_verdicts(
     if under_test is not None:
         run = scaled(under_test, margin)
         deliveries = replay_on_sim(run).deliveries  # the fix's own message iterations
-    try:
-        # A warm-up run, not judged and without gates: a workload's first run compiles and
-        # caches (new batch shapes, kernels loaded), so its host phases run long and move the
-        # very ordering a sleep sets up, and loading a kernel may wait for a spinning gate.
-        replay_once(run, backend, plan.without_gates(), deliveries, -1)
-        verdicts = [replay_once(run, backend, plan, deliveries, i)[0] for i in range(repeat)]
-    finally:
-        backend.delays, backend.gates = [], []  # later runs on this backend are not the replay's
+    # A warm-up run, not judged and without gates: a workload's first run compiles and caches
+    # (new batch shapes, kernels loaded), so its host phases run long and move the very ordering
+    # a sleep sets up, and loading a kernel may wait for a spinning gate.
+    replay_once(run, backend, plan.without_gates(), deliveries, -1)
+    verdicts = [replay_once(run, backend, plan, deliveries, i)[0] for i in range(repeat)]
     return plan, verdicts
 
 
@@ -152,8 +149,6 @@ def replay_on_device(
     """Exit status: 1 if the counterexample reproduced in any repeat, 0 if never. `under_test`
     (another scheduler on the same file) runs under the plan of `cex` as recorded."""
     backend = make_torch_backend(backend_name, model=model, preset=preset)
-    if backend_name == "cuda":
-        backend.sleep_rate = sleep_cycles_per_second()
     plan, verdicts = replay_verdicts(cex, backend, repeat, under_test)
     out = sys.stderr if as_json else sys.stdout
     print(f"replay plan ({len(plan.gates)} gates, {len(plan.delays)} delays):", file=out)

@@ -326,10 +326,10 @@ def test_gates_on_the_real_engine_open_with_the_fault_and_are_released_by_the_fi
     from overlapcheck.orchestrate.replay_plan import plan_replay
     from overlapcheck.orchestrate.sim_replay import replay_on_sim
 
-    def install(device: TorchDevice, gates: list[Gate], bound: float = 1.0) -> None:
-        device.gates = GateKeeper(gates, Queued(len(gates)), device.trace) if gates else None
+    def queued(device: TorchDevice, gates: list[Gate], bound: float) -> GateKeeper | None:
+        return GateKeeper(gates, Queued(len(gates)), device.trace) if gates else None
 
-    monkeypatch.setattr(TorchDevice, "install_gates", install)
+    monkeypatch.setattr(TorchDevice, "_gates", queued)
     cex, _ = with_margin(counterexample.load(COUNTEREXAMPLES / f"{fault}.json"))
     sim = replay_on_sim(cex)
     plan = plan_replay(sim.trace)

@@ -31,7 +31,6 @@ from overlapcheck.orchestrate.calibrate_gpu import (  # noqa: E402
 from overlapcheck.orchestrate.gpu_replay import (  # noqa: E402
     Verdict,
     replay_verdicts,
-    sleep_cycles_per_second,
 )
 from overlapcheck.reference.faults import FAULTS  # noqa: E402
 
@@ -43,9 +42,7 @@ REPEATS = 20
 
 @pytest.fixture(scope="module")
 def cuda() -> TorchBackend:
-    backend = make_torch_backend("cuda", preset="tiny")
-    backend.sleep_rate = sleep_cycles_per_second()
-    return backend
+    return make_torch_backend("cuda", preset="tiny")
 
 
 @pytest.mark.parametrize("fault", list(FAULTS))

@@ -13,14 +13,13 @@ import torch
 from transformers import PretrainedConfig
 
 from overlapcheck.backends.base import ExactReference, Reference
-from overlapcheck.backends.delays import Delay, DelayInjector
-from overlapcheck.backends.gates import DEFAULT_BOUND, Gate
-from overlapcheck.backends.gpu.device import TorchDevice
+from overlapcheck.backends.gpu.device import DevicePlan, TorchDevice
 from overlapcheck.backends.gpu.engine import Engine
 from overlapcheck.backends.gpu.model import DecoderModel
 from overlapcheck.backends.gpu.oracle import BF16_LOGIT_MARGIN, HFOracle, TeacherForcing
 from overlapcheck.backends.gpu.prepare import fit_scenario
 from overlapcheck.backends.gpu.sanitizer import Sanitizer
+from overlapcheck.backends.gpu.sleep import sleep_cycles_per_second
 from overlapcheck.backends.gpu.weights import (
     ModelSpec,
     load_checkpoint,
@@ -88,12 +87,9 @@ class TorchBackend:
         self.sanitizer = Sanitizer() if sanitize else None
         self.graph_sizes = tuple(graph_sizes)
         self.sampling: dict[int, SamplingParams] = {}
-        self.delays: list[Delay] = []  # a replayed counterexample's delay plan (replay.py)
-        self.gates: list[Gate] = []  # and its gates (backends/gates.py)
-        self.gate_bound = DEFAULT_BOUND
         self._no_gates: str | None = None  # why this backend cannot gate, once tried
-        self.sleep_rate = 0.0
-        self.hold: dict[str, float] = {}  # calibration holds by op kind (TorchDevice.hold)
+        # torch.cuda._sleep cycles per second, for delays given in seconds (measured once)
+        self.sleep_rate = sleep_cycles_per_second() if device.type == "cuda" else 0.0
         self.device: TorchDevice | None = None
         self._forcing: list[TeacherForcing] = []  # this run's, for `max_deficit`
         self._eos = self.spec.eos_token_id
@@ -102,22 +98,22 @@ class TorchBackend:
         greedy = self.oracle.greedy if self.oracle is not None else (lambda prompt, n: [])
         return fit_scenario(scenario, self.spec.vocab_size, self.spec.eos_token_id, greedy)
 
-    def make_device(self, scenario: Scenario) -> TorchDevice:
+    def make_device(self, scenario: Scenario, plan: DevicePlan | None = None) -> TorchDevice:
+        """A fresh device for one run of `scenario`, running `plan` (delays, gates, holds)."""
         cfg = scenario.config
         if self.sanitizer is not None:
             self.sanitizer.enable()  # before the pools exist, so CSAN sees their allocation
         engine = Engine(self.model, cfg, flashinfer=self.model.device.type == "cuda", seed=cfg.seed)
         if self.graph_sizes and self.sanitizer is None:  # CSAN cannot see inside a graph replay
             engine.capture(self.graph_sizes)
-        self.device = TorchDevice(cfg, engine, self.sanitizer, self.sampling)
-        if self.delays:
-            self.device.injector = DelayInjector(self.delays)
-        self.device.install_gates(self.gates, self.gate_bound)
-        self.device.hold = dict(self.hold)
-        self.device.sleep_rate = self.sleep_rate
+        self.device = TorchDevice(cfg, engine, self.sanitizer, self.sampling, plan, self.sleep_rate)
         self._forcing = []
         self._eos = cfg.eos_token_id
         return self.device
+
+    def planned(self, plan: DevicePlan) -> PlannedBackend:
+        """This backend (the same model, loaded once) making every device with `plan`."""
+        return PlannedBackend(self, plan)
 
     def gates_unavailable(self) -> str | None:
         """Why this backend cannot hold a stream behind a gate (None: it can). On CUDA the spin
@@ -154,6 +150,29 @@ class TorchBackend:
     def close(self) -> None:
         if self.sanitizer is not None:
             self.sanitizer.disable()
+
+
+class PlannedBackend:
+    """A `TorchBackend` whose devices run a fixed `DevicePlan`: a replay's delays and gates, or
+    calibration's holds, given at construction instead of set on the shared backend between
+    runs. `backend.device` is the device of its latest run."""
+
+    def __init__(self, backend: TorchBackend, plan: DevicePlan) -> None:
+        self.backend, self.plan = backend, plan
+        self.name = backend.name
+
+    def prepare(self, scenario: Scenario) -> Scenario:
+        return self.backend.prepare(scenario)
+
+    def make_device(self, scenario: Scenario) -> TorchDevice:
+        return self.backend.make_device(scenario, self.plan)
+
+    def reference(self, spec: RequestSpec, max_tokens: int) -> Reference:
+        return self.backend.reference(spec, max_tokens)
+
+    @property
+    def device(self) -> TorchDevice | None:
+        return self.backend.device
 
 
 def make_torch_backend(

@@ -14,12 +14,13 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from overlapcheck.backends.delays import DelayInjector
+from overlapcheck.backends.delays import Delay, DelayInjector
 from overlapcheck.backends.gates import (
     DEFAULT_BOUND,
     HOST_BOUND,
@@ -83,6 +84,19 @@ class EventClock:
             op.end = self.anchor_time + self.anchor.elapsed_time(end) / 1e3
 
 
+@dataclass(frozen=True, slots=True)
+class DevicePlan:
+    """What a run on the real engine does besides the scheduler's work, fixed when its device is
+    made: a replayed counterexample's delays and gates (orchestrate/gpu_replay.py), and
+    calibration's holds: stream ops of these kinds first hold their stream this long, so that the
+    host has queued all their work before they start and their event span is device time."""
+
+    delays: tuple[Delay, ...] = ()
+    gates: tuple[Gate, ...] = ()
+    gate_bound: float = DEFAULT_BOUND  # the longest a held op waits for its gate
+    hold: Mapping[str, float] = field(default_factory=dict)
+
+
 class TorchDevice(Device):
     def __init__(
         self,
@@ -90,17 +104,15 @@ class TorchDevice(Device):
         engine: Engine,
         sanitizer: Sanitizer | None = None,
         sampling: dict[int, SamplingParams] | None = None,
+        plan: DevicePlan | None = None,
+        sleep_rate: float = 0.0,
     ) -> None:
         self.config, self.engine, self.sanitizer = config, engine, sanitizer
         self.sampling = sampling or {}
-        # Delays of a replayed simulator counterexample (see orchestrate/gpu_replay.py).
-        self.injector: DelayInjector | None = None
-        self.sleep_rate = 0.0  # torch.cuda._sleep cycles per second
-        # A replay's gates (see backends/gates.py); None when the run has none.
-        self.gates: GateKeeper | None = None
-        # Calibration: stream ops of these kinds first hold their stream this long, so that the
-        # host has queued all their work before they start and their event span is device time.
-        self.hold: dict[str, float] = {}
+        plan = plan if plan is not None else DevicePlan()
+        self.injector = DelayInjector(list(plan.delays)) if plan.delays else None
+        self.sleep_rate = sleep_rate  # torch.cuda._sleep cycles per second
+        self.hold = dict(plan.hold)
         self.cuda = engine.model.device.type == "cuda"
         self.trace = Trace()
         self.recorder = FootprintRecorder(config, self.trace)
@@ -116,20 +128,21 @@ class TorchDevice(Device):
             self._streams = {name: torch.cuda.Stream() for name in names}
             torch.cuda.synchronize()  # buffers were filled on the default stream
             self.clock = EventClock(self._streams["engine"], self.now)
+        # A replay's gates (see backends/gates.py); None when the run has none.
+        self.gates = self._gates(list(plan.gates), plan.gate_bound)
 
-    def install_gates(self, gates: list[Gate], bound: float = DEFAULT_BOUND) -> None:
-        """Hold these ops behind their gates in this run (before its first operation); a held op
-        waits `bound` seconds at most (on the CPU engine, which cannot open one, `HOST_BOUND`)."""
+    def _gates(self, gates: list[Gate], bound: float) -> GateKeeper | None:
+        """Hold these ops behind their gates in this run; a held op waits `bound` seconds at most
+        (on the CPU engine, which cannot open one, `HOST_BOUND`)."""
         if not gates:
-            self.gates = None
-            return
+            return None
         if self.cuda:
             from overlapcheck.backends.gpu.spin_gates import SpinGates
 
             driver: SpinGates | HostGates = SpinGates(len(gates), self._streams, bound)
         else:
             driver = HostGates(len(gates), min(bound, HOST_BOUND))
-        self.gates = GateKeeper(gates, driver, self.trace)
+        return GateKeeper(gates, driver, self.trace)
 
     def gate_outcomes(self) -> list[GateOutcome]:
         """What each gate did; after `finish`."""

@@ -28,6 +28,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="simulated iterations per second (what runs when no other measurement is asked)",
     )
     p.add_argument(
+        "--minisgl",
+        action="store_true",
+        help="mini-sglang's own scheduler under the simulated CUDA beside the reference on the "
+        "simulator, iterations per second on one workload (needs MINISGL_PATH)",
+    )
+    p.add_argument(
         "--faults",
         action="store_true",
         help="time to first failure and shrunk size per named fault (median of 5 seeds)",
@@ -102,7 +108,13 @@ def main(args: argparse.Namespace) -> int:
     report: dict[str, Any] = {"command": "bench"}
     code = 0
     with tables:
-        chosen = args.faults or args.policies or args.mutants is not None or args.reliability
+        chosen = (
+            args.faults
+            or args.policies
+            or args.mutants is not None
+            or args.reliability
+            or args.minisgl
+        )
         if args.speed or not chosen:
             from overlapcheck.bench import sim_speed
 
@@ -113,6 +125,13 @@ def main(args: argparse.Namespace) -> int:
                     "median_iterations_per_second": r.median_iterations_per_second,
                 }
                 for r in sim_speed.main()
+            ]
+        if args.minisgl:
+            from overlapcheck.bench import minisgl_speed
+
+            report["minisgl"] = [
+                asdict(r) | {"iterations_per_second": r.iterations_per_second}
+                for r in minisgl_speed.main()
             ]
         if args.faults:
             from overlapcheck.bench import fault_search

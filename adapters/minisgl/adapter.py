@@ -87,6 +87,7 @@ class MiniSglScheduler:
         self.parts = EngineParts(config, self.cuda, device.model, self.up)
         self.data: Any = None
         self.clock = _Clock(device)
+        self.normal_started = False
         with self._block(), self._building():
             self.sched = self._make()
             self.cuda.name(self.sched.token_pool, "token_pool")
@@ -179,11 +180,21 @@ class MiniSglScheduler:
                 if self.config.loop == "overlap":
                     self.data = self.sched.overlap_loop(self.data)
                 else:
-                    self.sched.normal_loop()
+                    self._normal_step()
         except _Idle:
             self.cuda.drain()
             return False
         return True
+
+    def _normal_step(self) -> None:
+        """As upstream's `run_forever` runs the normal loop: on the engine stream, which first
+        waits for the scheduler stream once."""
+        sched = self.sched
+        with sched.engine_stream_ctx:
+            if not self.normal_started:
+                sched.engine.stream.wait_stream(sched.stream)
+                self.normal_started = True
+            sched.normal_loop()
 
     def books(self) -> Books:
         return read_books(self.sched, self.data, self.config, self.up)

@@ -199,7 +199,7 @@ def _launch_forward(
     ]
     timing = parts.cuda.device.timing
     new_tokens = sum(e - b for b, e in zip(begins, ends, strict=True))
-    duration = timing.forward(new_tokens, sum(ends))
+    cost = timing.forward(new_tokens, sum(ends))
     phase = "prefill" if batch.is_prefill else "decode"
     label = f"{'P' if phase == 'prefill' else 'D'}{batch_id}"
 
@@ -245,4 +245,4 @@ def _launch_forward(
         return end
 
     uids = tuple(int(r.uid) for r in reqs)
-    cuda.launch("forward", label, accesses, duration, start, batch=batch_id, uids=uids)
+    cuda.launch("forward", label, accesses, cost, start, batch=batch_id, uids=uids)

@@ -26,7 +26,7 @@ from overlapcheck.backends.torchsim.dispatch import (
     _Launch,
     plain,
 )
-from overlapcheck.backends.torchsim.memory import Buffer, Memory
+from overlapcheck.backends.torchsim.memory import Buffer, Memory, view_cells
 from overlapcheck.backends.torchsim.streams import SimCudaEvent, SimStream, StreamRuntime
 from overlapcheck.backends.torchsim.tensor import SimTensor
 from overlapcheck.core.trace import Access
@@ -136,8 +136,6 @@ class SimulatedCuda:
             found = self.interceptor.locate(tensor)
             assert found is not None, "launch over a tensor the simulation does not know"
             buffer, logical = found
-            from overlapcheck.backends.torchsim.memory import view_cells
-
             chosen = view_cells(buffer, logical) if cells is None else cells
             traced.append(Access(buffer.name, chosen, mode))  # type: ignore[arg-type]
         op = self.runtime.op(

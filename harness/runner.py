@@ -265,15 +265,22 @@ def _fewer_collections() -> Iterator[None]:
     before the threshold comes back: restored over tens of thousands of young objects, it set off
     a collection that scanned them all, and now and then a full one (12% of a search's time).
     They die by reference count when the caller drops the result; a cycle among them waits for
-    the next full collection, like any long-lived garbage."""
+    the next full collection, like any long-lived garbage.
+
+    The caller's collector is left as found: the threshold is restored, and when the caller has
+    frozen objects of its own (`gc.freeze()` before forking workers, say) nothing is frozen or
+    unfrozen here, since unfreezing would thaw theirs too."""
     old = gc.get_threshold()
+    ours = gc.get_freeze_count() == 0
     gc.set_threshold(max(old[0], 50_000), old[1], old[2])
     try:
         yield
     finally:
-        gc.freeze()
+        if ours:
+            gc.freeze()
         gc.set_threshold(*old)
-        gc.unfreeze()
+        if ours:
+            gc.unfreeze()
 
 
 def outcomes(ctx: RunContext) -> list[RequestOutcome]:

@@ -18,6 +18,7 @@ from overlapcheck.core.messages import AbortMsg, InMsg, OutMsg, RejectMsg, UserM
 from overlapcheck.core.protocol import Books, HasBooks
 from overlapcheck.core.rules import max_output, rejection
 from overlapcheck.core.trace import Op, Trace, TraceView
+from overlapcheck.invariants.forward_shape import ShapeCache
 from overlapcheck.invariants.races import Clocks
 
 if TYPE_CHECKING:
@@ -166,6 +167,7 @@ class RunContext:
         self.config = scenario.config
         self.device = device
         self.kv_shadow = kv_shadow  # what the device records of each KV cell, if it keeps one
+        self.shapes = ShapeCache(scenario.config.max_seq_len)  # forwards' rows and lengths
         self.backend_name = backend_name
         self.scheduler = scheduler
         self.book = RequestBook(scenario.config)

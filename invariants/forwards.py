@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from overlapcheck.core.trace import PAGE_TABLE, Op, TraceView
+from overlapcheck.core.trace import Op, TraceView
 from overlapcheck.invariants.context import Request
+from overlapcheck.invariants.forward_shape import forward_shape
 
 Attributed = tuple[Op, tuple[Request | None, ...]]
 
@@ -39,40 +40,11 @@ class ForwardFeed:
             self.current[req.uid] = req
 
 
-def _table_read(op: Op) -> np.ndarray:
-    """The forward's page-table read: `page_table[slot, 0:end]` per sequence, concatenated, so
-    every sequence's part starts at column 0."""
-    table = next((a for a in op.accesses if a.buffer == PAGE_TABLE and a.mode == "r"), None)
-    return np.empty(0, dtype=np.int64) if table is None else table.cells
-
-
 def sequence_rows(op: Op, width: int) -> np.ndarray:
     """Each sequence's row (slot), in the forward's sequence order."""
-    return _shape(op, width)[0]
+    return forward_shape(op, width)[0]
 
 
 def context_ends(op: Op, width: int) -> np.ndarray:
     """Each sequence's context length, from the forward's page-table read."""
-    return _shape(op, width)[1]
-
-
-# The last forward's rows and ends: `slot-not-in-flight` and `work-bound` both ask for the same
-# forward, one after the other. Keyed by the op object itself (held, so never confused with
-# another); a miss only recomputes.
-_last: tuple[Op, int, np.ndarray, np.ndarray] | None = None
-
-
-def _shape(op: Op, width: int) -> tuple[np.ndarray, np.ndarray]:
-    global _last
-    if _last is not None and _last[0] is op and _last[1] == width:
-        return _last[2], _last[3]
-    cells = _table_read(op)
-    if len(cells) == 0:
-        rows = np.zeros(0, dtype=np.int64)
-        ends = np.zeros(len(op.uids), dtype=np.int64)
-    else:
-        begins = np.flatnonzero(cells % width == 0)
-        rows = cells[begins] // width
-        ends = np.diff(np.append(begins, len(cells)))
-    _last = (op, width, rows, ends)
-    return rows, ends
+    return forward_shape(op, width)[1]

@@ -21,7 +21,7 @@ from overlapcheck.core.messages import InMsg, OutMsg, TokenMsg, UserMsg
 from overlapcheck.core.trace import TOKEN_POOL, Op
 from overlapcheck.invariants.base import Invariant
 from overlapcheck.invariants.context import Request
-from overlapcheck.invariants.forwards import ForwardFeed, context_ends
+from overlapcheck.invariants.forwards import ForwardFeed
 
 KV_OFFLOAD = "kv_offload"  # the trace kind of a swap-out (`core/footprints.py`)
 
@@ -84,7 +84,7 @@ class Progress(Invariant):
 
     def _forward(self, op: Op, reqs: tuple[Request | None, ...]) -> None:
         width = self.run.config.max_seq_len
-        ends = context_ends(op, width)
+        ends = self.run.shapes.ends(op)
         if len(ends) != len(reqs):
             return
         starts = _starts(op, ends, width)

@@ -18,7 +18,6 @@ from overlapcheck.core.protocol import Books
 from overlapcheck.core.trace import HOST, PAGE_TABLE, TOKEN_POOL, Op
 from overlapcheck.invariants.base import Invariant
 from overlapcheck.invariants.context import Request
-from overlapcheck.invariants.forwards import sequence_rows
 
 _ROW_BUFFERS = (TOKEN_POOL, PAGE_TABLE)  # the buffers a slot is a row of
 
@@ -67,7 +66,7 @@ class SlotNotInFlight(Invariant):
             agent, vc = clocks.agent[seq], clocks.vc[seq]
             assert vc is not None  # kept for every forward
             clock = int(vc[agent])
-            for uid, row in zip(op.uids, sequence_rows(op, width).tolist(), strict=False):
+            for uid, row in zip(op.uids, self.run.shapes.rows(op).tolist(), strict=False):
                 prev = self.owner.get(row)
                 if prev is not None and prev[0] != uid:
                     unordered = self._unordered_use(prev, seq, row, width)

@@ -24,7 +24,7 @@ from overlapcheck.core.messages import InMsg, OutMsg, TokenMsg, UserMsg
 from overlapcheck.core.trace import KV, Op
 from overlapcheck.invariants.base import Invariant
 from overlapcheck.invariants.context import Request
-from overlapcheck.invariants.forwards import ForwardFeed, context_ends
+from overlapcheck.invariants.forwards import ForwardFeed
 
 
 class WorkBound(Invariant):
@@ -58,7 +58,7 @@ class WorkBound(Invariant):
 
     def _judge(self, op: Op, reqs: tuple[Request | None, ...]) -> None:
         cfg = self.run.config
-        ends = context_ends(op, cfg.max_seq_len)
+        ends = self.run.shapes.ends(op)
         if len(ends) != len(reqs):
             return
         context: np.ndarray | None = None

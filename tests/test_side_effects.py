@@ -1,0 +1,96 @@
+"""Library calls leave the process as they found it: the garbage collector's settings and frozen
+objects, and no module-level state that one run leaves for the next."""
+
+from __future__ import annotations
+
+import ast
+import gc
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from overlapcheck.backends.sim.backend import SimBackend
+from overlapcheck.backends.sim.timing import SeededDelay, Timing
+from overlapcheck.harness.runner import run_scenario
+from overlapcheck.scenarios.named import named_scenario
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def collector() -> Iterator[None]:
+    threshold, enabled = gc.get_threshold(), gc.isenabled()
+    yield
+    gc.set_threshold(*threshold)
+    if enabled:
+        gc.enable()
+
+
+def test_a_run_restores_the_collector_threshold_and_freezes_nothing(collector: None) -> None:
+    gc.set_threshold(700, 11, 12)
+    before = gc.get_freeze_count()
+    run_scenario(named_scenario("basic"), SimBackend())
+    assert gc.get_threshold() == (700, 11, 12)
+    assert gc.get_freeze_count() == before
+    assert gc.isenabled()
+
+
+def test_a_run_leaves_the_callers_frozen_objects_frozen(collector: None) -> None:
+    gc.freeze()  # what a server does before forking its workers
+    try:
+        frozen = gc.get_freeze_count()
+        assert frozen > 0
+        run_scenario(named_scenario("basic"), SimBackend())
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
+
+
+def test_a_run_gives_the_same_result_whatever_ran_before_it_in_the_process() -> None:
+    def run(name: str, seed: int) -> tuple[str, list[str]]:
+        result = run_scenario(
+            named_scenario(name),
+            SimBackend(Timing(source=SeededDelay(seed))),
+            keep_going=True,
+        )
+        return result.trace_hash, [v.line() for v in result.violations]
+
+    first = run("shared-prefix", 1)
+    run("memory-pressure", 2)
+    run("page-size-4", 3)
+    assert run("shared-prefix", 1) == first
+
+
+def test_no_package_module_rebinds_module_state() -> None:
+    """`global` in a function is module-level state that outlives a run (a cache one run fills
+    for the next): state belongs to an object a run owns."""
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT)
+        if rel.parts[0] in ("tests", "examples", "build") or "venv" in rel.parts[0]:
+            continue
+        if any(part.startswith(".") for part in rel.parts):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Global):
+                found.append(f"{rel}:{node.lineno}: global {', '.join(node.names)}")
+    assert found == []
+
+
+def test_the_hypothesis_internals_a_search_patches_exist_and_are_restored() -> None:
+    """The installed Hypothesis has what `explore/search.py` patches and reads (pyproject pins the
+    range this was tested with), and a search puts its patch back."""
+    from hypothesis.database import choices_to_bytes  # noqa: F401
+    from hypothesis.internal.conjecture import providers
+    from hypothesis.internal.conjecture.shrinker import sort_key  # noqa: F401
+    from hypothesis.internal.constants_ast import Constants
+
+    from overlapcheck.explore.search import _examples_from_the_seed_alone
+
+    found, cache = providers._get_local_constants, providers.CONSTANTS_CACHE
+    with _examples_from_the_seed_alone():
+        assert providers._get_local_constants is Constants
+        assert providers.CONSTANTS_CACHE is not cache
+    assert providers._get_local_constants is found
+    assert providers.CONSTANTS_CACHE is cache

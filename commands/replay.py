@@ -18,14 +18,19 @@ from overlapcheck.commands.common import (
 from overlapcheck.commands.paths import output_file
 from overlapcheck.core.errors import UserError
 from overlapcheck.formats import counterexample
+from overlapcheck.formats.counterexample import Counterexample
 from overlapcheck.harness.runner import RunResult
 from overlapcheck.invariants.base import Violation
 from overlapcheck.invariants.hbgraph import race_subgraph
-from overlapcheck.orchestrate.sim_replay import replay_on_sim
+from overlapcheck.orchestrate.sim_replay import Judgement, judge, replay_on_sim
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("replay", help="replay a counterexample (exit 1 when it reproduces)")
+    p = sub.add_parser(
+        "replay",
+        help="replay a counterexample: exit 1 it reproduced, 0 it no longer fires after a "
+        "change, 4 it differs although nothing changed",
+    )
     p.add_argument(
         "file",
         metavar="FILE",
@@ -42,6 +47,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--repeat", type=positive_int, default=1, metavar="N", help="(cpu/cuda) repeats")
     add_model_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "--no-faults",
+        action="store_true",
+        help="(sim) replay with the file's named faults off, the shipped fixes on: exit 0 when "
+        "the fix holds (default: the faults the file records)",
+    )
     add_scheduler_option(p, default=None)
     p.add_argument(
         "--ray",
@@ -66,6 +77,11 @@ def main(args: argparse.Namespace) -> int:
     change = cex.scheduler_change(scheduler)
     if change is not None:
         print(change, file=sys.stderr)
+    if args.no_faults and args.backend != "sim":
+        raise UserError(
+            "--no-faults goes with the simulator: a device replay runs its repeats "
+            "with the faults on, then off"
+        )
     if args.ray is not None and args.backend == "sim":
         raise UserError("--ray spreads the repeats of a device replay: use it with --backend cuda")
     if args.ray is not None:
@@ -92,33 +108,72 @@ def main(args: argparse.Namespace) -> int:
             args.model,
             under_test if under_test is not cex else None,
         )
-    result = replay_on_sim(cex, scheduler)
-    hit = cex.reproduced(result)
-    same_hash = result.trace_hash == cex.trace_hash
+    target = cex.without_faults() if args.no_faults else cex
+    result = replay_on_sim(target, scheduler)
+    verdict = judge(cex, result, scheduler, args.no_faults)
+    code = EXIT[verdict.kind]
     if args.json:
         json.dump(
             {
-                "reproduced": hit is not None,
+                "verdict": verdict.kind,
+                "exit": code,
+                "reproduced": verdict.hit is not None,
                 "invariant": cex.invariant,
                 "trace_hash": result.trace_hash,
-                "same_trace_hash": same_hash,
+                "same_trace_hash": verdict.same_trace,
+                "changed": list(verdict.changed),
                 "violations": [v.to_json() for v in result.violations],
             },
             sys.stdout,
         )
         print()
-    elif hit is not None:
-        print(f"reproduced: {hit.line()}")
-        print(
-            f"trace {result.trace_hash} ({'identical' if same_hash else 'DIFFERENT from the file'})"
-        )
     else:
-        others = "; ".join(v.line() for v in result.violations) or "none"
-        print(f"did not reproduce {cex.invariant} (violations now: {others})")
+        for line in _explain(cex, result, verdict):
+            print(line)
     # The verdict first, flushed: a graph that cannot be written must never hide it.
     sys.stdout.flush()
+    hit = verdict.hit
     writes = [lambda: _write_hb_graph(result, hit, args.hb_graph)] if args.hb_graph else []
-    return finish_with_outputs(hit is None, writes)
+    status = finish_with_outputs(code != 1, writes)
+    return code if status == 0 else status
+
+
+# The exit status of each verdict (the README's table): 1 a violation, 0 the fix holds, 4 a
+# replay that differs although nothing the file records changed.
+EXIT = {"reproduced": 1, "other": 1, "fixed": 0, "differs": 4}
+
+
+def _explain(cex: Counterexample, result: RunResult, verdict: Judgement) -> list[str]:
+    changed = "; ".join(verdict.changed)
+    now = "; ".join(v.line() for v in result.violations)
+    if verdict.kind == "reproduced":
+        same = (
+            "identical"
+            if verdict.same_trace
+            else f"differs from the file's {cex.trace_hash}: {changed}"
+        )
+        assert verdict.hit is not None
+        return [f"reproduced: {verdict.hit.line()}", f"trace {result.trace_hash} ({same})"]
+    if verdict.kind == "fixed":
+        return [f"fixed: {cex.invariant} no longer fires, and nothing else does ({changed})"]
+    if verdict.kind == "other":
+        return [f"{cex.invariant} no longer fires ({changed}), but another violation does: {now}"]
+    if verdict.hit is not None:
+        what = f"the same violation, but trace {result.trace_hash} != the file's {cex.trace_hash}"
+    elif result.violations:
+        what = f"{now} fired instead of {cex.invariant}"
+    else:
+        what = f"nothing fired, where the file records {cex.invariant}"
+    unknown = (
+        " (the file records no hash of the scheduler's source, so a change of it cannot be told)"
+        if cex.scheduler_hash is None
+        else ""
+    )
+    return [
+        f"NOT REPRODUCED: {what}, although nothing the file records changed{unknown}: "
+        "nondeterminism in the scheduler, or a bug of overlapcheck's (please report it with the "
+        "file)"
+    ]
 
 
 def _write_hb_graph(result: RunResult, hit: Violation | None, out: str) -> None:

@@ -168,7 +168,7 @@ class Counterexample:
         when it is the same, or when `scheduler` overrides the recorded one)."""
         if scheduler is not None and scheduler != self.scheduler:
             return None
-        if self.scheduler.is_reference or self.scheduler_hash is None:
+        if self.scheduler_hash is None:
             return None
         now = self.scheduler.source_hash()
         if now == self.scheduler_hash:

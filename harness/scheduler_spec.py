@@ -45,7 +45,18 @@ class SchedulerSpec:
         return Path(file) if file else None
 
     def source_hash(self) -> str | None:
-        """A hash of the defining file's bytes: a replay notices that the scheduler changed."""
+        """A hash of the scheduler's source: the defining file's bytes, or for the reference
+        every module of its package (named faults included). A replay that no longer fails can
+        then say the code changed, rather than leave the user to guess at nondeterminism."""
+        if self.is_reference:
+            from overlapcheck import reference
+
+            root = Path(reference.__file__).parent
+            digest = hashlib.blake2b(digest_size=8)
+            for module in sorted(root.rglob("*.py")):
+                digest.update(module.relative_to(root).as_posix().encode() + b"\0")
+                digest.update(module.read_bytes())
+            return digest.hexdigest()
         path = self.source_path()
         if path is None or not path.is_file():
             return None

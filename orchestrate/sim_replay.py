@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Literal, NamedTuple
+
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.formats.counterexample import Counterexample
 from overlapcheck.harness.runner import RunResult, run_scenario
 from overlapcheck.harness.scheduler_spec import SchedulerSpec
+from overlapcheck.invariants.base import Violation
 
 
 def replay_on_sim(cex: Counterexample, scheduler: SchedulerSpec | None = None) -> RunResult:
@@ -13,3 +16,53 @@ def replay_on_sim(cex: Counterexample, scheduler: SchedulerSpec | None = None) -
     spec = scheduler or cex.scheduler
     factory = None if spec.is_reference else spec.factory()
     return run_scenario(cex.scenario, SimBackend(cex.timing()), cex.checks, scheduler=factory)
+
+
+class Judgement(NamedTuple):
+    """What a simulator replay says about a counterexample.
+
+    `kind`: `reproduced` (the recorded invariant fired: exactly, with the same trace, when
+    nothing changed), `fixed` (nothing fires, and something the file records changed: the fix
+    holds), `other` (another invariant fires, after a change), or `differs` (the trace or the
+    violation differs although nothing the file records changed: nondeterminism in the
+    scheduler, or a bug of overlapcheck's). `changed`: what differs from the recording, one
+    phrase each (the scheduler named, its source, the faults).
+    """
+
+    kind: Literal["reproduced", "fixed", "other", "differs"]
+    hit: Violation | None
+    same_trace: bool
+    changed: tuple[str, ...]
+
+
+def judge(
+    cex: Counterexample,
+    result: RunResult,
+    scheduler: SchedulerSpec | None = None,
+    faults_off: bool = False,
+) -> Judgement:
+    """Compare a replay (`replay_on_sim(cex, scheduler)`, of `cex.without_faults()` when
+    `faults_off`) with what `cex` recorded."""
+    changed: list[str] = []
+    if scheduler is not None and scheduler != cex.scheduler:
+        changed.append(f"the scheduler is {scheduler.text}, not the recorded {cex.scheduler.text}")
+    elif cex.scheduler_hash is not None:
+        now = cex.scheduler.source_hash()
+        if now != cex.scheduler_hash:
+            changed.append(
+                f"the scheduler's source changed since the file was saved "
+                f"({cex.scheduler_hash} -> {now})"
+            )
+    if faults_off and cex.scenario.config.faults:
+        changed.append(f"the faults are off ({', '.join(sorted(cex.scenario.config.faults))})")
+    hit = cex.reproduced(result)
+    same = result.trace_hash == cex.trace_hash
+    if not changed:
+        kind: Literal["reproduced", "fixed", "other", "differs"] = (
+            "reproduced" if hit is not None and same else "differs"
+        )
+    elif hit is not None:
+        kind = "reproduced"
+    else:
+        kind = "other" if result.violations else "fixed"
+    return Judgement(kind, hit, same, tuple(changed))

@@ -350,6 +350,24 @@ class _Report:
         }
 
 
+def local_workers(asked: int | None) -> int:
+    """Search streams on this machine: one per available core unless `--workers` says fewer.
+    More processes than cores only share them (each starting Python, Hypothesis and the
+    simulator first: a hundred spent the whole budget starting), so more is capped, with one
+    notice line."""
+    cores = available_cores()
+    if asked is None:
+        return cores
+    if asked > cores:
+        print(
+            f"notice: --workers {asked} is more than the {cores} available core(s); using {cores}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return cores
+    return asked
+
+
 def _search(spec: SearchSpec, args: argparse.Namespace, keeper: FailureKeeper) -> Outcome:
     """Run the search where the options say, with one progress display on stderr (only on a
     terminal: piped output stays clean); notices (a worker died, a failure found and being
@@ -394,7 +412,7 @@ def _search(spec: SearchSpec, args: argparse.Namespace, keeper: FailureKeeper) -
             if workers is None and args.ray == "local":
                 workers = available_cores()
             return search_ray(spec, args.ray, workers, listener)
-        return search_streams(spec, args.workers or available_cores(), listener)
+        return search_streams(spec, local_workers(args.workers), listener)
 
 
 def _draw(run: RunResult, path: Path, say: Callable[[str], None]) -> list[Path]:

@@ -83,3 +83,17 @@ def test_a_found_bug_whose_file_cannot_be_written_still_exits_1(
     report = json.loads(out)  # the one JSON document; the printed counterexample went to stderr
     assert report["exit"] == 1 and report["violation"]["invariant"] == "no-race"
     assert '"format": "overlapcheck-counterexample"' in err
+
+
+def test_workers_beyond_the_cores_are_capped_with_one_notice(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from overlapcheck.commands import explore
+
+    monkeypatch.setattr(explore, "available_cores", lambda: 1)
+    argv = ["explore", "--workers", "1000", "--max-examples", "5", "--db", "none"]
+    assert main([*argv, "--out", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    notices = [line for line in err.splitlines() if "--workers" in line]
+    assert notices == ["notice: --workers 1000 is more than the 1 available core(s); using 1"]
+    assert "no violation found: 5 examples" in out

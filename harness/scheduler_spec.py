@@ -104,13 +104,29 @@ def _module(text: str) -> ModuleType:
             ) from None
         return module
     try:
-        return importlib.import_module(where)
+        return _import_here_too(where)
     except ImportError as err:
         raise UserError(f"--scheduler {text}: cannot import {where}: {err}") from None
     except Exception as err:
         raise UserError(
             f"--scheduler {text}: importing {where} failed: {type(err).__name__}: {err}"
         ) from None
+
+
+def _import_here_too(name: str) -> ModuleType:
+    """Import `name`, looking in the current folder too when it is not found elsewhere, as
+    `python -m` does (the `overlapcheck` console script does not put the folder on the path, so
+    `--scheduler mysched:make` would fail where `mysched.py:make` works)."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as err:
+        top = name.partition(".")[0]
+        here = Path.cwd()
+        if err.name != top or not ((here / f"{top}.py").is_file() or (here / top).is_dir()):
+            raise
+    sys.path.insert(0, str(here))
+    importlib.invalidate_caches()
+    return importlib.import_module(name)
 
 
 @cache

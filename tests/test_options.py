@@ -97,3 +97,22 @@ def test_workers_beyond_the_cores_are_capped_with_one_notice(
     notices = [line for line in err.splitlines() if "--workers" in line]
     assert notices == ["notice: --workers 1000 is more than the 1 available core(s); using 1"]
     assert "no violation found: 5 examples" in out
+
+
+def test_scheduler_module_from_the_current_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--scheduler mysched:make` from the folder holding mysched.py, as `mysched.py:make` does;
+    the console script, unlike `python -m`, does not put the folder on the path."""
+    import sys
+
+    name = "sched_in_the_current_folder"
+    (tmp_path / f"{name}.py").write_text(
+        "from overlapcheck.examples.minimal_scheduler import make_scheduler as make\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    assert main(["run", "--scenario", "basic", "--scheduler", f"{name}:make"]) == 0
+    assert "ok:" in capsys.readouterr().out
+    assert main(["run", "--scheduler", "no_such_module_here:make"]) == 2

@@ -159,6 +159,12 @@ def replay_on_device(
             "  (on the CPU backend streams run synchronously: stream delays change nothing)",
             file=out,
         )
+    if backend_name != "cuda" and plan.gates:
+        print(
+            "  (on the CPU backend stream work runs when it is issued: a gate can only wait out "
+            "its bound, and the racy order cannot happen there)",
+            file=out,
+        )
     hits = sum(v.reproduced for v in verdicts)
     if as_json:
         json.dump(

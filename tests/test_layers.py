@@ -38,18 +38,18 @@ SCHEDULER_ALLOWED = {"core"}
 SCHEDULERS = {"reference", "examples"}
 
 
-def _package_files(folder: Path) -> list[Path]:
+def package_files(folder: Path) -> list[Path]:
     """The modules of the package in `folder` and its subpackages: only folders with an
     `__init__.py` are entered, so a venv, `build/` or `tests/` beside the packages is not."""
     files = sorted(folder.glob("*.py"))
     for sub in sorted(p for p in folder.iterdir() if (p / "__init__.py").is_file()):
-        files += _package_files(sub)
+        files += package_files(sub)
     return files
 
 
 def _modules() -> dict[str, Path]:
     out = {}
-    for path in _package_files(ROOT):
+    for path in package_files(ROOT):
         rel = path.relative_to(ROOT)
         if len(rel.parts) == 1 and rel.stem not in LAYERS:
             continue  # the package's __init__ (lazy exports by name) and __main__ (calls cli)

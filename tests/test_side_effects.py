@@ -65,15 +65,13 @@ def test_a_run_gives_the_same_result_whatever_ran_before_it_in_the_process() -> 
 def test_no_package_module_rebinds_module_state() -> None:
     """`global` in a function is module-level state that outlives a run (a cache one run fills
     for the next): state belongs to an object a run owns."""
+    from test_layers import package_files
+
     found = []
-    for path in sorted(ROOT.rglob("*.py")):
-        rel = path.relative_to(ROOT)
-        if rel.parts[0] in ("tests", "examples", "build") or "venv" in rel.parts[0]:
-            continue
-        if any(part.startswith(".") for part in rel.parts):
-            continue
+    for path in package_files(ROOT):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Global):
+                rel = path.relative_to(ROOT)
                 found.append(f"{rel}:{node.lineno}: global {', '.join(node.names)}")
     assert found == []
 

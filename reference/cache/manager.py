@@ -76,33 +76,50 @@ class CacheManager:
         self.prefix.check_integrity()
         cached = self.prefix.cached_pages()
         live = list(live)
+        free = self.allocator.free_pages()
         busy = list(cached)
         for req in live:
             busy.extend(req.own_pages)
-        # Fast path, in C-speed set operations: the free list holds no duplicate (the allocator
-        # refuses a double free), so if the busy pages are distinct, none is also free, and the
-        # counts add up, every page is accounted for exactly once.
-        free = self.allocator.free_pages()
-        distinct = set(busy)
-        if (
-            len(free) + len(busy) == self.num_pages
-            and len(distinct) == len(busy)
-            and distinct.isdisjoint(free)
-            and self.allocator.consistent()
-        ):
+        if pages_add_up(self.num_pages, free, busy) and self.allocator.consistent():
             return
         held = [(req.uid, page) for req in live for page in req.own_pages]
-        # Slow path, only on failure: name the page and its owners.
-        owners: dict[int, list[str]] = {}
-        for page in free:
-            owners.setdefault(page, []).append("free")
-        for page in cached:
-            owners.setdefault(page, []).append("cached")
-        for uid, page in held:
-            owners.setdefault(page, []).append(f"held by request {uid}")
-        for page in range(self.num_pages):
-            who = owners.get(page, [])
-            if len(who) > 1:
-                raise InvariantError("pages-conserved", f"page {page} is {' and '.join(who)}")
-        missing = [p for p in range(self.num_pages) if p not in owners][:8]
-        raise InvariantError("pages-conserved", f"pages {missing} are lost")
+        fault = page_fault(self.num_pages, free, cached, held)
+        raise InvariantError(
+            "pages-conserved", fault or "the allocator's free list and free flags disagree"
+        )
+
+
+def pages_add_up(num_pages: int, free: list[int], busy: list[int]) -> bool:
+    """The fast path, in C-speed set operations: every page of 0..num_pages-1 exactly once among
+    `free` and `busy` (cached, then held). It relies on the free list holding no duplicate and no
+    stranger, which the allocator guarantees (it refuses a double free and hands out its own)."""
+    distinct = set(busy)
+    return (
+        len(free) + len(busy) == num_pages
+        and len(distinct) == len(busy)
+        and distinct.isdisjoint(free)
+        and (not distinct or (min(distinct) >= 0 and max(distinct) < num_pages))
+    )
+
+
+def page_fault(
+    num_pages: int, free: list[int], cached: list[int], held: list[tuple[int, int]]
+) -> str | None:
+    """The slow path, only on failure: the first page counted twice, outside the pool, or lost,
+    named with its owners (`held`: (uid, page) pairs); None when every page is there once."""
+    owners: dict[int, list[str]] = {}
+    for page in free:
+        owners.setdefault(page, []).append("free")
+    for page in cached:
+        owners.setdefault(page, []).append("cached")
+    for uid, page in held:
+        owners.setdefault(page, []).append(f"held by request {uid}")
+    for page in range(num_pages):
+        who = owners.get(page, [])
+        if len(who) > 1:
+            return f"page {page} is {' and '.join(who)}"
+    strangers = sorted(p for p in owners if not 0 <= p < num_pages)
+    if strangers:
+        return f"pages {strangers[:8]} are outside 0..{num_pages - 1}"
+    missing = [p for p in range(num_pages) if p not in owners][:8]
+    return f"pages {missing} are lost" if missing else None

@@ -1,0 +1,217 @@
+"""Each check's fast path agrees with its slow path on generated inputs.
+
+The race detector checks a whole operation in one vectorised step (`_op`) and falls back to one
+access at a time (`_access`) to name a race; `pages-conserved` accepts the common case with list
+and set operations (`_fast_ok`) before `_explain` looks for what is wrong; the reference cache
+manager counts pages (`pages_add_up`) before naming the page at fault (`page_fault`). A fast path
+that accepts what its slow path rejects hides a bug; one that rejects the common legal case costs
+the slow path on every step.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+from hypothesis import HealthCheck, given, note, settings
+from hypothesis import strategies as st
+
+from overlapcheck.backends.sim.backend import SimBackend
+from overlapcheck.backends.sim.timing import SeededDelay, Timing
+from overlapcheck.core.protocol import Books, Holding
+from overlapcheck.core.trace import HOST, Access, Op, Trace
+from overlapcheck.harness.runner import run_scenario
+from overlapcheck.invariants.base import InvariantViolated
+from overlapcheck.invariants.races import Race, RaceDetector
+from overlapcheck.invariants.resources import PagesConserved
+from overlapcheck.reference.cache.manager import page_fault, pages_add_up
+from overlapcheck.scenarios.strategies import scenarios
+
+FAST = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+class OneByOne(RaceDetector):
+    """The race detector with its fast path off: every op access by access."""
+
+    def _op(self, op: Op, a: int, vc: np.ndarray) -> Race | None:
+        return self._one_by_one(op, a, vc, op.accesses)
+
+
+def all_races(detector: RaceDetector, trace: Trace) -> list[Race]:
+    """Every race, in issue order: the detector goes on after each one it reports."""
+    found = []
+    while (race := detector.check(trace)) is not None:
+        found.append(race)
+    return found
+
+
+def describe(trace: Trace) -> str:
+    lines = [f"sizes {trace.sizes}"]
+    for op in trace.ops:
+        acc = " ".join(f"{a.mode}:{a.buffer}{a.cells.tolist()}" for a in op.accesses)
+        lines.append(f"{op.seq} {op.agent} rec={op.records} wait={op.waits} {acc}")
+    return "\n".join(lines)
+
+
+BUFFERS = ("a", "b", "c")
+AGENTS = (HOST, "scheduler", "engine", "copy")
+
+
+@st.composite
+def traces(draw: st.DrawFn) -> Trace:
+    """Ops of four agents over three small buffers: reads and writes in any order within an op,
+    repeated cells, events recorded and waited for, buffer sizes declared or not (a declared size
+    is the recorder's promise that every access stays below it: `Trace.sizes`)."""
+    trace = Trace()
+    top = {}
+    for name in BUFFERS:
+        size = draw(st.sampled_from((None, 4, 16)))
+        top[name] = 20 if size is None else size - 1
+        if size is not None:
+            trace.sizes[name] = size
+    recorded: list[int] = []
+    for seq in range(draw(st.integers(1, 30))):
+        accesses = []
+        for _ in range(draw(st.integers(0, 3))):
+            buffer = draw(st.sampled_from(BUFFERS))
+            cells = draw(st.lists(st.integers(0, top[buffer]), max_size=6))
+            mode = draw(st.sampled_from(("r", "w")))
+            accesses.append(Access(buffer, np.array(cells, dtype=np.int64), mode))
+        waits = draw(st.sampled_from(recorded)) if recorded and draw(st.booleans()) else None
+        records = None
+        if draw(st.integers(0, 3)) == 0:
+            records = trace.new_event_id()
+            recorded.append(records)
+        agent = draw(st.sampled_from(AGENTS))
+        trace.add(Op(seq, agent, "op", 0, "", 0.0, accesses=accesses, records=records, waits=waits))
+    return trace
+
+
+@FAST
+@given(traces())
+def test_the_race_detectors_fast_path_reports_what_access_by_access_reports(trace: Trace) -> None:
+    note(describe(trace))
+    assert all_races(RaceDetector(), trace) == all_races(OneByOne(), trace)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+@given(scenarios(faults=frozenset({"free-slot-early"})) | scenarios(), st.integers(0, 2**16))
+def test_the_race_detector_agrees_with_itself_on_simulated_runs(scenario: Any, seed: int) -> None:
+    trace = run_scenario(scenario, SimBackend(Timing(source=SeededDelay(seed))), []).trace
+    assert all_races(RaceDetector(), trace) == all_races(OneByOne(), trace)
+
+
+def pages_conserved(num_pages: int) -> PagesConserved:
+    check = PagesConserved()
+    check.run = SimpleNamespace(  # type: ignore[assignment]
+        config=SimpleNamespace(num_pages=num_pages), step=0, now=lambda: 0.0
+    )
+    return check
+
+
+def explained_ok(check: PagesConserved, books: Books) -> bool:
+    try:
+        check._explain(books)
+    except InvariantViolated:
+        return False
+    return True
+
+
+@st.composite
+def legal_books(draw: st.DrawFn) -> tuple[int, Books]:
+    """Books a correct scheduler could report: each page free, cached (maybe locked), held by one
+    request, or cached and shared by the requests that matched it, each list in any order."""
+    n = draw(st.integers(0, 24))
+    requests = draw(st.integers(0, 4))
+    free: list[int] = []
+    cached: list[int] = []
+    locked: list[int] = []
+    held: list[list[int]] = [[] for _ in range(requests)]
+    for page in range(n):
+        role = draw(st.sampled_from(("free", "cached", "held", "shared")))
+        if role == "held" and requests:
+            held[draw(st.integers(0, requests - 1))].append(page)
+        elif role == "shared" and requests:
+            cached.append(page)
+            holders = draw(st.sets(st.integers(0, requests - 1), min_size=1))
+            for r in sorted(holders):
+                held[r].append(page)
+            if draw(st.booleans()):
+                locked.append(page)
+        elif role in ("cached", "shared"):
+            cached.append(page)
+            if draw(st.booleans()):
+                locked.append(page)
+        else:
+            free.append(page)
+    live = tuple(
+        Holding(uid, uid, tuple(draw(st.permutations(pages)))) for uid, pages in enumerate(held)
+    )
+    books = Books(
+        live,
+        (),
+        tuple(draw(st.permutations(free))),
+        tuple(draw(st.permutations(cached))),
+        tuple(draw(st.permutations(locked))),
+    )
+    return n, books
+
+
+@st.composite
+def any_books(draw: st.DrawFn) -> tuple[int, Books]:
+    """Books of a broken scheduler: pages repeated, missing, out of range, locked but not cached."""
+    n = draw(st.integers(0, 12))
+    pages = st.lists(st.integers(-1, n + 1), max_size=n + 3)
+    live = tuple(Holding(uid, uid, tuple(draw(pages))) for uid in range(draw(st.integers(0, 3))))
+    return n, Books(live, (), tuple(draw(pages)), tuple(draw(pages)), tuple(draw(pages)))
+
+
+@FAST
+@given(legal_books())
+def test_pages_conserved_passes_legal_books_on_its_fast_path(case: tuple[int, Books]) -> None:
+    n, books = case
+    check = pages_conserved(n)
+    assert check._fast_ok(books)
+    assert explained_ok(check, books)
+
+
+@FAST
+@given(any_books() | legal_books())
+def test_pages_conserved_fast_path_accepts_only_what_its_slow_path_accepts(
+    case: tuple[int, Books],
+) -> None:
+    n, books = case
+    check = pages_conserved(n)
+    if check._fast_ok(books):
+        assert explained_ok(check, books)
+
+
+@st.composite
+def page_counts(draw: st.DrawFn) -> tuple[int, list[int], list[int], list[tuple[int, int]]]:
+    """A pool's free list as the allocator keeps it (distinct pages of the pool), cached and held
+    pages as a cache manager may have them wrong: repeated, free as well, missing, strangers."""
+    n = draw(st.integers(0, 12))
+    free = draw(st.lists(st.integers(0, max(n - 1, 0)), unique=True, max_size=n)) if n else []
+    rest = [p for p in range(n) if p not in free]
+    shuffled = draw(st.permutations(rest))
+    split = draw(st.integers(0, len(shuffled)))
+    cached = list(shuffled[:split])
+    held = [(draw(st.integers(0, 3)), p) for p in shuffled[split:]]
+    if draw(st.booleans()):  # break it
+        extra = st.integers(-1, n + 1)
+        cached += draw(st.lists(extra, max_size=2))
+        held += [(0, p) for p in draw(st.lists(extra, max_size=2))]
+        if cached and draw(st.booleans()):
+            cached.pop(draw(st.integers(0, len(cached) - 1)))
+    return n, free, cached, held
+
+
+@FAST
+@given(page_counts())
+def test_the_cache_managers_page_count_agrees_with_naming_the_page_at_fault(
+    case: tuple[int, list[int], list[int], list[tuple[int, int]]],
+) -> None:
+    n, free, cached, held = case
+    busy = cached + [p for _, p in held]
+    assert pages_add_up(n, free, busy) == (page_fault(n, free, cached, held) is None)

@@ -8,6 +8,22 @@ from typing import Literal
 CacheKind = Literal["radix", "naive"]
 LoopKind = Literal["overlap", "normal"]
 PolicyKind = Literal["fcfs", "lpm", "dfs-weight", "lof", "random", "hrrn", "lpm-aging"]
+# How a scheduler that runs out of KV pages makes room (see docs/preemption.md): "none" (it never
+# runs out: pages are reserved at admission), "recompute" (the victim gives its pages back and is
+# re-prefilled later from prompt + the tokens it was sent), "swap" (its KV goes to the host on the
+# transfer stream and comes back when it runs again).
+PreemptionKind = Literal["none", "recompute", "swap"]
+PREEMPTION_KINDS: tuple[PreemptionKind, ...] = ("none", "recompute", "swap")
+# "reserve": admission takes every page a request may need; "on-demand": the prompt's pages at
+# admission, one more as each position needs it (vLLM), so running requests can run out.
+PageAllocKind = Literal["reserve", "on-demand"]
+PAGE_ALLOC_KINDS: tuple[PageAllocKind, ...] = ("reserve", "on-demand")
+# When the reference preempts: vLLM's "allocation-failure" (a running request cannot get its next
+# page: the last-admitted one is preempted, its in-flight result kept) or SGLang's
+# "retract-decode" (before a decode batch that does not fit: the last-admitted requests are
+# retracted, their in-flight results dropped and those positions sampled again).
+PreemptPolicy = Literal["allocation-failure", "retract-decode"]
+PREEMPT_POLICIES: tuple[PreemptPolicy, ...] = ("allocation-failure", "retract-decode")
 CACHE_KINDS: tuple[CacheKind, ...] = ("radix", "naive")
 LOOP_KINDS: tuple[LoopKind, ...] = ("overlap", "normal")
 # How the pending list is ordered before each prefill batch (see reference/policy.py).
@@ -56,6 +72,9 @@ class SchedulerConfig:
     in_batch_check_threshold: int = 32  # cached match <= this: look for sharers (-1: never)
     in_batch_deprioritize_threshold: int = 32  # shares >= this with an earlier waiter: go last
     aging_tokens_per_pass: int = 4  # lpm-aging: key tokens a request gains per pass it waits
+    preemption: PreemptionKind = "none"
+    page_alloc: PageAllocKind = "reserve"
+    preempt_policy: PreemptPolicy = "allocation-failure"
 
     def __post_init__(self) -> None:
         positive = ("num_slots", "num_pages", "page_size", "max_extend_tokens", "max_seq_len")
@@ -88,6 +107,21 @@ class SchedulerConfig:
             raise ConfigError(f"loop must be one of {', '.join(LOOP_KINDS)}, got {self.loop!r}")
         if self.policy not in POLICIES:
             raise ConfigError(f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        kinds = (
+            ("preemption", PREEMPTION_KINDS),
+            ("page_alloc", PAGE_ALLOC_KINDS),
+            ("preempt_policy", PREEMPT_POLICIES),
+        )
+        for name, allowed in kinds:
+            if getattr(self, name) not in allowed:
+                raise ConfigError(
+                    f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}"
+                )
+        if self.page_alloc == "on-demand" and self.preemption == "none":
+            raise ConfigError(
+                "page_alloc 'on-demand' needs preemption 'recompute' or 'swap': running requests "
+                "can run out of pages, and without preemption nobody would give one back"
+            )
         lowest = {
             "lpm_fallback_queue_len": 0,
             "in_batch_check_threshold": -1,  # -1 turns the in-batch check off

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
+
+from overlapcheck.core.config import PreemptionKind, PreemptPolicy
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +30,10 @@ ABORT_INFLIGHT_PREFILL = "abort-inflight-prefill"
 CHUNK_SAMPLE_OVERWRITE = "chunk-sample-overwrite"
 STAGING_BUFFER_REUSE = "staging-buffer-reuse"
 COPY_DONE_WRONG_STREAM = "copy-done-wrong-stream"
+# Preemption (reference/preemption.py); each needs the config `PREEMPTION_FAULT_CONFIG` names.
+RETRACT_SKIPS_INFLIGHT = "retract-skips-inflight"
+PREEMPT_RESET_EARLY = "preempt-reset-early"
+PREEMPT_CASCADE = "preempt-cascade"
 
 FAULTS: dict[str, Fault] = {
     f.name: f
@@ -115,7 +122,56 @@ FAULTS: dict[str, Fault] = {
             "`record(self.stream)`, in the commit that worked around issue #58)",
             ("no-race", "oracle"),
         ),
+        Fault(
+            RETRACT_SKIPS_INFLIGHT,
+            "A decoding request is retracted (SGLang-style, pages on demand ran out) while its "
+            "last round is in flight. That round's result is not sent, but it is kept in the "
+            "request's outputs, so the recompute's prefill folds it in and decoding resumes after "
+            "it: the user's stream skips that token. The fix drops the result and samples the "
+            "position again after the recompute. Needs the overlap loop (the normal loop has "
+            "nothing in flight at a retract).",
+            "SGLang #39743 (a request retracted before its pending overlap result is processed: "
+            "the resumed output skips tokens)",
+            ("oracle", "exact-length"),
+        ),
+        Fault(
+            PREEMPT_RESET_EARLY,
+            "A request is preempted (vLLM-style, on allocation failure) while its last round is "
+            "in flight, and the count of outputs its recompute folds in is taken at preemption, "
+            "before that in-flight output is drained. The output is then processed and sent, and "
+            "the recompute samples its position again: the user gets a token twice. The fix "
+            "takes the count when the request is admitted again, after the drain.",
+            "vLLM #48245, #47900, #38624 (a preempted request's in-flight output drained against "
+            "reset counters: duplicated tokens, a placeholder count below zero)",
+            ("oracle", "exact-length"),
+        ),
+        Fault(
+            PREEMPT_CASCADE,
+            "With pages on demand, admission checks only the pages of the newcomer's own "
+            "prefill, not the next page each running decode needs. The decode then runs out, "
+            "and SGLang-style retraction takes the last-admitted request: the newcomer, whose "
+            "prefill is still in flight, so retracting it frees nothing now and drops its result. "
+            "Its pages come back after processing, it is admitted again at once, and the cycle "
+            "repeats: preemptions cascade and nobody gains a token until the step bound. The fix "
+            "keeps every admitted request's next page free at admission.",
+            "vLLM #49674, #49675 (preemption that frees nothing and cascades with zero progress)",
+            ("progress",),
+        ),
     )
+}
+
+
+class Needs(NamedTuple):
+    """The configuration a preemption fault needs to be reachable (explore pins it)."""
+
+    preemption: PreemptionKind
+    preempt_policy: PreemptPolicy
+
+
+PREEMPTION_FAULT_CONFIG: dict[str, Needs] = {
+    RETRACT_SKIPS_INFLIGHT: Needs("recompute", "retract-decode"),
+    PREEMPT_RESET_EARLY: Needs("recompute", "allocation-failure"),
+    PREEMPT_CASCADE: Needs("recompute", "retract-decode"),
 }
 
 

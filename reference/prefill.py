@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from overlapcheck.core.config import SchedulerConfig
+from overlapcheck.reference import faults as F
 from overlapcheck.reference.cache.manager import CacheManager
 from overlapcheck.reference.policy import QueuePolicy, make_policy
+from overlapcheck.reference.preemption import resume_if_ready
 from overlapcheck.reference.req import Req, ReqState
 from overlapcheck.reference.table import TableManager
 
@@ -35,6 +37,10 @@ class PrefillManager:
     def add(self, req: Req) -> None:
         self.pending.append(req)
 
+    def requeue(self, req: Req) -> None:
+        """A preempted request waits again, ahead of every other."""
+        self.pending.insert(0, req)
+
     def remove(self, req: Req) -> None:
         if req in self.pending:
             self.pending.remove(req)
@@ -46,8 +52,17 @@ class PrefillManager:
         return bool(self.pending or self.prefilling)
 
     def pages_needed(self, req: Req) -> int:
-        """Pages `req` may still allocate before it finishes (what admission must keep free)."""
+        """Pages `req` may still allocate before it finishes (what admission must keep free).
+
+        On demand, only those of its next forward and one position more: what its prefill
+        computes, or its next decode. Admission keeps that much free for every admitted request,
+        so a newcomer never takes the page a running decode needs next (it would be preempted by
+        that decode at once, its prefill's result dropped, and admitted again: a cascade)."""
         held = len(req.cells) // self.config.page_size
+        if self.config.page_alloc == "on-demand":
+            if F.PREEMPT_CASCADE in self.config.faults:  # upstream: the prefill's pages only
+                return max(0, self.config.pages_for(req.fill_len) - held)
+            return max(0, self.config.pages_for(max(req.fill_len, req.device_len) + 1) - held)
         return max(0, self.config.pages_for(req.prompt_len + req.max_output) - held)
 
     def schedule(self, reserved_pages: int, step: int) -> tuple[list[Chunk], list[Req]]:
@@ -63,7 +78,7 @@ class PrefillManager:
         for req in self.prefilling:
             if budget == 0:
                 break
-            size = min(budget, req.prompt_len - req.kv_len)
+            size = min(budget, req.fill_len - req.kv_len)
             if size > 0:
                 chunks.append(Chunk(req, req.kv_len, req.kv_len + size))
                 budget -= size
@@ -73,12 +88,15 @@ class PrefillManager:
         for req in self.policy.order(self.pending, step):
             if budget == 0 or self.table.num_free == 0:
                 break
+            if req.preempted and not resume_if_ready(req, self.config):
+                break  # its in-flight round or its KV is still out: nobody overtakes it
             self.cache.attach_prefix(req)
             need = self.pages_needed(req)
             if need + reserved_pages > self.cache.available_pages:
                 self.cache.detach_prefix(req)
                 break  # nobody overtakes the head of the policy's order
             self.pending.remove(req)
+            req.preempted = False
             reserved_pages += need
             req.slot = self.table.allocate()
             req.state = ReqState.PREFILLING
@@ -87,7 +105,7 @@ class PrefillManager:
             admitted.append(req)
             self.prompt_tokens += req.prompt_len
             self.cached_tokens += req.cached_len
-            size = min(budget, req.prompt_len - req.kv_len)
+            size = min(budget, req.fill_len - req.kv_len)
             chunks.append(Chunk(req, req.kv_len, req.kv_len + size))
             budget -= size
         return chunks, admitted

@@ -43,10 +43,29 @@ class Req:
     outputs: list[int] = field(default_factory=list)
     inflight: int = 0  # launched batches holding this request whose results are unprocessed
     released: bool = False
+    # Preemption (reference/preemption.py). `resumed`: outputs folded into the prefill of a
+    # recompute (its "fill": prompt + those outputs). `drop`: in-flight results to drop (a request
+    # retracted SGLang-style). `swapped`: its KV is on the host (swap).
+    preempted: bool = False
+    resumed: int = 0
+    resume_at: int = 0  # outputs received when it was preempted
+    drop: int = 0
+    swapped: object = None
+    preemptions: int = 0
 
     @property
     def prompt_len(self) -> int:
         return len(self.prompt)
+
+    @property
+    def fill(self) -> tuple[int, ...]:
+        """What a prefill of this request computes: the prompt, plus the outputs a recompute
+        after preemption folds in."""
+        return self.prompt + tuple(self.outputs[: self.resumed]) if self.resumed else self.prompt
+
+    @property
+    def fill_len(self) -> int:
+        return len(self.prompt) + self.resumed
 
     @property
     def launched_outputs(self) -> int:

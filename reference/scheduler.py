@@ -26,6 +26,7 @@ from overlapcheck.core.trace import PAGE_TABLE, TOKEN_POOL
 from overlapcheck.reference import faults as F
 from overlapcheck.reference.cache.manager import CacheManager
 from overlapcheck.reference.decode import DecodeManager
+from overlapcheck.reference.preemption import Preemption
 from overlapcheck.reference.prefill import Chunk, PrefillManager
 from overlapcheck.reference.req import Req, ReqState
 from overlapcheck.reference.table import TableManager
@@ -61,6 +62,9 @@ class Scheduler:
         # its in-flight batch before it is released).
         self.held: list[Req] = []
         self.live: dict[int, Req] = {}
+        self.preemption = Preemption(
+            config, self.cache, self.table, self.decode, self.prefill.requeue, self.held
+        )
         self.step_no = 0
         self.inflight: Launched | None = None
         self._staged: Event | None = None
@@ -84,9 +88,10 @@ class Scheduler:
         holdings = tuple(
             Holding(
                 r.uid,
-                None if r.state is ReqState.PENDING else r.slot,
+                None if r.slot < 0 else r.slot,  # a preempted request may still hold its slot
                 tuple(r.own_pages),
                 r.done,
+                r.preempted,
             )
             for r in self.held
         )
@@ -181,10 +186,11 @@ class Scheduler:
             return  # unknown, or already finished: nothing to cancel
         was = req.state
         req.state = ReqState.ABORTED
+        req.preempted = False
         del self.live[req.uid]
         self.prefill.remove(req)
         self.decode.remove(req)
-        if was is ReqState.PENDING:
+        if was is ReqState.PENDING and req.slot < 0:  # (a preempted one may hold its slot)
             req.released = True
             self.held.remove(req)
             return
@@ -229,7 +235,8 @@ class Scheduler:
         phase: Phase = "prefill"
         if not chunks:
             phase = "decode"
-            chunks = [Chunk(r, r.device_len - 1, r.device_len) for r in self.decode.batch()]
+            running = self.preemption.decode_batch(self.decode.batch())
+            chunks = [Chunk(r, r.device_len - 1, r.device_len) for r in running]
         if not chunks:
             return None, ()
         batch_id = self._next_batch_id
@@ -243,7 +250,7 @@ class Scheduler:
                 )
                 req.table_len = end
             if phase == "prefill":
-                token_writes.append(RowWrite(req.slot, start, req.prompt[start:end]))
+                token_writes.append(RowWrite(req.slot, start, req.fill[start:end]))
             out_row, out_col = self._sample_cell(req, end)
             seqs.append(SeqWork(req.uid, req.slot, start, end, out_row, out_col, req.cells[:end]))
         dev = self.device
@@ -262,14 +269,14 @@ class Scheduler:
 
     def _sample_cell(self, req: Req, end: int) -> tuple[int, int]:
         """Where the forward writes the sample taken at position `end - 1`."""
-        if end < req.prompt_len and not self._fault(F.CHUNK_SAMPLE_OVERWRITE):
+        if end < req.fill_len and not self._fault(F.CHUNK_SAMPLE_OVERWRITE):
             return self.config.dummy_row, 0  # a non-final chunk's sample is thrown away
         return req.slot, end
 
     def _mark_launched(self, req: Req, end: int) -> None:
         req.kv_len = end
         req.inflight += 1
-        if req.state is ReqState.PREFILLING and end == req.prompt_len:
+        if req.state is ReqState.PREFILLING and end == req.fill_len:
             req.state = ReqState.RUNNING
             req.device_len = end + 1
             self.prefill.remove(req)
@@ -285,8 +292,12 @@ class Scheduler:
             tokens = launched.output.tokens()
             for req, seq, token in zip(launched.reqs, launched.batch.seqs, tokens, strict=True):
                 req.inflight -= 1
-                if seq.end < req.prompt_len:
+                if seq.end < req.fill_len:
                     pass  # a non-final chunk: nothing to report
+                elif req.drop:
+                    req.drop -= 1  # retracted while in flight: sampled again after recompute
+                    if self._fault(F.RETRACT_SKIPS_INFLIGHT):
+                        req.outputs.append(token)  # upstream: kept for the context, never sent
                 elif req.state is ReqState.ABORTED:
                     if launched.batch.phase == "prefill" and self._fault(F.ABORT_INFLIGHT_PREFILL):
                         # upstream cached a prefilled request here (a second time, after the
@@ -309,6 +320,9 @@ class Scheduler:
         finished = self._is_last(req, len(req.outputs), token)
         self._send(TokenMsg(req.uid, token, finished))
         if finished:
+            if req.preempted:  # its kept in-flight result ended it
+                req.preempted = False
+                self.prefill.remove(req)
             req.state = ReqState.FINISHED
             if self.live.get(req.uid) is req:
                 del self.live[req.uid]
@@ -339,13 +353,17 @@ class Scheduler:
     def _maybe_release(self, req: Req) -> None:
         # NOTE: a finished request may sit in the in-flight batch (its extra round): its slot and
         # pages are still read and written there, so they are freed only once that batch is done.
+        if req.preempted:
+            self.preemption.settle(req)
+            return
         if not req.done or req.released:
             return
         if req.inflight > 0 and not self._fault(F.FREE_SLOT_EARLY):
             return
         req.released = True
         self.cache.release(req)
-        self.table.free(req.slot)
+        if req.slot >= 0:  # (a preempted request gave it back already)
+            self.table.free(req.slot)
         self.held.remove(req)
 
     # -- helpers ------------------------------------------------------------------------------

@@ -13,14 +13,18 @@ from dataclasses import replace
 
 from hypothesis import strategies as st
 
-from overlapcheck.backends.sim.timing import US
 from overlapcheck.core.config import POLICIES, PolicyKind, SchedulerConfig
 from overlapcheck.core.scenario import Anchor, RequestSpec, Scenario
+from overlapcheck.scenarios.draws import EOS, US, often, rarely, tokens
 from overlapcheck.scenarios.named import NAMED
+from overlapcheck.scenarios.pressure import (
+    CONCURRENT_IN_EIGHTHS,
+    preemption_modes,
+    preempts,
+    under_concurrent_pressure,
+)
 
-EOS = 2
 TIMED_KINDS = ("schedule", "launch", "process", "h2d", "forward", "d2h")
-tokens = st.integers(3, 999)
 # A conversation tree (see `workloads`): one workload in BRANCHING_ONE_IN, up to TREE_REQUESTS
 # requests (a root, its turns, branches off its shared prefixes at other depths).
 BRANCHING_ONE_IN = 4
@@ -34,13 +38,6 @@ PRESSURE_EIGHTHS = (2, 5)
 # at a request's lifecycle point plus up to ANCHOR_ITERATIONS iterations.
 ANCHORED_ONE_IN = 3
 ANCHOR_ITERATIONS = 2
-
-
-def rarely(draw: st.DrawFn, one_in: int) -> bool:
-    """True about once in `one_in` draws; shrinks to False. The workload kinds that the named
-    faults do not need stay rare, so the search keeps finding those as fast as before, while each
-    kind still shows up in hundreds of examples of a run."""
-    return draw(st.integers(0, one_in - 1)) == one_in - 1
 
 
 @st.composite
@@ -271,6 +268,9 @@ def generated_scenarios(
         # NOTE: drawn after the plain workload, as a tree is: shrinking the gate to 0 lands on
         # the example that workload already is.
         config, reqs = draw(under_pressure(config))
+    elif preempts(faults) or often(draw, CONCURRENT_IN_EIGHTHS):
+        config, reqs = draw(under_concurrent_pressure(config))
+    config = draw(preemption_modes(config, faults))
     eos_probability = draw(st.sampled_from((0.0, 0.02, 0.1, 0.3))) if rarely(draw, 3) else 0.0
     return Scenario("generated", config, reqs, eos_probability=eos_probability)
 
@@ -323,6 +323,7 @@ def variations(draw: st.DrawFn, base: Scenario, faults: frozenset[str] = frozens
         max_extend_tokens=draw(st.sampled_from((cfg.max_extend_tokens, 16, 4))),
         faults=faults,
     )
+    config = draw(preemption_modes(config, faults))
     jitter = draw(
         st.lists(st.integers(0, 200), min_size=len(base.requests), max_size=len(base.requests))
     )

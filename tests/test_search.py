@@ -32,7 +32,8 @@ def test_search_finds_shrinks_and_replays_each_fault(fault: str, tmp_path: Path)
     # where deleting any one request moves the others' timing off the race (free-slot-early at
     # this seed keeps 5: three earlier arrivals time an abort)
     assert len(run.scenario.requests) <= 5
-    assert run.iterations <= 8
+    # a zero-progress cascade is a finding only once the progress bound has passed
+    assert run.iterations <= (16 if violation.invariant == "progress" else 8)
     path = counterexample.save(run, Profile(), result.found.draws, tmp_path)
     cex = counterexample.load(path)
     replayed = replay_on_sim(cex)

@@ -30,7 +30,7 @@ class CacheManager:
     def attach_prefix(self, req: Req) -> None:
         """Match the prompt (never its last token: one position must be computed to sample) and
         lock the match into the request."""
-        match = self.prefix.match(req.prompt[:-1])
+        match = self.prefix.match(req.fill[:-1])
         self.prefix.lock(match.handle)
         req.handle, req.cached_len, req.cells = match.handle, match.length, list(match.cells)
         req.kv_len = req.table_len = 0

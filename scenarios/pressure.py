@@ -1,0 +1,123 @@
+"""Draws that make on-demand schedulers preempt: preemption modes, and pools sized against what
+requests running at once need.
+
+A pool sized for reservation at admission (`strategies.tight_pool`: a share of what all requests
+need in all) runs out for a scheduler that reserves, which then only waits. A scheduler that takes
+pages on demand admits on the prompt alone, so it runs out later, while decoding, and only when
+the requests it runs *at once* outgrow the pool: `concurrent_pool` holds their prompts and only a
+share of the outputs they grow into.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from hypothesis import strategies as st
+
+from overlapcheck.core.config import PREEMPT_POLICIES, PreemptionKind, SchedulerConfig
+from overlapcheck.core.scenario import RequestSpec, Scenario
+from overlapcheck.reference.faults import PREEMPTION_FAULT_CONFIG
+from overlapcheck.scenarios.draws import EOS, US, rarely, tokens
+
+# CONCURRENT_IN_EIGHTHS eighths of the generated scenarios not already under memory pressure get
+# a workload of requests that run at once, in a pool that holds their prompts and CONCURRENT_EIGHTHS
+# (low, high) eighths of their outputs (and two slots or more).
+CONCURRENT_IN_EIGHTHS = 7
+CONCURRENT_EIGHTHS = (0, 3)
+DRAWN_MODES: tuple[PreemptionKind, ...] = ("none", "recompute")
+
+
+def preempts(faults: frozenset[str]) -> bool:
+    """Whether a fault in `faults` needs preemption (then every generated scenario is one whose
+    requests outgrow the pool together)."""
+    return not faults.isdisjoint(PREEMPTION_FAULT_CONFIG)
+
+
+@st.composite
+def preemption_modes(
+    draw: st.DrawFn, config: SchedulerConfig, faults: frozenset[str] = frozenset()
+) -> SchedulerConfig:
+    """How the reference makes room, drawn (shrinks to no preemption, pages reserved); pinned to
+    what a preemption fault in `faults` needs."""
+    pinned = [PREEMPTION_FAULT_CONFIG[f] for f in sorted(faults & PREEMPTION_FAULT_CONFIG.keys())]
+    if pinned:
+        mode, policy = pinned[0]
+    else:
+        mode = draw(st.sampled_from(DRAWN_MODES))
+        if mode == "none":
+            return config
+        policy = draw(st.sampled_from(PREEMPT_POLICIES))
+    return replace(config, preemption=mode, page_alloc="on-demand", preempt_policy=policy)
+
+
+def concurrent_pool(config: SchedulerConfig, reqs: Sequence[RequestSpec], eighths: int) -> int:
+    """A KV pool (in pages) that holds the prompts of the first `num_slots` requests to arrive
+    (those that run at once) and `eighths` eighths of the outputs they grow into, never less than
+    the largest request needs alone (so every request can still be served: the rejection rule).
+    A scheduler that admits on the prompt then runs out while those requests decode."""
+    scenario = Scenario("pressure", config, tuple(reqs))
+    sizes = [
+        (scenario.prompt_bound(i), min(r.max_tokens, config.max_seq_len - 1))
+        for i, r in enumerate(reqs)
+    ]
+    order = sorted(range(len(reqs)), key=lambda i: (_arrival(reqs[i]), i))
+    first = [sizes[i] for i in order[: config.num_slots]]
+    prompts = sum(config.pages_for(p) for p, _ in first)
+    outputs = sum(config.pages_for(p + m) - config.pages_for(p) for p, m in first)
+    largest = max(config.pages_for(min(p + m, config.max_seq_len)) for p, m in sizes)
+    return max(largest, prompts + outputs * eighths // 8)
+
+
+def _arrival(spec: RequestSpec) -> float:
+    """When a request arrives, as far as the workload says up front (follow-ups: last)."""
+    if spec.after is not None:
+        return float("inf")
+    return spec.arrival if spec.arrival_iteration is None else spec.arrival_iteration * 1e-5
+
+
+@st.composite
+def concurrent_workloads(draw: st.DrawFn, config: SchedulerConfig) -> tuple[RequestSpec, ...]:
+    """Two requests or more that arrive close together and decode long enough to outgrow what
+    their prompts took (a share of the row each), now and then sharing a prefix, stopping at a
+    scripted EOS or aborted. Shrinks to two short requests at time 0."""
+    width = config.max_seq_len
+    shared = tuple(draw(st.lists(tokens, max_size=8)))
+    n = draw(st.integers(2, config.num_slots + 2))
+    # One output share for all (so no single request outgrows the rest), jittered per request.
+    share = draw(st.integers(2, 6))
+    out: list[RequestSpec] = []
+    for uid in range(n):
+        own = tuple(draw(st.lists(tokens, min_size=1, max_size=12)))
+        prompt = ((shared if draw(st.booleans()) else ()) + own)[: width - 1]
+        room = width - len(prompt)
+        max_tokens = max(1, room * (share + draw(st.integers(0, 2))) // 16)
+        continuation: tuple[int, ...] = ()
+        if rarely(draw, 4):
+            k = draw(st.integers(0, min(max_tokens, 8) - 1))
+            continuation = tuple(draw(st.lists(tokens, min_size=k, max_size=k))) + (EOS,)
+        abort_iteration = draw(st.integers(0, 40)) if rarely(draw, 8) else None
+        out.append(
+            RequestSpec(
+                uid,
+                prompt,
+                max_tokens=max_tokens,
+                arrival=draw(st.integers(0, 20)) * US,
+                continuation=continuation,
+                abort_iteration=abort_iteration,
+            )
+        )
+    return tuple(out)
+
+
+@st.composite
+def under_concurrent_pressure(
+    draw: st.DrawFn, config: SchedulerConfig
+) -> tuple[SchedulerConfig, tuple[RequestSpec, ...]]:
+    """Two slots or more, a workload of requests that run at once (`concurrent_workloads`), and a
+    pool drawn against their concurrent demand (a page count: shrinking a request away keeps the
+    pool while it stays in bounds)."""
+    config = replace(config, num_slots=max(2, config.num_slots))
+    reqs = draw(concurrent_workloads(config))
+    low, high = (concurrent_pool(config, reqs, k) for k in CONCURRENT_EIGHTHS)
+    return replace(config, num_pages=draw(st.integers(low, high))), reqs

@@ -1,0 +1,118 @@
+"""The reference scheduler preempts: pages on demand, recompute (vLLM's allocation-failure policy
+keeping in-flight results, SGLang's retract-decode dropping them), each clean on workloads that
+must preempt, each named preemption fault caught on one, and nothing changed with the switches
+off."""
+
+from __future__ import annotations
+
+import pytest
+
+from overlapcheck.backends.sim.backend import SimBackend
+from overlapcheck.core.config import ConfigError, SchedulerConfig
+from overlapcheck.core.device import Device
+from overlapcheck.core.protocol import MessageSink, MessageSource
+from overlapcheck.core.scenario import Scenario
+from overlapcheck.harness.runner import RunResult, run_scenario
+from overlapcheck.reference.faults import FAULTS, PREEMPTION_FAULT_CONFIG
+from overlapcheck.reference.scheduler import Scheduler
+from overlapcheck.scenarios.named import NAMED, named_scenario
+
+POLICIES = ["allocation-failure", "retract-decode"]
+
+
+class Kept:
+    """The reference's factory, keeping the scheduler to read its preemption count."""
+
+    def __init__(self) -> None:
+        self.built: Scheduler | None = None
+
+    def __call__(
+        self, config: SchedulerConfig, device: Device, source: MessageSource, sink: MessageSink
+    ) -> Scheduler:
+        self.built = Scheduler(config, device, source, sink)
+        return self.built
+
+    @property
+    def preemptions(self) -> int:
+        assert self.built is not None
+        return self.built.preemption.count
+
+
+def on_demand(scenario: Scenario, policy: str, **changes: object) -> Scenario:
+    return scenario.with_config(
+        preemption="recompute", page_alloc="on-demand", preempt_policy=policy, **changes
+    )
+
+
+def run(scenario: Scenario, checks: list[str] | None = None) -> tuple[RunResult, Kept]:
+    kept = Kept()
+    return run_scenario(scenario, SimBackend(), checks, scheduler=kept), kept
+
+
+def first(result: RunResult) -> str:
+    return result.violations[0].invariant if result.violations else "ok"
+
+
+@pytest.mark.parametrize("loop", ["overlap", "normal"])
+@pytest.mark.parametrize("policy", POLICIES)
+def test_each_policy_preempts_and_stays_clean(policy: str, loop: str) -> None:
+    for name in ("preemption", "memory-pressure"):
+        result, kept = run(on_demand(named_scenario(name), policy, loop=loop))
+        assert result.ok, (name, result.violations[0].line())
+        assert kept.preemptions > 0, name
+        reference, _ = run(named_scenario(name).with_config(loop=loop))
+        assert [o.tokens for o in result.outcomes] == [o.tokens for o in reference.outcomes]
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_on_demand_is_clean_on_every_named_scenario(policy: str) -> None:
+    for name in NAMED:
+        result, _ = run(on_demand(named_scenario(name), policy))
+        assert result.ok, (name, result.violations[0].line())
+
+
+def test_reserved_pages_never_preempt_and_change_nothing() -> None:
+    for name in NAMED:
+        plain, _ = run(named_scenario(name))
+        armed, kept = run(named_scenario(name).with_config(preemption="recompute"))
+        assert kept.preemptions == 0
+        assert armed.trace_hash == plain.trace_hash, name
+
+
+def test_on_demand_pages_without_preemption_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="on-demand"):
+        SchedulerConfig(page_alloc="on-demand")
+    with pytest.raises(ConfigError, match="preemption must be one of"):
+        SchedulerConfig(preemption="evict")  # type: ignore[arg-type]
+
+
+CAUGHT = {
+    "retract-skips-inflight": ("oracle", "exact-length"),
+    "preempt-reset-early": ("oracle", "exact-length"),
+    "preempt-cascade": ("progress",),
+}
+
+
+def test_every_preemption_fault_has_a_scenario_here() -> None:
+    assert set(CAUGHT) == set(PREEMPTION_FAULT_CONFIG)
+    for fault, caught in CAUGHT.items():
+        assert caught[0] in FAULTS[fault].breaks
+
+
+@pytest.mark.parametrize("fault", sorted(CAUGHT))
+def test_each_preemption_fault_is_caught_and_the_fix_holds(fault: str) -> None:
+    policy = PREEMPTION_FAULT_CONFIG[fault].preempt_policy
+    base = on_demand(named_scenario("preemption"), policy)
+    result, kept = run(base.with_config(faults=frozenset([fault])))
+    assert first(result) in CAUGHT[fault], result.violations[0].line() if result.violations else ""
+    assert kept.preemptions > 0
+    fixed, _ = run(base)
+    assert fixed.ok
+
+
+def test_a_cascade_is_reported_at_the_progress_bound_not_the_step_bound() -> None:
+    scenario = on_demand(named_scenario("preemption"), "retract-decode")
+    result, _ = run(scenario.with_config(faults=frozenset(["preempt-cascade"])))
+    violation = result.violations[0]
+    assert violation.invariant == "progress" and "no request gained a token" in violation.message
+    assert violation.step < 100  # the runner's step bound for this workload is 472

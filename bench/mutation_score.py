@@ -81,6 +81,7 @@ class Score:
     requests: int | None = None
     iterations: int | None = None
     line: str = ""  # the violation, shrunk
+    cut: str | None = None  # shrinking was cut short (the budget or Ctrl-C): `explore --resume`
     error: str = ""  # the search itself failed (a checker bug the mutant tripped)
 
     @property
@@ -119,6 +120,7 @@ def score(
         requests=len(run.scenario.requests),
         iterations=run.iterations,
         line=run.violations[0].line(),
+        cut=result.cut,
     )
 
 
@@ -146,6 +148,16 @@ def main(
     if unknown:
         raise UserError(f"unknown mutant {', '.join(unknown)} (known: {', '.join(BY_ID)})")
     chosen = [BY_ID[i] for i in ids] if ids else list(MUTANTS)
+    # Every patch must still apply before any search starts: a refactor of the reference
+    # scheduler fails the bench loudly instead of scoring mutants that test nothing.
+    stale = []
+    for m in chosen:
+        try:
+            patched_source(m)
+        except PatchError as err:
+            stale.append(str(err))
+    if stale:
+        raise UserError("; ".join(stale))
     print(
         f"mutation score: {len(chosen)} one-spot mutants of the reference scheduler, "
         f"explore from an empty database, all invariants on, seed {seed}, {budget:.0f} s each "
@@ -165,6 +177,7 @@ def main(
             print(
                 f"{mutant.id:<28}{kind:<7}{'yes':>6}{s.first_failure or 0:>9.2f}{s.examples:>9}"
                 f"{s.shrink or 0:>9.2f}{s.requests:>9}{s.iterations:>11}  {s.invariant}"
+                + (f" (shrink cut short: {s.cut})" if s.cut else "")
                 + ("" if s.ok else "  <- an equivalent mutant must stay silent"),
                 flush=True,
             )
@@ -182,7 +195,8 @@ def main(
     print(
         f"score: {sum(s.found for s in bugs)}/{len(bugs)} mutants found, "
         f"{sum(not s.found for s in equivalent)}/{len(equivalent)} equivalent ones silent; "
-        f"median shrink {statistics.median(shrinks) if shrinks else 0:.2f} s; "
+        f"median shrink {statistics.median(shrinks) if shrinks else 0:.2f} s, "
+        f"{sum(s.cut is not None for s in bugs)} cut short; "
         f"{time.perf_counter() - started:.0f} s in all"
     )
     return scores

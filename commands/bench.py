@@ -14,7 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from overlapcheck.commands.common import finite_positive_float, positive_int
+from overlapcheck.commands.common import finite_positive_float, nonneg_int, positive_int
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -65,6 +65,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         default=60.0,
         metavar="S",
         help="--mutants: search seconds per mutant (default 60)",
+    )
+    p.add_argument(
+        "--mutant-seed",
+        type=nonneg_int,
+        action="append",
+        metavar="N",
+        help="--mutants: the search's seed (repeatable: the whole table once per seed; default 0)",
     )
     p.add_argument(
         "--reliability",
@@ -145,12 +152,21 @@ def main(args: argparse.Namespace) -> int:
             from overlapcheck.bench import mutation_score
 
             workers = args.workers or 1
-            scores = mutation_score.main(args.mutants, args.mutant_budget, workers=workers)
-            report["mutants"] = [
-                {k: v for k, v in vars(s).items() if k != "mutant"}
-                | {"mutant": s.mutant.id, "equivalent": s.mutant.equivalent, "ok": s.ok}
-                for s in scores
-            ]
+            report["mutants"] = []
+            for seed in args.mutant_seed or [0]:
+                scores = mutation_score.main(
+                    args.mutants, args.mutant_budget, seed=seed, workers=workers
+                )
+                report["mutants"] += [
+                    {k: v for k, v in vars(s).items() if k != "mutant"}
+                    | {
+                        "mutant": s.mutant.id,
+                        "seed": seed,
+                        "equivalent": s.mutant.equivalent,
+                        "ok": s.ok,
+                    }
+                    for s in scores
+                ]
         if args.reliability:
             from overlapcheck.bench import reliability
 

@@ -95,8 +95,10 @@ class FootprintRecorder:
         """The forward's op, once the batch is checked against the device contract (raises
         `ContractError` before anything is recorded)."""
         check_batch(self.config, batch)
-        accesses = self._forward_accesses(batch)
-        return self._batch_op(stream, "forward", issue, batch, batch.label, accesses)
+        accesses, shape = self._forward_accesses(batch)
+        op = self._batch_op(stream, "forward", issue, batch, batch.label, accesses)
+        op.shape = shape
+        return op
 
     def d2h(self, batch: BatchInput, stream: str, issue: float) -> Op:
         """The copy of a batch's samples to its host output buffer."""
@@ -140,12 +142,16 @@ class FootprintRecorder:
     def staging_cells(self, batch: BatchInput) -> np.ndarray:
         return np.arange(METADATA_FIELDS * len(batch.seqs), dtype=np.int64)
 
-    def _forward_accesses(self, batch: BatchInput) -> list[Access]:
+    def _forward_accesses(
+        self, batch: BatchInput
+    ) -> tuple[list[Access], tuple[np.ndarray, np.ndarray]]:
+        """The forward's accesses, and its sequences' slots and context ends."""
         # One numpy call per array for the whole batch, not per sequence: this runs every
         # simulated iteration (never loop over cells in Python: see docs/architecture.md).
         w = self.width
         seqs = batch.seqs
-        rows = np.fromiter((s.slot for s in seqs), np.int64, len(seqs)) * w
+        slots = np.fromiter((s.slot for s in seqs), np.int64, len(seqs))
+        rows = slots * w
         starts = np.fromiter((s.start for s in seqs), np.int64, len(seqs))
         ends = np.fromiter((s.end for s in seqs), np.int64, len(seqs))
         # Each sequence's new positions are the tail of its context; the token pool has the page
@@ -158,7 +164,7 @@ class FootprintRecorder:
         table = _ranges(rows, ends)
         context = self._context(seqs, table, int(ends.sum()))
         check_kv_cells(self.config, batch, context)  # on the array, not sequence by sequence
-        return [
+        accesses = [
             Access(METADATA, self.metadata_cells(batch), "r"),
             Access(TOKEN_POOL, table[new], "r"),
             Access(PAGE_TABLE, table, "r"),
@@ -166,6 +172,7 @@ class FootprintRecorder:
             Access(KV, context[new], "w"),
             Access(TOKEN_POOL, self._sample_cells(batch), "w"),
         ]
+        return accesses, (slots, ends)
 
     def _context(self, seqs: Sequence[SeqWork], table: np.ndarray, total: int) -> np.ndarray:
         """The KV cells the sequences read, `kv_cells[:end]` each, concatenated (`table`: their

@@ -72,6 +72,10 @@ class Op:
     end: float | None = None
     delay: float = 0.0  # injected on top of the nominal duration (simulator timing draws)
     work: int = 0  # host phases: the requests they touched (what their cost scales with)
+    # A forward's rows (slots) and context ends per sequence, as the recorder knew them (the
+    # checks read them at every forward; a trace read from a file derives them from the
+    # page-table read instead). Not part of the digest: the accesses already say it.
+    shape: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
     def done(self) -> bool:

@@ -11,7 +11,10 @@ from overlapcheck.core.trace import PAGE_TABLE, Op
 def forward_shape(op: Op, width: int) -> tuple[np.ndarray, np.ndarray]:
     """(rows, context lengths) of the forward's sequences, in its sequence order. The page-table
     read is `page_table[slot, 0:end]` per sequence, concatenated, so every sequence's part starts
-    at column 0 of a row `width` cells wide."""
+    at column 0 of a row `width` cells wide. A forward the recorder made carries them
+    (`Op.shape`), and a trace read from a file has them derived here."""
+    if op.shape is not None:
+        return op.shape
     table = next((a for a in op.accesses if a.buffer == PAGE_TABLE and a.mode == "r"), None)
     cells = np.empty(0, dtype=np.int64) if table is None else table.cells
     if len(cells) == 0:

@@ -34,9 +34,9 @@ LONG_SHARES = 64  # a long output is drawn in 64ths of the room its row leaves
 # PRESSURE_ONE_IN; its pool holds PRESSURE_EIGHTHS (low, high) eighths of its workload's demand.
 PRESSURE_ONE_IN = 4
 PRESSURE_EIGHTHS = (2, 5)
-# Lifecycle windows (see `anchored`): one workload in ANCHORED_ONE_IN sends arrivals and aborts
-# at a request's lifecycle point plus up to ANCHOR_ITERATIONS iterations.
-ANCHORED_ONE_IN = 3
+# Lifecycle windows (see `anchored`): one request in ANCHOR_ONE_IN arrives, or is aborted, at a
+# lifecycle point of a request plus up to ANCHOR_ITERATIONS iterations.
+ANCHOR_ONE_IN = 4
 ANCHOR_ITERATIONS = 2
 
 
@@ -70,6 +70,28 @@ def requests(
     uid: int = 0,
     max_seq_len: int = 48,
     branching: bool = False,
+) -> RequestSpec:
+    """One request (see `_request`)."""
+    return _request(draw, prefixes, uid, max_seq_len, branching)
+
+
+@st.composite
+def _anchorable_requests(
+    draw: st.DrawFn, prefixes: Sequence[tuple[int, ...]], max_seq_len: int, branching: bool
+) -> tuple[RequestSpec, AnchorDraw | None]:
+    """A request and, now and then, the raw draw of an anchor for its arrival or its abort,
+    drawn with it (deleting the request while shrinking deletes its anchor too), last (the
+    shrinker's first move on the gate keeps the request as it was)."""
+    spec = _request(draw, prefixes, 0, max_seq_len, branching)
+    return spec, draw(_anchor_draws) if rarely(draw, ANCHOR_ONE_IN) else None
+
+
+def _request(
+    draw: st.DrawFn,
+    prefixes: Sequence[tuple[int, ...]],
+    uid: int,
+    max_seq_len: int,
+    branching: bool,
 ) -> RequestSpec:
     """One request. Its `after` and `uid` are raw draws that `workloads` maps onto earlier
     requests (so deleting a request while shrinking never leaves a dangling reference).
@@ -171,13 +193,14 @@ def _workloads(
         )
     )
     # A list (not a count, then draws) so that the shrinker can delete any one request.
-    specs = draw(
+    drawn = draw(
         st.lists(
-            requests(prefixes, max_seq_len=max_seq_len, branching=branching),
+            _anchorable_requests(prefixes, max_seq_len, branching),
             min_size=1,
             max_size=max_requests,
         )
     )
+    specs = [spec for spec, _ in drawn]
     reuse: list[int] = []  # i-th entry: request i + 1 takes the uid of an earlier one (0: fresh)
     if rarely(draw, 4):
         reuse = draw(st.lists(st.integers(0, 7), max_size=len(specs)))
@@ -190,25 +213,23 @@ def _workloads(
         if after is None and spec.after is not None:  # the first request cannot follow one
             spec = replace(spec, think=0.0)
         out.append(replace(spec, uid=uid, after=after))
-    if rarely(draw, ANCHORED_ONE_IN):
-        # NOTE: drawn last, so the shrinker's first move on the gate keeps every other choice;
-        # one draw per request (each shrinks to "none"), so none is lost to a short list.
-        raw = draw(st.lists(_anchor_draws, min_size=len(out), max_size=len(out)))
-        for i, a in enumerate(raw):
-            out[i] = anchored(out, i, a)
-            anchor = out[i].arrival_after or out[i].abort_after
-            if a[5] and anchor is not None:
-                out[anchor.request] = ends_early(out[anchor.request], max_seq_len)
+    for i, (_, raw) in enumerate(drawn):
+        if raw is None:
+            continue
+        out[i] = anchored(out, i, raw)
+        anchor = out[i].arrival_after or out[i].abort_after
+        if raw[5] and anchor is not None:
+            out[anchor.request] = ends_early(out[anchor.request], max_seq_len)
     return tuple(out)
 
 
-# (kind: 0 none / 1 arrival / 2 abort, the anchor's request as a raw draw, point, iterations,
+# (kind: 1 arrival / 2 abort, the anchor's request as a raw draw, point, iterations,
 # whether an anchored arrival takes its anchor's uid, whether the anchor's request stops at a
 # scripted EOS): mapped by `anchored` and `ends_early`. Weighted toward what opens a window (an
 # arrival, at a finish or an abort, no offset); each shrinks to its first value.
 AnchorDraw = tuple[int, int, str, int, bool, bool]
 _anchor_draws = st.tuples(
-    st.sampled_from((0, 1, 1, 2)),
+    st.sampled_from((1, 1, 2)),
     st.integers(0, 7),
     st.sampled_from(
         ("finished", "abort", "extra-round", "last-launch", "first-chunk", "finished", "abort")

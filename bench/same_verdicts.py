@@ -1,0 +1,118 @@
+"""The same verdicts and trace hashes as another revision, on generated examples.
+
+For a change that must not change behaviour (a faster check, a refactor): N generated scenarios
+(seeded, drawn once by this checkout's generator), each with seeded timing, run with every
+invariant by this checkout and by REV (a temporary git worktree, each in a fresh process);
+every trace hash and every violation line must agree. Examples cycle through the named faults,
+so that verdicts with violations are compared too.
+
+    python -m overlapcheck.bench.same_verdicts --rev HEAD~1 --examples 300
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+_RUN = """
+import json, sys
+from overlapcheck.backends.sim.backend import SimBackend
+from overlapcheck.backends.sim.timing import Profile, SeededDelay, Timing
+from overlapcheck.harness.runner import run_scenario
+from overlapcheck.scenarios.loader import scenario_from_dict
+for line in open(sys.argv[1]):
+    job = json.loads(line)
+    scenario = scenario_from_dict(job["scenario"])
+    scenario = scenario.with_config(faults=frozenset(job["faults"]))
+    result = run_scenario(scenario, SimBackend(Timing(Profile(), SeededDelay(job["seed"]))))
+    print(json.dumps([result.trace_hash, [v.line() for v in result.violations]]))
+"""
+
+
+def generate(examples: int, seed: int) -> list[dict[str, Any]]:
+    """`examples` scenarios from the generator, the same for the same seed."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import seed as hypothesis_seed
+
+    from overlapcheck.reference.faults import FAULTS
+    from overlapcheck.scenarios.strategies import scenarios
+
+    faults = [[], *([f] for f in sorted(FAULTS))]
+    jobs: list[dict[str, Any]] = []
+
+    @hypothesis_seed(seed)
+    @settings(
+        max_examples=examples,
+        database=None,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        phases=["generate"],  # type: ignore[list-item]
+    )
+    @given(scenarios())
+    def draw(scenario: Any) -> None:
+        i = len(jobs)
+        jobs.append(
+            {"scenario": scenario.to_json(), "faults": faults[i % len(faults)], "seed": seed + i}
+        )
+
+    draw()
+    return jobs
+
+
+def verdicts(tree: Path, jobs_file: Path) -> list[Any]:
+    env = os.environ | {"PYTHONPATH": str(tree / ".typing")}
+    out = subprocess.run(
+        [sys.executable, "-c", _RUN, str(jobs_file)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=tree,
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"{tree}: {out.stderr.strip().splitlines()[-1:]}")
+    return [json.loads(line) for line in out.stdout.splitlines()]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rev", default="HEAD~1", help="the revision to compare with")
+    parser.add_argument("--examples", type=int, default=300)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    jobs = generate(args.examples, args.seed)
+    with tempfile.TemporaryDirectory(prefix="overlapcheck-verdicts-") as tmp:
+        jobs_file = Path(tmp) / "jobs.jsonl"
+        jobs_file.write_text("".join(json.dumps(j) + "\n" for j in jobs))
+        other = Path(tmp) / "rev"
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(other), args.rev],
+            check=True,
+        )
+        try:
+            ours, theirs = verdicts(ROOT, jobs_file), verdicts(other, jobs_file)
+        finally:
+            subprocess.run(
+                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(other)], check=True
+            )
+    differ = [i for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) if a != b]
+    violating = sum(bool(v[1]) for v in ours)
+    print(
+        f"{len(jobs)} generated examples ({violating} with a violation): "
+        f"{len(jobs) - len(differ)} identical to {args.rev}, {len(differ)} differ"
+    )
+    for i in differ[:10]:
+        print(f"  example {i} ({jobs[i]['faults']}): {ours[i]} vs {theirs[i]}")
+    return 1 if differ else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -16,7 +16,7 @@ from overlapcheck.core.protocol import MessageSource, SchedulerUnderTest
 from overlapcheck.core.trace import Message
 from overlapcheck.harness.crash import CheckerBug, crash_violation
 from overlapcheck.invariants.base import Invariant, InvariantViolated, Violation
-from overlapcheck.invariants.context import RunContext, TracePrefix
+from overlapcheck.invariants.context import Request, RunContext, TracePrefix
 
 Event = tuple[str, Any, int, int, float]  # kind, message, iteration, ops issued, time
 
@@ -31,6 +31,8 @@ class Checks:
         self._seen: set[tuple[str, tuple[int, ...]]] = set()
         self.stopped: Violation | None = None  # stop mode: survives a scheduler that swallows it
         self._listening: dict[str, list[Callable[..., None]]] = {}
+        self._ops_at_message = -1  # ops issued when the last message was sent
+        self._on_message: tuple[list[Callable[..., None]], list[Callable[..., None]]] | None = None
 
     @property
     def checks(self) -> list[Invariant]:
@@ -40,6 +42,7 @@ class Checks:
     def checks(self, checks: list[Invariant]) -> None:
         self._checks = checks
         self._listening = {}
+        self._on_message = None
 
     def call(self, hook: Callable[[Invariant], None], name: str = "") -> None:
         """Call `hook` on every check (on those that override the hook `name`, if given)."""
@@ -60,6 +63,31 @@ class Checks:
                 method(*args)
             except InvariantViolated as err:
                 self.record(err.violation)
+
+    def message(self, msg: OutMsg, req: Request | None, num_ops: int) -> None:
+        """A message sent when the trace held `num_ops` ops: check by check in order, its
+        `on_ops` (only if ops were issued since the last message: a batch's messages come in a
+        burst with no device call between them) and its `on_message`."""
+        fresh = num_ops != self._ops_at_message
+        self._ops_at_message = num_ops
+        calls = self._on_message
+        if calls is None:
+            calls = self._on_message = self._message_calls()
+        for method in calls[0] if fresh else calls[1]:
+            try:
+                method(msg, req)
+            except InvariantViolated as err:
+                self.record(err.violation)
+
+    def _message_calls(self) -> tuple[list[Callable[..., None]], list[Callable[..., None]]]:
+        ops, messages = set(self.listening("on_ops")), set(self.listening("on_message"))
+        fresh: list[Callable[..., None]] = []
+        for inv in self.checks:
+            if inv in ops:
+                fresh.append(inv.ops_at_message)
+            if inv in messages:
+                fresh.append(inv.on_message)
+        return fresh, [inv.on_message for inv in self.checks if inv in messages]
 
     def listening(self, hook: str) -> list[Invariant]:
         """The checks that override `hook`: a message goes to the few that read it."""
@@ -137,7 +165,7 @@ class Harness:
             self.log.append(("send", msg, step, len(ctx.trace.ops), now))
         req = ctx.book.answer(msg, step)
         self._observe(msg, now)
-        self.checks.notify("on_message", msg, req)
+        self.checks.message(msg, req, len(ctx.trace.ops))
 
 
 def drive(
@@ -223,7 +251,7 @@ def check_after(
                 checks.notify("on_receive", msg, req)
             elif kind == "send":
                 req = ctx.book.answer(msg, step)
-                checks.notify("on_message", msg, req)
+                checks.message(msg, req, num_ops)
             else:
                 checks.notify("on_step_end")
         if completed:  # the run reached its end-of-run checks: so do these, on the final state

@@ -76,6 +76,15 @@ class Invariant:
         """A message the scheduler sent; `req` is the request it belongs to (None: unknown uid)."""
         return None
 
+    def on_ops(self) -> None:
+        """Ops were issued since the last message: judge them before this check's `on_message`
+        (the harness skips the call for the other messages of a burst: nothing changed)."""
+        return None
+
+    def ops_at_message(self, msg: OutMsg, req: Request | None) -> None:
+        """`on_ops`, called the way the harness calls message hooks."""
+        self.on_ops()
+
     def on_step_end(self) -> None:
         return None
 

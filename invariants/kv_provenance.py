@@ -21,7 +21,7 @@ from collections import deque
 import numpy as np
 
 from overlapcheck.backends.kv_shadow import ForwardReads, KvShadow, PrefixHash
-from overlapcheck.core.messages import InMsg, OutMsg, UserMsg
+from overlapcheck.core.messages import InMsg, UserMsg
 from overlapcheck.core.trace import Op
 from overlapcheck.invariants.base import Invariant
 from overlapcheck.invariants.context import Request, RunContext
@@ -79,7 +79,7 @@ class KvProvenance(Invariant):
         if isinstance(msg, UserMsg):
             self.feed.admit(req)
 
-    def on_message(self, msg: OutMsg, req: Request | None) -> None:
+    def on_ops(self) -> None:
         # A message may be the first sign of a forward that ran: judge its reads before the
         # message checks judge its tokens.
         shadow = self.shadow

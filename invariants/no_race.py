@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from overlapcheck.core.messages import OutMsg
 from overlapcheck.invariants.base import Invariant
-from overlapcheck.invariants.context import Request, RunContext
+from overlapcheck.invariants.context import RunContext
 from overlapcheck.invariants.hbgraph import explain
 from overlapcheck.invariants.races import RaceDetector
 
@@ -19,9 +18,8 @@ class NoRace(Invariant):
     def on_step_end(self) -> None:
         self.check()
 
-    def on_message(self, msg: OutMsg, req: Request | None) -> None:
-        # A race that corrupted this message is the better report than the oracle's. A batch's
-        # messages come in a burst with no device call between them: only the first scans.
+    def on_ops(self) -> None:
+        # A race that corrupted this message is the better report than the oracle's.
         if self.detector.checked != len(self.run.trace.ops):
             self.check()
 

@@ -74,6 +74,8 @@ class Progress(Invariant):
     def _pull(self) -> None:
         trace = self.run.trace
         start = self.feed.seen
+        if start == len(trace.ops):
+            return  # nothing issued since the last pull
         offloads = [
             op for op in trace.ops[start : len(trace.ops)] if op.kind == KV_OFFLOAD and op.uids
         ]

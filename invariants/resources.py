@@ -13,11 +13,9 @@ from itertools import chain
 
 import numpy as np
 
-from overlapcheck.core.messages import OutMsg
 from overlapcheck.core.protocol import Books
 from overlapcheck.core.trace import HOST, PAGE_TABLE, TOKEN_POOL, Op
 from overlapcheck.invariants.base import Invariant
-from overlapcheck.invariants.context import Request
 
 _ROW_BUFFERS = (TOKEN_POOL, PAGE_TABLE)  # the buffers a slot is a row of
 
@@ -39,8 +37,8 @@ class SlotNotInFlight(Invariant):
         self.seen = 0
         self.owner: dict[int, tuple[int, int, int, int]] = {}  # row -> uid, agent, clock, op seq
 
-    def on_message(self, msg: OutMsg, req: Request | None) -> None:
-        if self.seen != len(self.run.trace.ops):  # new ops since the last message of the burst
+    def on_ops(self) -> None:
+        if self.seen != len(self.run.trace.ops):
             self._check_forwards()  # before a race on the same row is reported at this message
 
     def on_step_end(self) -> None:

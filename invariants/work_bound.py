@@ -40,9 +40,11 @@ class WorkBound(Invariant):
         if isinstance(msg, UserMsg):
             self.feed.admit(req)
 
-    def on_message(self, msg: OutMsg, req: Request | None) -> None:
+    def on_ops(self) -> None:
         if self.feed.seen != len(self.run.trace.ops):  # only new ops need judging
             self._check()
+
+    def on_message(self, msg: OutMsg, req: Request | None) -> None:
         if isinstance(msg, TokenMsg) and msg.finished and req is not None:
             self.finished_at.setdefault(req.index, len(self.run.trace.ops))
 

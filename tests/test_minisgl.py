@@ -27,29 +27,25 @@ needs_snapshot = pytest.mark.skipif(
     not SNAPSHOT.is_file(), reason=f"no mini-sglang snapshot at {SNAPSHOT}"
 )
 
-# The four fixes of the documented overlap bugs, as (old, new) text in scheduler.py.
-FIXES = [
-    # 1: finished by the tokens the host has, not by `can_decode` (which counts launched rounds);
-    # 2: a request that finished (or was aborted) earlier is skipped entirely
+# The fixes of the four documented overlap bugs, by bug, as (old, new) text in scheduler.py.
+FIX_1 = [  # finished by the tokens the host has, not by `can_decode` (it counts launched rounds)
     (
-        """                if isinstance(req, ChunkedReq):
-                    continue
-                next_token = next_tokens_cpu[i]
-                req.append_host(next_token.unsqueeze(0))
-                next_token = int(next_token.item())
-                finished = not req.can_decode""",
-        """                if isinstance(req, ChunkedReq) or req in self.finished_reqs:
-                    continue
-                next_token = next_tokens_cpu[i]
-                req.append_host(next_token.unsqueeze(0))
-                next_token = int(next_token.item())
-                finished = len(req.input_ids) >= req.max_device_len""",
+        "                finished = not req.can_decode",
+        "                finished = len(req.input_ids) >= req.max_device_len",
+    ),
+]
+FIX_2 = [  # a request that finished (or was aborted) earlier is skipped entirely
+    (
+        "                if isinstance(req, ChunkedReq):\n",
+        "                if isinstance(req, ChunkedReq) or req in self.finished_reqs:\n",
     ),
     (
         "                # NOTE: overlap scheduling may make the request freed twice, skip second"
         " free\n                if finished and req not in self.finished_reqs:",
-        """                if finished:""",
+        "                if finished:",
     ),
+]
+FIX_3 = [
     # 3: a freed row goes back once the batch in flight that writes it was processed (at once
     # when nothing is in flight), and the scheduler stream then waits for the engine stream: the
     # sample's token-pool write comes after the forward's copy_done, so no event covers it
@@ -105,7 +101,8 @@ FIXES = [
 
     @torch.inference_mode()""",
     ),
-    # 4: an abort drops the result of the request's batch in flight
+]
+FIX_4 = [  # an abort drops the result of the request's batch in flight
     (
         """            if req_to_free is not None:
                 self._free_req_resources(req_to_free)""",
@@ -114,7 +111,9 @@ FIXES = [
                 self.finished_reqs.add(req_to_free)""",
     ),
 ]
-WAIT = "                self.engine.stream.wait_stream(self.stream)\n"
+FIXES = FIX_1 + FIX_2 + FIX_3 + FIX_4
+CTX = "            with self.engine_stream_ctx:  # run the batch in the engine's stream\n"
+WAIT = (CTX + "                self.engine.stream.wait_stream(self.stream)\n", CTX)
 
 
 def unpack(into: Path, edits: list[tuple[str, str]] = ()) -> Path:  # type: ignore[assignment]
@@ -149,13 +148,26 @@ def snapshot(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return unpack(tmp_path_factory.mktemp("minisgl"))
 
 
-def test_a_missing_checkout_is_one_line_and_exit_2(tmp_path: Path) -> None:
-    done = overlapcheck(["run", "--scheduler", SPEC], tmp_path / "nowhere", tmp_path)
+def test_a_missing_checkout_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from overlapcheck.adapters.minisgl.checkout import load
+    from overlapcheck.core.errors import UserError
+
+    monkeypatch.setenv("MINISGL_PATH", str(tmp_path / "nowhere"))
+    with pytest.raises(UserError, match="is not a mini-sglang checkout") as err:
+        load()
+    assert "\n" not in str(err.value) and "MINISGL_PATH" in str(err.value)
+
+
+@needs_snapshot
+@pytest.mark.slow
+def test_a_checkout_with_an_api_the_adapter_does_not_know_is_one_line_and_exit_2(
+    tmp_path: Path,
+) -> None:
+    renamed = ("    def normal_loop(self) -> None:", "    def plain_loop(self) -> None:")
+    done = overlapcheck(["run", "--scheduler", SPEC], unpack(tmp_path, [renamed]), tmp_path)
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
-    assert (
-        len(lines) == 1 and "MINISGL_PATH" in lines[0] and "not a mini-sglang checkout" in lines[0]
-    )
+    assert len(lines) == 1 and "incompatible" in lines[0] and "normal_loop" in lines[0]
 
 
 @needs_snapshot
@@ -202,12 +214,55 @@ def test_with_the_four_fixes_a_search_finds_nothing(tmp_path: Path) -> None:
     assert "No violation found" in done.stdout
 
 
+def _search(checkout: Path, tmp_path: Path, examples: int) -> str:
+    done = overlapcheck(
+        [
+            "explore",
+            "--scheduler",
+            SPEC,
+            "--workers",
+            "1",
+            "--max-examples",
+            str(examples),
+            "--budget",
+            "590",
+            "--out",
+            str(tmp_path / "cx"),
+        ],
+        checkout,
+        tmp_path,
+    )
+    assert done.returncode in (0, 1), done.stdout + done.stderr
+    return done.stdout
+
+
+@needs_snapshot
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("fixed", "found"),
+    [
+        ([], ("exact-length",)),
+        (FIX_1, ("no-post-eos",)),
+        (FIX_1 + FIX_2, ("slot-not-in-flight", "no-race")),
+        (FIX_1 + FIX_2 + FIX_3, ("abort-silent", "pages-conserved")),
+    ],
+    ids=["bug-1", "bug-2", "bug-3", "bug-4"],
+)
+def test_each_bug_is_found_once_the_ones_before_it_are_fixed(
+    tmp_path: Path, fixed: list[tuple[str, str]], found: tuple[str, ...]
+) -> None:
+    out = _search(unpack(tmp_path, fixed), tmp_path, 200)
+    line = next(x for x in out.splitlines() if x.startswith("VIOLATION"))
+    assert any(f"[{inv}]" in line for inv in found), out
+    assert "replay:" in out  # shrunk and saved
+
+
 @needs_snapshot
 @pytest.mark.slow
 def test_without_the_engine_waiting_for_the_scheduler_stream_no_race_names_both(
     tmp_path: Path,
 ) -> None:
-    checkout = unpack(tmp_path, [(WAIT, "")])
+    checkout = unpack(tmp_path, [WAIT])
     done = overlapcheck(["run", "--scheduler", SPEC, "--json"], checkout, tmp_path)
     assert done.returncode == 1, done.stderr
     report = json.loads(done.stdout)

@@ -204,7 +204,9 @@ class MiniSglScheduler:
     def _receive(self, sched: Any, blocking: bool) -> list[Any]:
         device, source = self.device, self.source
         msgs = self._convert(source.poll(device.now()))
-        while blocking and not msgs:
+        if blocking and not msgs:
+            # Idle: upstream blocks on its queue. Sleep until the next arrival and return what
+            # came, maybe nothing (a message due at a later iteration comes in a later step).
             sched.run_when_idle()
             later = source.next_arrival()
             if later is None:

@@ -35,6 +35,19 @@ NEEDED = (
 )
 
 
+# The Scheduler methods the adapter calls or overrides (it steps one loop iteration at a time).
+METHODS = (
+    "overlap_loop",
+    "normal_loop",
+    "run_when_idle",
+    "offline_receive_msg",
+    "offline_send_result",
+    "_schedule_next_batch",
+    "_forward",
+    "_process_last_data",
+)
+
+
 class _Placeholder:
     def __init__(self, name: str) -> None:
         self._name = name
@@ -117,6 +130,13 @@ def load() -> dict[str, Any]:
                 "(the adapter knows the API of 20fcd7f)"
             )
         modules[name] = module
+    scheduler = modules["minisgl.scheduler"].Scheduler
+    missing = [m for m in METHODS if not callable(getattr(scheduler, m, None))]
+    if missing:
+        raise UserError(
+            f"mini-sglang checkout is incompatible: Scheduler has no {', '.join(missing)} "
+            "(the adapter knows the API of 20fcd7f)"
+        )
     _quiet()
     _deterministic(modules["minisgl.core"].Req)
     return modules

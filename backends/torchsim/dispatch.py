@@ -24,7 +24,6 @@ from typing import Any
 import numpy as np
 import simpy
 import torch
-import torch.utils._pytree as pytree
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
@@ -128,8 +127,43 @@ def _is_cuda(device: Any) -> bool:
     return torch.device(device).type == "cuda"
 
 
+def _leaves(tree: Any) -> list[Any]:
+    """The values of an op's arguments (or outputs), one level of lists and tuples down: aten
+    arguments nest no deeper (a list of index tensors). Cheaper than a general tree walk, and it
+    runs for every op."""
+    out: list[Any] = []
+    items = tree.values() if isinstance(tree, dict) else tree
+    if not isinstance(items, list | tuple | type({}.values())):
+        return [tree]
+    for x in items:
+        if isinstance(x, list | tuple):
+            for y in x:
+                if isinstance(y, list | tuple | dict):
+                    out.extend(_leaves(y))
+                else:
+                    out.append(y)
+        elif isinstance(x, dict):
+            out.extend(_leaves(x))
+        else:
+            out.append(x)
+    return out
+
+
+def _map(
+    f: Callable[[Any], Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """`f` over an op's argument values, one level of lists and tuples down (see `_leaves`)."""
+
+    def one(x: Any) -> Any:
+        if isinstance(x, list | tuple):
+            return type(x)(f(y) for y in x)
+        return f(x)
+
+    return tuple(one(x) for x in args), {k: one(v) for k, v in kwargs.items()}
+
+
 def _tensors(tree: Any) -> list[torch.Tensor]:
-    return [x for x in pytree.tree_leaves(tree) if isinstance(x, torch.Tensor)]
+    return [x for x in _leaves(tree) if isinstance(x, torch.Tensor)]
 
 
 @dataclass
@@ -206,7 +240,7 @@ class Interceptor:
         handler = self.handlers.get(func.overloadpacket)
         if handler is not None:
             return handler(func, args, kwargs)
-        leaves = pytree.tree_leaves((args, kwargs))
+        leaves = _leaves((args, kwargs))
         if not any(isinstance(x, SimTensor) for x in leaves) and not _is_cuda(kwargs.get("device")):
             return self._host(func, args, kwargs)
         if _is_view(func):
@@ -230,7 +264,7 @@ class Interceptor:
             here = where()[0]
             self._host_op(f"{func.overloadpacket.__name__} @{here}", found)
             if any(t.mode == "w" for t in found):  # keep the logical twins in step
-                largs, lkwargs = pytree.tree_map(self.logical, (args, kwargs))
+                largs, lkwargs = _map(self.logical, args, kwargs)
                 func(*largs, **lkwargs)
         return out
 
@@ -289,7 +323,7 @@ class Interceptor:
 
         def start() -> Callable[[], None]:
             with plain():
-                pargs, pkwargs = pytree.tree_map(_physical, (args, kwargs))
+                pargs, pkwargs = _map(_physical, args, kwargs)
                 seen.append(func(*pargs, **pkwargs))
             return lambda: None
 
@@ -300,13 +334,13 @@ class Interceptor:
     # -- views ----------------------------------------------------------------------------------
 
     def _view(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        source = next(x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, SimTensor))
-        largs, lkwargs = pytree.tree_map(self.logical, (args, kwargs))
+        source = next(x for x in _leaves((args, kwargs)) if isinstance(x, SimTensor))
+        largs, lkwargs = _map(self.logical, args, kwargs)
         lout = func(*largs, **lkwargs)
         ptr = source.buffer.logical.untyped_storage().data_ptr()
         if not all(t.untyped_storage().data_ptr() == ptr for t in _tensors(lout)):
             return self._kernel(func, args, kwargs)  # a copy after all (reshape of a strided view)
-        pargs, pkwargs = pytree.tree_map(_physical, (args, kwargs))
+        pargs, pkwargs = _map(_physical, args, kwargs)
         pout = func(*pargs, **pkwargs)
         buffer = source.buffer
 
@@ -347,7 +381,7 @@ class Interceptor:
         if _is_cuda(host_kwargs.get("device")):
             host_kwargs["device"] = "cpu"
         host_kwargs.pop("pin_memory", None)
-        largs, lkwargs = pytree.tree_map(self.logical, (args, host_kwargs))
+        largs, lkwargs = _map(self.logical, args, host_kwargs)
         lout = func(*largs, **lkwargs)
         if not _tensors(lout) and lout is not None:  # a host value from device values
             return self._read_to_host(func, args, kwargs, packet.__name__)
@@ -408,7 +442,7 @@ class Interceptor:
                             return same_geometry(w.clone, x)
                     return x
 
-                pargs, pkwargs = pytree.tree_map(phys, (args, host_kwargs))
+                pargs, pkwargs = _map(phys, args, host_kwargs)
                 pout = func(*pargs, **pkwargs)
 
             def end() -> None:

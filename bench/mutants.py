@@ -72,8 +72,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "final-sample-to-dummy",
         "scheduler.py",
-        "        if end < req.prompt_len and not self._fault(F.CHUNK_SAMPLE_OVERWRITE):",
-        "        if end <= req.prompt_len and not self._fault(F.CHUNK_SAMPLE_OVERWRITE):",
+        "        if end < req.fill_len and not self._fault(F.CHUNK_SAMPLE_OVERWRITE):",
+        "        if end <= req.fill_len and not self._fault(F.CHUNK_SAMPLE_OVERWRITE):",
         "sample cell: off by one, the final prefill chunk's sample also goes to the dummy row, "
         "so the first decode reads an unwritten token cell (mini-sglang ef4367f's dummy write, "
         "one chunk too far)",
@@ -89,8 +89,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "decode-position-off-by-one",
         "scheduler.py",
-        "chunks = [Chunk(r, r.device_len - 1, r.device_len) for r in self.decode.batch()]",
-        "chunks = [Chunk(r, r.device_len, r.device_len + 1) for r in self.decode.batch()]",
+        "chunks = [Chunk(r, r.device_len - 1, r.device_len) for r in running]",
+        "chunks = [Chunk(r, r.device_len, r.device_len + 1) for r in running]",
         "decode batch: the round's input position is one past the last sampled token (a "
         "positions/seq_lens off-by-one, common in vLLM and SGLang decode metadata fixes)",
     ),
@@ -107,7 +107,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "decode-before-prefilled",
         "scheduler.py",
-        "        if req.state is ReqState.PREFILLING and end == req.prompt_len:",
+        "        if req.state is ReqState.PREFILLING and end == req.fill_len:",
         "        if req.state is ReqState.PREFILLING:",
         "mark launched: a chunked request moves to decode after its first chunk, so it decodes "
         "before its prompt is prefilled (chunked-prefill state bugs in SGLang and vLLM)",
@@ -188,8 +188,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "chunk-budget-off-by-one",
         "prefill.py",
-        "            size = min(budget, req.prompt_len - req.kv_len)\n            if size > 0:",
-        "            size = min(budget + 1, req.prompt_len - req.kv_len)\n            if size > 0:",
+        "            size = min(budget, req.fill_len - req.kv_len)\n            if size > 0:",
+        "            size = min(budget + 1, req.fill_len - req.kv_len)\n            if size > 0:",
         "chunked prefill: a continuing chunk takes one token more than the extend budget "
         "(chunked-prefill budget off-by-one, SGLang `rem_chunk_tokens`)",
         needs="a batch-shape check in the device contract: a sequence with end < start, or a "
@@ -200,9 +200,9 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "result-by-uid",
         "scheduler.py",
-        "                req.inflight -= 1\n                if seq.end < req.prompt_len:",
+        "                req.inflight -= 1\n                if seq.end < req.fill_len:",
         "                req = self.live.get(req.uid, req)  # by uid: a reused uid's new request\n"
-        "                req.inflight -= 1\n                if seq.end < req.prompt_len:",
+        "                req.inflight -= 1\n                if seq.end < req.fill_len:",
         "process: results are looked up by uid, so a uid sent again between its request's "
         "finish (or abort) and the processing of its in-flight extra round gets the old "
         "request's last sample (request-id keyed output handling; vLLM moved to internal "
@@ -263,8 +263,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "match-prompt-last-token",
         "cache/manager.py",
-        "        match = self.prefix.match(req.prompt[:-1])",
-        "        match = self.prefix.match(req.prompt)",
+        "        match = self.prefix.match(req.fill[:-1])",
+        "        match = self.prefix.match(req.fill)",
         "attach prefix: the whole prompt may match, so no position is left to compute the first "
         "sample from (SGLang's `input_ids[:-1]` in match_prefix; vLLM's 'full hit' fix)",
         needs="a device check that every sequence computes at least one position (the toy "

@@ -8,9 +8,13 @@ reads the trace to check where the arrival fell against the point and its deferr
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from overlapcheck.backends.sim.backend import SimBackend
+from overlapcheck.bench.mutants import BY_ID
+from overlapcheck.bench.mutation_score import materialize
 from overlapcheck.core.config import LoopKind, SchedulerConfig
 from overlapcheck.core.scenario import Anchor, RequestSpec, Scenario
 from overlapcheck.harness.runner import RunResult, run_scenario
@@ -172,3 +176,37 @@ def test_a_bad_anchor_is_one_clear_error(anchor: dict[str, object], words: str) 
     }
     with pytest.raises(ScenarioError, match=words):
         scenario_from_dict(data)
+
+
+# Each window mutant (bench/mutants.py) against the anchored case that opens its window: found
+# under overlap, where the window exists; the normal loop processes each round before the next.
+_WINDOW_CASES = {
+    "result-by-uid": ("finished", "oracle"),
+    "uid-busy-until-released": ("finished", "exact-length"),
+    "release-by-uid": ("finished", "pages-conserved"),
+    "abort-in-flight-completes": ("own-last-launch", "abort-silent"),
+}
+
+
+@pytest.mark.parametrize("mutant_id", sorted(_WINDOW_CASES))
+def test_a_window_mutant_is_caught_where_its_anchor_lands(mutant_id: str, tmp_path: Path) -> None:
+    factory = materialize(BY_ID[mutant_id], tmp_path).factory()
+    case, invariant = _WINDOW_CASES[mutant_id]
+    for loop in LOOPS:
+        config = SchedulerConfig(num_slots=2, num_pages=64, max_extend_tokens=8, loop=loop)
+        if case == "finished":  # the uid comes back while the extra round is in flight
+            first = RequestSpec(0, tuple(range(10, 30)), max_tokens=8, continuation=(40, EOS))
+            second = RequestSpec(0, (5, 6, 7), max_tokens=2, arrival_after=Anchor(0, "finished"))
+        else:  # aborted while its last round is in flight
+            first = RequestSpec(
+                0,
+                tuple(range(10, 30)),
+                max_tokens=3,
+                ignore_eos=True,
+                abort_after=Anchor(0, "last-launch"),
+            )
+            second = RequestSpec(1, (5, 6), max_tokens=2, arrival=0.001)
+        scenario = Scenario("window", config, (first, second))
+        result = run_scenario(scenario, SimBackend(), scheduler=factory)
+        found = [v.invariant for v in result.violations]
+        assert found == ([invariant] if loop == "overlap" else []), (loop, found)

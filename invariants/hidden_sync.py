@@ -25,6 +25,7 @@ class NoHiddenSync(Invariant):
         self.recorded_by: dict[int, int] = {}  # event id -> op seq of its record
         self.last: tuple[Op, int, int] | None = None  # the latest forward, its agent and clock
         self.suspects: list[Op] = []  # host waits covering the latest forward
+        self.covered = False  # a host wait since the latest forward covered it
 
     def bind(self, run: RunContext) -> None:
         super().bind(run)
@@ -58,10 +59,15 @@ class NoHiddenSync(Invariant):
                 agent, vc = clocks.agent[seq], clocks.vc[seq]
                 assert vc is not None  # kept for every forward
                 self.last = (op, agent, int(vc[agent]))
+                self.covered = False
             elif op.kind == "host_wait" and self.last is not None and op.waits is not None:
                 event = hb.events.get(op.waits)
-                if event is not None and event[self.last[1]] >= self.last[2]:
+                # Only the first wait that covers the forward can block on it: after that the
+                # host knows it finished, and a later wait (an idle-time check, say) covers it
+                # through the host's own past without waiting for it.
+                if event is not None and event[self.last[1]] >= self.last[2] and not self.covered:
                     self.suspects.append(op)
+                    self.covered = True
 
     def _report(self, wait: Op, forward: Op, following: Op) -> None:
         assert wait.waits is not None

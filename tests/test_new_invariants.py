@@ -247,6 +247,28 @@ def test_no_hidden_sync_fires_on_a_host_blocked_on_the_running_forward(
     assert {"wait", "event", "record", "forward"} <= set(v.details)
 
 
+class SyncWhenScheduling(Scheduler):
+    """Syncs the scheduler stream before every schedule (an idle-time integrity check that reads
+    a device value does that): after an idle gap it covers the last forward only through what the
+    host already waited for, which is no hidden sync."""
+
+    def _schedule(self):  # type: ignore[no-untyped-def]
+        self.device.record(self.device.scheduler_stream).synchronize()
+        return super()._schedule()
+
+
+def test_no_hidden_sync_is_silent_on_a_wait_covering_a_forward_the_host_already_waited_for() -> (
+    None
+):
+    requests = (
+        RequestSpec(0, (5, 6, 7), max_tokens=1),
+        RequestSpec(1, (8, 9), max_tokens=2, arrival=0.01),  # after an idle gap
+    )
+    scenario = Scenario("gap", SchedulerConfig(), requests, "two requests apart")
+    result = run(scenario, NEW, scheduler=factory(SyncWhenScheduling))
+    assert result.ok, result.violations
+
+
 def test_no_hidden_sync_is_not_checked_in_the_normal_loop() -> None:
     scenario = named_scenario("basic").with_config(loop="normal")
     result = run(scenario, NEW, scheduler=factory(SyncAfterLaunch))

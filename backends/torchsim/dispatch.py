@@ -14,6 +14,7 @@ current stream first (an implicit sync, traced as a host wait).
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
@@ -80,15 +81,23 @@ class plain:
         self._modes.__exit__(None, None, None)
 
 
+@cache
+def _program_file(path: str) -> str | None:
+    """The base name of a file of the program's, or None for torch's and this package's."""
+    if path.startswith(_SKIP) or path[0] == "<":
+        return None
+    return os.path.basename(path)
+
+
 def where() -> tuple[str, str]:
     """The program's innermost frame outside torch and this package: (`file:line function`, the
     function's name), for labels and buffer names."""
     frame = sys._getframe(1)
     while frame is not None:
-        path = frame.f_code.co_filename
-        if not (path.startswith(_SKIP) or path[0] == "<"):
-            name = frame.f_code.co_name
-            return f"{Path(path).name}:{frame.f_lineno} {name}", name
+        code = frame.f_code
+        name = _program_file(code.co_filename)
+        if name is not None:
+            return f"{name}:{frame.f_lineno} {code.co_name}", code.co_name
         frame = frame.f_back  # type: ignore[assignment]
     return "?", "tensor"
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -37,14 +38,20 @@ class Touch:
 
 def arguments(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Iterator[tuple[Any, Any]]:
     """(schema argument, value) for every argument given."""
-    schema = func._schema.arguments
+    schema, by_name = _schema(func)
     for i, value in enumerate(args):
         if i < len(schema):
             yield schema[i], value
-    by_name = {a.name: a for a in schema}
     for name, value in kwargs.items():
-        if name in by_name:
-            yield by_name[name], value
+        arg = by_name.get(name)
+        if arg is not None:
+            yield arg, value
+
+
+@cache
+def _schema(func: Any) -> tuple[list[Any], dict[str, Any]]:
+    arguments = list(func._schema.arguments)
+    return arguments, {a.name: a for a in arguments}
 
 
 def _tensors(value: Any) -> Iterator[torch.Tensor]:

@@ -1,4 +1,5 @@
-"""What the runner needs from a backend: a device, and a sequential reference per request."""
+"""What the harness needs from a backend: a device, and each request's expected output (the
+oracle)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from overlapcheck.core.device import Device
 from overlapcheck.core.scenario import RequestSpec, Scenario
 
 
-class Reference(Protocol):
-    """One request's sequential reference: its tokens and how a served token is judged."""
+class Expected(Protocol):
+    """One request's expected output, from the backend's oracle run on the request alone: its
+    tokens, and how a served token is judged against them."""
 
     tokens: list[int]
 
@@ -28,8 +30,8 @@ class Backend(Protocol):
 
     def make_device(self, scenario: Scenario) -> Device: ...
 
-    def reference(self, spec: RequestSpec, max_tokens: int) -> Reference:
-        """The reference for one request instance (a reused uid gets a reference of its own)."""
+    def expected(self, spec: RequestSpec, max_tokens: int) -> Expected:
+        """The expected output of one request instance (a reused uid gets one of its own)."""
         ...
 
 
@@ -43,8 +45,8 @@ class KeepsKvShadow(Protocol):
         ...
 
 
-class ExactReference:
-    """A reference judged token by token for equality."""
+class ExactTokens:
+    """An expected output judged token by token for equality."""
 
     def __init__(self, tokens: list[int]) -> None:
         self.tokens = tokens

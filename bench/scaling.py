@@ -14,7 +14,7 @@ Three measurements per worker count:
   the slowest in docs/faults.md's table), median over `--seeds` seeds, each search from an empty
   example database.
 
-Target (issue 14): at least 0.8 N speed-up on N cores. Run it on a quiet machine with at least as
+Target: at least 0.8 N speed-up on N cores. Run it on a quiet machine with at least as
 many cores as the largest count; the numbers go into docs/scaling.md's table.
 """
 

@@ -130,6 +130,9 @@ class Counterexample:
             self.extra_checks = tuple(
                 _text(c, "checks") for c in _list(data.get("checks", []), "checks")
             )
+            # Exactly the invariants the run that found it checked (the "checks" key holds only
+            # the opt-in ones among them, `extra_checks`).
+            self.invariants: list[str]
             recorded_checks = data.get("invariants")
             if recorded_checks is None:
                 self.invariants = check_specs(self.skip, self.extra_checks, LEGACY_INVARIANTS)
@@ -157,11 +160,6 @@ class Counterexample:
 
     def timing(self) -> Timing:
         return Timing(self.profile, ReplayDelay(self.draws))
-
-    @property
-    def checks(self) -> list[str]:
-        """Exactly the invariants the run that found it checked."""
-        return list(self.invariants)
 
     def scheduler_change(self, scheduler: SchedulerSpec | None = None) -> str | None:
         """One line when the recorded scheduler's source differs from the file on disk now (None

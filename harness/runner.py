@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from overlapcheck.backends.base import Backend, KeepsKvShadow, Reference
+from overlapcheck.backends.base import Backend, Expected, KeepsKvShadow
 from overlapcheck.backends.kv_shadow import KvShadow
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.errors import UserError
@@ -156,7 +156,7 @@ def run_scenario(
     ctx = RunContext(scenario, device, backend.name, None, shadow)
     source = WorkloadSource(scenario.requests, deliveries, cfg, device.trace, lambda: ctx.step)
     wanted = any(inv.id == "oracle" for inv in checks.checks)
-    harness = Harness(ctx, checks, source, _references(scenario, backend, wanted))
+    harness = Harness(ctx, checks, source, _oracle(scenario, backend, wanted))
     if later:
         harness.log = []
     sched = _build(factory, cfg, device, harness)
@@ -175,8 +175,8 @@ def run_scenario(
     violations, notices = checks.violations, ctx.notices
     if later:
         assert harness.log is not None
-        references = _references(scenario, backend, any(inv.id == "oracle" for inv in later))
-        late, late_notices = check_after(later, harness.log, ctx, keep_going, references, completed)
+        oracle = _oracle(scenario, backend, any(inv.id == "oracle" for inv in later))
+        late, late_notices = check_after(later, harness.log, ctx, keep_going, oracle, completed)
         # At one step the deferred (message-time) checks come first, as they would online.
         violations = sorted(late + violations, key=lambda v: v.step)
         violations = violations if keep_going else violations[:1]
@@ -193,31 +193,32 @@ def run_scenario(
         wall_seconds=time.perf_counter() - started,
         scheduler=sched,
         notices=notices,
-        requests=ctx.book.requests,
+        requests=ctx.ledger.requests,
         checks=checks.checks + later,
     )
 
 
-def _references(
+def _oracle(
     scenario: Scenario, backend: Backend, wanted: bool
-) -> Callable[[UserMsg, int], Reference | None]:
-    """References for the workload's requests, computed before the run: a real engine's oracle
-    must not run between iterations (it would stall the host mid-run and move the very timing a
-    replay sets up). Only a message the workload could not list (a follow-up, whose prompt grows
-    from what was sent) gets one on receipt. None at all when no check reads them."""
+) -> Callable[[UserMsg, int], Expected | None]:
+    """Each request's expected output, computed before the run for the workload's requests: a
+    real engine's oracle must not run between iterations (it would stall the host mid-run and
+    move the very timing a replay sets up). Only a message the workload could not list (a
+    follow-up, whose prompt grows from what was sent) gets one on receipt. None at all when no
+    check reads them."""
     by_msg: dict[UserMsg, list[RequestSpec]] = {}
     for spec in scenario.requests:
         if spec.after is None:  # a follow-up's prompt is known when it is sent: built from msg
             by_msg.setdefault(user_msg(spec), []).append(spec)
-    ready: dict[tuple[RequestSpec, int], Reference] = {}
+    ready: dict[tuple[RequestSpec, int], Expected] = {}
     if wanted:
         for msg, specs in by_msg.items():
             if rejection(scenario.config, msg, live=False) is None:
-                ready[(specs[0], max_output(scenario.config, msg))] = backend.reference(
+                ready[(specs[0], max_output(scenario.config, msg))] = backend.expected(
                     specs[0], max_output(scenario.config, msg)
                 )
 
-    def reference(msg: UserMsg, limit: int) -> Reference | None:
+    def expected(msg: UserMsg, limit: int) -> Expected | None:
         if not wanted:
             return None
         specs = by_msg.get(msg)
@@ -231,12 +232,12 @@ def _references(
                 ignore_eos=msg.sampling_params.ignore_eos,
             )
         )
-        # Each precomputed reference serves one request: a real engine's judges token by token
+        # Each precomputed one serves one request: a real engine's judges token by token
         # (teacher forcing) and keeps state. A repeat of the same message gets a fresh one.
         found = ready.pop((spec, limit), None)
-        return found if found is not None else backend.reference(spec, limit)
+        return found if found is not None else backend.expected(spec, limit)
 
-    return reference
+    return expected
 
 
 def _build(
@@ -287,7 +288,7 @@ def outcomes(ctx: RunContext) -> list[RequestOutcome]:
     """Each request instance's tokens and finish reason, in arrival order."""
     eos = ctx.config.eos_token_id
     out = []
-    for req in ctx.book.requests:
+    for req in ctx.ledger.requests:
         if req.rejected or req.rejection is not None:
             reason = "rejected" if req.rejected else "unfinished"
         elif req.finished_step is not None:

@@ -7,18 +7,26 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import suppress
-from typing import Any, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
-from overlapcheck.backends.base import Reference
+from overlapcheck.backends.base import Expected
 from overlapcheck.core.errors import InvariantError
-from overlapcheck.core.messages import InMsg, OutMsg, TokenMsg, UserMsg
+from overlapcheck.core.messages import AbortMsg, InMsg, OutMsg, TokenMsg, UserMsg
 from overlapcheck.core.protocol import MessageSource, SchedulerUnderTest
 from overlapcheck.core.trace import Message
 from overlapcheck.harness.crash import CheckerBug, crash_violation
 from overlapcheck.invariants.base import Invariant, InvariantViolated, Violation
 from overlapcheck.invariants.context import Request, RunContext, TracePrefix
 
-Event = tuple[str, Any, int, int, float]  # kind, message, iteration, ops issued, time
+
+class Logged(NamedTuple):
+    """One event of a run, kept for the checks deferred to after it."""
+
+    kind: Literal["receive", "send", "end"]  # a message received or sent, an iteration's end
+    msg: InMsg | OutMsg | None
+    step: int  # the iteration
+    num_ops: int  # operations issued by then
+    time: float
 
 
 class Checks:
@@ -126,15 +134,15 @@ class Harness:
         ctx: RunContext,
         checks: Checks,
         source: Workload,
-        reference: Callable[[UserMsg, int], Reference | None],
+        expected: Callable[[UserMsg, int], Expected | None],
     ) -> None:
         self.ctx = ctx
         self.checks = checks
         self.inner = source
-        self.reference = reference
+        self.expected = expected
         self._observe = source.observe  # looked up once: called for every message sent
         # (kind, message, iteration, ops issued, time) for the checks deferred to after the run
-        self.log: list[Event] | None = None
+        self.log: list[Logged] | None = None
 
     # the MessageSource the scheduler sees
     def poll(self, now: float) -> list[InMsg]:
@@ -144,8 +152,8 @@ class Harness:
             kind = "user" if isinstance(msg, UserMsg) else "abort"
             ctx.trace.received.append(Message(ctx.now(), ctx.step, msg.uid, kind))
             if self.log is not None:
-                self.log.append(("receive", msg, ctx.step, len(ctx.trace.ops), ctx.now()))
-            req = ctx.book.receive(msg, ctx.step, self.reference)
+                self.log.append(Logged("receive", msg, ctx.step, len(ctx.trace.ops), ctx.now()))
+            req = ctx.ledger.receive(msg, ctx.step, self.expected)
             self.checks.notify("on_receive", msg, req)
         return msgs
 
@@ -162,8 +170,8 @@ class Harness:
             record = Message(now, step, msg.uid, "reject", reason=msg.reason)
         ctx.trace.messages.append(record)
         if self.log is not None:
-            self.log.append(("send", msg, step, len(ctx.trace.ops), now))
-        req = ctx.book.answer(msg, step)
+            self.log.append(Logged("send", msg, step, len(ctx.trace.ops), now))
+        req = ctx.ledger.answer(msg, step)
         self._observe(msg, now)
         self.checks.message(msg, req, len(ctx.trace.ops))
 
@@ -173,7 +181,7 @@ def drive(
     ctx: RunContext,
     checks: Checks,
     bound: int,
-    log: list[Event] | None,
+    log: list[Logged] | None,
 ) -> bool:
     """Step the scheduler until idle; True if the run got to its end-of-run checks."""
     device = ctx.device
@@ -189,10 +197,10 @@ def drive(
                 break
             checks.notify("on_step_end")
             if log is not None:
-                log.append(("end", None, ctx.step, len(ctx.trace.ops), ctx.now()))
+                log.append(Logged("end", None, ctx.step, len(ctx.trace.ops), ctx.now()))
             ctx.step += 1
             if ctx.step > bound:
-                stuck = tuple(sorted(r.uid for r in ctx.book.live.values()))
+                stuck = tuple(sorted(r.uid for r in ctx.ledger.live.values()))
                 checks.record(
                     Violation(
                         "liveness",
@@ -228,14 +236,14 @@ def record_quietly(checks: Checks, violation: Violation) -> None:
 
 def check_after(
     later: list[Invariant],
-    log: list[Event],
+    log: list[Logged],
     ran: RunContext,
     keep_going: bool,
-    references: Callable[[UserMsg, int], Reference | None],
+    expected: Callable[[UserMsg, int], Expected | None],
     completed: bool,
 ) -> tuple[list[Violation], list[str]]:
     """The deferred checks, over the run's recorded events: each sees the trace as it stood, the
-    time and the iteration of the event, and a request book rebuilt event by event."""
+    time and the iteration of the event, and a request ledger rebuilt event by event."""
     ctx = RunContext(ran.scenario, ran.device, ran.backend_name, ran.scheduler, ran.kv_shadow)
     view = TracePrefix(ran.device.trace)
     ctx.view, ctx.live_books = view, False
@@ -243,17 +251,18 @@ def check_after(
     for inv in later:
         inv.bind(ctx)
     try:
-        for kind, msg, step, num_ops, now in log:
-            ctx.step, ctx.frozen_now = step, now
-            view.at(num_ops)
-            if kind == "receive":
-                req = ctx.book.receive(msg, step, references)
-                checks.notify("on_receive", msg, req)
-            elif kind == "send":
-                req = ctx.book.answer(msg, step)
-                checks.message(msg, req, num_ops)
-            else:
+        for event in log:
+            msg, step = event.msg, event.step
+            ctx.step, ctx.frozen_now = step, event.time
+            view.at(event.num_ops)
+            if msg is None:
                 checks.notify("on_step_end")
+            elif isinstance(msg, UserMsg | AbortMsg):
+                req = ctx.ledger.receive(msg, step, expected)
+                checks.notify("on_receive", msg, req)
+            else:
+                req = ctx.ledger.answer(msg, step)
+                checks.message(msg, req, event.num_ops)
         if completed:  # the run reached its end-of-run checks: so do these, on the final state
             view.at(len(ran.device.trace.ops))
             ctx.step, ctx.frozen_now, ctx.live_books = ran.step, ran.now(), True

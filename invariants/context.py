@@ -22,7 +22,7 @@ from overlapcheck.invariants.forward_shape import ShapeCache
 from overlapcheck.invariants.races import Clocks
 
 if TYPE_CHECKING:
-    from overlapcheck.backends.base import Reference
+    from overlapcheck.backends.base import Expected
     from overlapcheck.core.scenario import Scenario
 
 
@@ -35,7 +35,7 @@ class Request:
     received_step: int
     max_output: int
     rejection: str | None  # why the rules say it must be rejected; None: it must be served
-    reference: Reference | None = None
+    expected: Expected | None = None  # the oracle's output for it; None: not checked
     tokens: list[int] = field(default_factory=list)
     finished_step: int | None = None
     aborted_step: int | None = None
@@ -58,8 +58,9 @@ class Request:
         )
 
 
-class RequestBook:
-    """Every request instance, and which one a uid's message belongs to."""
+class RequestLedger:
+    """Every request instance as the harness saw it (not the scheduler's `books()`), and which one
+    a uid's message belongs to."""
 
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
@@ -69,7 +70,7 @@ class RequestBook:
         self._to_reject: dict[int, list[Request]] = {}  # uid -> requests owed a RejectMsg
 
     def receive(
-        self, msg: InMsg, step: int, reference: Callable[[UserMsg, int], Reference | None]
+        self, msg: InMsg, step: int, expected: Callable[[UserMsg, int], Expected | None]
     ) -> Request | None:
         """Book an incoming message; the request it creates (user) or targets (abort)."""
         if isinstance(msg, AbortMsg):
@@ -83,7 +84,7 @@ class RequestBook:
         self.requests.append(req)
         self.latest[msg.uid] = req
         if reason is None:
-            req.reference = reference(msg, limit)
+            req.expected = expected(msg, limit)
             self.live[msg.uid] = req
         else:
             self._to_reject.setdefault(msg.uid, []).append(req)
@@ -170,7 +171,7 @@ class RunContext:
         self.shapes = ShapeCache(scenario.config.max_seq_len)  # forwards' rows and lengths
         self.backend_name = backend_name
         self.scheduler = scheduler
-        self.book = RequestBook(scenario.config)
+        self.ledger = RequestLedger(scenario.config)  # the requests as received and answered
         self.step = 0
         self.notices: list[str] = []
         self._books: Books | None = None  # this iteration's, read by several checks

@@ -58,7 +58,7 @@ class ExactLength(Invariant):
             self.fail(f"token {n} is EOS but not `finished`", (msg.uid,))
 
     def finish(self) -> None:
-        owed = self.run.book.owed_rejections()
+        owed = self.run.ledger.owed_rejections()
         if owed:
             uids = tuple(r.uid for r in owed)
             self.fail(f"never rejected though the rules reject them: uids {list(uids)}", uids)
@@ -81,9 +81,9 @@ class AbortSilent(Invariant):
         books = self.run.books()
         if books is None:
             return
-        aborted = {r.uid for r in self.run.book.requests if r.aborted_step is not None}
+        aborted = {r.uid for r in self.run.ledger.requests if r.aborted_step is not None}
         held = sorted(
-            h.uid for h in books.live if h.uid in aborted and h.uid not in self.run.book.live
+            h.uid for h in books.live if h.uid in aborted and h.uid not in self.run.ledger.live
         )
         if held:
             self.fail(f"aborted requests {held} still hold resources at the end", tuple(held))

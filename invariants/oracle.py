@@ -1,4 +1,6 @@
-"""Every request's tokens equal the sequential reference (the model run on the request alone)."""
+"""Every request's tokens equal its expected output: the oracle, the model run on the request alone.
+
+The messages call it "the reference", the word users of the oracle check already read."""
 
 from __future__ import annotations
 
@@ -11,16 +13,16 @@ class Oracle(Invariant):
     id = "oracle"
 
     def on_message(self, msg: OutMsg, req: Request | None) -> None:
-        if not isinstance(msg, TokenMsg) or req is None or req.late or req.reference is None:
+        if not isinstance(msg, TokenMsg) or req is None or req.late or req.expected is None:
             return
-        k = len(req.tokens) - 1  # the book appended this token already
-        expected = req.reference.tokens
+        k = len(req.tokens) - 1  # the ledger appended this token already
+        expected = req.expected.tokens
         if k >= len(expected) and expected:
             self.fail(
                 f"token #{k + 1} = {msg.token}, the reference ends after {len(expected)}",
                 (msg.uid,),
             )
-        if not req.reference.matches(k, msg.token):
+        if not req.expected.matches(k, msg.token):
             self.fail(
                 f"token #{k + 1} = {msg.token}, the reference says "
                 f"{expected[k] if k < len(expected) else 'nothing'}",

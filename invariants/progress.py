@@ -56,12 +56,12 @@ class Progress(Invariant):
         self._pull()
         if self.since is None:
             return
-        if not self.run.book.live:
+        if not self.run.ledger.live:
             self.since, self.preemptions = None, 0
             return
         limit = bound(self.run.config)
         if self.run.step - self.since >= limit:
-            live = tuple(sorted(self.run.book.live))
+            live = tuple(sorted(self.run.ledger.live))
             self.fail(
                 f"{self.preemptions} preemptions since step {self.since} (the first: "
                 f"{self.first}) and no request gained a token in {limit} iterations while "

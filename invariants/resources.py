@@ -228,7 +228,7 @@ class Liveness(Invariant):
     id = "liveness"
 
     def finish(self) -> None:
-        stuck = sorted(self.run.book.live)
+        stuck = sorted(self.run.ledger.live)
         if stuck:
             self.fail(f"requests {stuck} never finished", tuple(stuck))
         books = self.run.books()

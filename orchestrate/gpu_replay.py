@@ -67,7 +67,7 @@ def replay_once(
 ) -> tuple[Verdict, RunResult]:
     planned = backend.planned(DevicePlan(tuple(plan.sleeps), plan.gates))
     # Every violation (keep going): the verdict asks whether the recorded one manifested.
-    checks = [i for i in cex.checks if i != NoRace.id]
+    checks = [i for i in cex.invariants if i != NoRace.id]
     factory = None if cex.scheduler.is_reference else cex.scheduler.factory()
     result = run_scenario(
         cex.scenario, planned, checks, deliveries=deliveries, scheduler=factory, keep_going=True

@@ -15,7 +15,7 @@ def replay_on_sim(cex: Counterexample, scheduler: SchedulerSpec | None = None) -
     """Run `cex` as recorded, with the recorded scheduler unless `scheduler` overrides it."""
     spec = scheduler or cex.scheduler
     factory = None if spec.is_reference else spec.factory()
-    return run_scenario(cex.scenario, SimBackend(cex.timing()), cex.checks, scheduler=factory)
+    return run_scenario(cex.scenario, SimBackend(cex.timing()), cex.invariants, scheduler=factory)
 
 
 class Judgement(NamedTuple):

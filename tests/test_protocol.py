@@ -168,10 +168,10 @@ def test_requests_are_instances_a_uid_may_come_back() -> None:
     reasons = [(o.uid, o.finish_reason, len(o.tokens)) for o in result.outcomes]
     assert reasons == [(7, "length", 3), (7, "rejected", 0), (7, "length", 4)]
     first, duplicate, third = result.requests
-    assert duplicate.rejected and duplicate.reference is None
-    assert first.reference is not None and third.reference is not None
-    assert first.tokens == first.reference.tokens[:3]
-    assert third.tokens == third.reference.tokens[:4]
+    assert duplicate.rejected and duplicate.expected is None
+    assert first.expected is not None and third.expected is not None
+    assert first.tokens == first.expected.tokens[:3]
+    assert third.tokens == third.expected.tokens[:4]
 
 
 def test_keep_going_records_every_violation_once_per_request() -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from transformers import PretrainedConfig
 
-from overlapcheck.backends.base import ExactReference, Reference
+from overlapcheck.backends.base import ExactTokens, Expected
 from overlapcheck.backends.gpu.device import DevicePlan, TorchDevice
 from overlapcheck.backends.gpu.engine import Engine
 from overlapcheck.backends.gpu.model import DecoderModel
@@ -34,7 +34,7 @@ DEFAULT_PRESET = "tiny"
 
 
 class _AnyToken:
-    """No reference (benchmarks without the oracle): every token matches."""
+    """No oracle (benchmarks): every token matches."""
 
     def __init__(self) -> None:
         self.tokens: list[int] = []
@@ -43,8 +43,8 @@ class _AnyToken:
         return True
 
 
-class _ForcedReference:
-    """bf16: each token within a logit margin of the reference's argmax under teacher forcing."""
+class _WithinMargin:
+    """bf16: each token within a logit margin of the oracle's argmax under teacher forcing."""
 
     def __init__(self, tokens: list[int], forcing: TeacherForcing, margin: float) -> None:
         self.tokens = tokens
@@ -58,9 +58,9 @@ class _ForcedReference:
 
 
 class TorchBackend:
-    """One model (weights loaded once), a fresh device per run, HF as the reference.
+    """One model (weights loaded once), a fresh device per run, HF as the oracle.
 
-    `oracle=False` skips the reference (benchmarks): `reference` is then empty and every token
+    `oracle=False` skips the oracle (benchmarks): `expected` is then empty and every token
     matches, so run without the `oracle` invariant. `graph_sizes` captures CUDA graphs for greedy
     decode batches of those sizes on every new device.
     """
@@ -129,19 +129,19 @@ class TorchBackend:
                     self._no_gates = f"no gate on this device: {type(err).__name__}: {err}"
         return self._no_gates or None
 
-    def reference(self, spec: RequestSpec, max_tokens: int) -> Reference:
+    def expected(self, spec: RequestSpec, max_tokens: int) -> Expected:
         if self.oracle is None:
             return _AnyToken()
         ref = list(self.oracle.greedy(spec.prompt, max_tokens))
-        # Exact (CPU): the request ends where the reference says EOS. bf16 (CUDA): tokens are
+        # Exact (CPU): the request ends where the oracle says EOS. bf16 (CUDA): tokens are
         # judged one by one under teacher forcing, so the engine may end elsewhere (within margin).
         if self.exact:
             if not spec.ignore_eos and self._eos in ref:
                 ref = ref[: ref.index(self._eos) + 1]
-            return ExactReference(ref)
+            return ExactTokens(ref)
         forcing = self.oracle.forcing(spec.prompt)
         self._forcing.append(forcing)
-        return _ForcedReference(ref, forcing, self.margin)
+        return _WithinMargin(ref, forcing, self.margin)
 
     def max_deficit(self) -> float:
         """The largest logit deficit seen under teacher forcing in the last run (CUDA)."""
@@ -167,8 +167,8 @@ class PlannedBackend:
     def make_device(self, scenario: Scenario) -> TorchDevice:
         return self.backend.make_device(scenario, self.plan)
 
-    def reference(self, spec: RequestSpec, max_tokens: int) -> Reference:
-        return self.backend.reference(spec, max_tokens)
+    def expected(self, spec: RequestSpec, max_tokens: int) -> Expected:
+        return self.backend.expected(spec, max_tokens)
 
     @property
     def device(self) -> TorchDevice | None:

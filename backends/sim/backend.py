@@ -1,8 +1,9 @@
-"""The simulator as a runner backend: a SimDevice and the toy model as the sequential reference."""
+"""The simulator as a backend: a SimDevice, and the toy model run on each request alone as the
+oracle."""
 
 from __future__ import annotations
 
-from overlapcheck.backends.base import ExactReference
+from overlapcheck.backends.base import ExactTokens
 from overlapcheck.backends.kv_shadow import KvShadow
 from overlapcheck.backends.sim.device import SimDevice
 from overlapcheck.backends.sim.timing import Timing
@@ -41,6 +42,6 @@ class SimBackend:
         self.device = SimDevice(cfg, self.model, self.timing, shadow)
         return self.device
 
-    def reference(self, spec: RequestSpec, max_tokens: int) -> ExactReference:
+    def expected(self, spec: RequestSpec, max_tokens: int) -> ExactTokens:
         assert self.model is not None, "make_device first"
-        return ExactReference(self.model.generate(spec.prompt, max_tokens, spec.ignore_eos))
+        return ExactTokens(self.model.generate(spec.prompt, max_tokens, spec.ignore_eos))

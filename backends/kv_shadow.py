@@ -157,6 +157,14 @@ class KvShadow:
         out = self.hash.pow[j] * (base[rows] + running - offset[rows])
         return out
 
+    def save(self, cells: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """What `cells` hold, for a KV copy to the host (keys, writers and positions)."""
+        return self.key[cells].copy(), self.meta[cells].copy()
+
+    def restore(self, cells: np.ndarray, saved: tuple[np.ndarray, np.ndarray]) -> None:
+        """A KV copy back: `cells` hold what the saved cells held (the same KV, moved)."""
+        self.key[cells], self.meta[cells] = saved
+
     def write(self, op: int, samples: Sequence[int]) -> None:
         rec = self.reads[op]
         rows, cols = rec.new

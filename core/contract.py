@@ -10,6 +10,7 @@ import numpy as np
 
 from overlapcheck.core.batch import BatchInput, RowWrite, SeqWork
 from overlapcheck.core.config import SchedulerConfig
+from overlapcheck.core.device import KvCopy
 from overlapcheck.core.errors import InvariantError
 from overlapcheck.core.trace import PAGE_TABLE, TOKEN_POOL
 
@@ -81,6 +82,17 @@ def check_kv_cells(config: SchedulerConfig, batch: BatchInput, context: np.ndarr
 
 def _where(batch: BatchInput, seq: SeqWork) -> str:
     return f"batch {batch.label}, request {seq.uid}"
+
+
+def check_kv_copy(config: SchedulerConfig, saved: KvCopy, cells: Sequence[int]) -> None:
+    """A KV copy moves as many cells as its host buffer holds, all inside the KV pool."""
+    if len(cells) != saved.length:
+        raise ContractError(
+            f"KV copy kv{saved.id} of {saved.length} cells given {len(cells)} cells (request "
+            f"{saved.uid})"
+        )
+    if cells and not (min(cells) >= 0 and max(cells) < config.num_cells):
+        raise ContractError(f"KV copy kv{saved.id}: a KV cell outside 0..{config.num_cells - 1}")
 
 
 def check_rows(config: SchedulerConfig, buffer: str, writes: Sequence[RowWrite]) -> None:

@@ -2,9 +2,12 @@
 
 The contract, for every backend:
 
-* Two streams, `scheduler_stream` and `engine_stream`. Work issued on a stream runs later, in issue
-  order on that stream, asynchronously to the host and to the other stream. Nothing orders the two
-  streams except `wait_stream` and `wait_event`.
+* Two streams, `scheduler_stream` and `engine_stream`, and a third agent, `transfer_stream`, for
+  KV copies between the device's KV pool and the host (`offload_kv` / `load_kv`: preemption by
+  swap, the KV send of prefill/decode disaggregation). Work issued on a stream runs later, in issue
+  order on that stream, asynchronously to the host and to the other streams. Nothing orders two
+  streams except `wait_stream` and `wait_event`: in particular a KV copy is not ordered with the
+  forwards that write or read those cells unless the scheduler orders it.
 * The host only learns that stream work ran by waiting on an `Event` recorded after it
   (`Event.synchronize`). Reading device results without such a wait is a race.
 * Every call records its footprint (who, which buffer cells, read or write, which synchronisation)
@@ -39,6 +42,20 @@ class Stream:
     """A device queue; `name` is its agent name in the trace."""
 
     name: str
+
+
+@dataclass(frozen=True, slots=True)
+class KvCopy:
+    """KV cells copied to a pinned host buffer of their own by `offload_kv`: `length` cells, in
+    the order given, for request `uid`. `buffer` names the host buffer in the trace."""
+
+    id: int
+    uid: int
+    length: int
+
+    @property
+    def buffer(self) -> str:
+        return f"host:kv{self.id}"
 
 
 class Event(ABC):
@@ -76,6 +93,7 @@ class Device(ABC):
     trace: Trace
     scheduler_stream: Stream
     engine_stream: Stream
+    transfer_stream: Stream
 
     @abstractmethod
     def now(self) -> float:
@@ -131,4 +149,23 @@ class Device(ABC):
         slot of the batch's parity, attend over the paged KV, write the new KV, sample, write each
         sample into `token_pool[out_row, out_col]`, then copy the samples into a fresh pinned host
         buffer (D2H on the same stream). Nothing here waits; the caller orders it.
+        """
+
+    @abstractmethod
+    def offload_kv(self, uid: int, cells: Sequence[int], stream: Stream) -> KvCopy:
+        """Enqueue on `stream` a D2H of the KV cells `cells` (every layer's K and V, in order)
+        into a fresh pinned host buffer, for request `uid`.
+
+        The copy reads the cells when it runs: the caller orders it after the forwards that write
+        them (`wait_stream(stream, engine_stream)`), and gives the cells to another request only
+        once the copy ran (a wait on an event recorded after it, by the host or by the stream of
+        the next writer). Reading the copy's values is `load_kv`'s business only.
+        """
+
+    @abstractmethod
+    def load_kv(self, saved: KvCopy, cells: Sequence[int], stream: Stream) -> None:
+        """Enqueue on `stream` a H2D of `saved` into the KV cells `cells` (as many as saved), run
+        later. The caller orders it after the copy that filled `saved` and after the last users
+        of `cells`, and orders the forwards that read `cells` after it (an event recorded after
+        it, waited on by their stream).
         """

@@ -13,10 +13,12 @@ import numpy as np
 
 from overlapcheck.core.batch import METADATA_FIELDS, BatchInput, RowWrite, SeqWork
 from overlapcheck.core.config import SchedulerConfig
-from overlapcheck.core.contract import check_batch, check_kv_cells
+from overlapcheck.core.contract import check_batch, check_kv_cells, check_kv_copy
+from overlapcheck.core.device import KvCopy
 from overlapcheck.core.trace import (
     HOST,
     KV,
+    KV_OFFLOAD,
     METADATA,
     PAGE_TABLE,
     STAGING,
@@ -215,6 +217,23 @@ class FootprintRecorder:
         buffer = host_output_buffer(batch.batch_id)
         self.trace.sizes[buffer] = len(batch.seqs)
         return [Access(TOKEN_POOL, sampled, "r"), Access(buffer, out, "w")]
+
+    def kv_copy(
+        self, kind: str, stream: str, issue: float, saved: KvCopy, cells: Sequence[int]
+    ) -> Op:
+        """A KV offload (`kv_offload`: KV cells read, the host buffer written) or load
+        (`kv_load`: the host buffer read, KV cells written), after the contract check."""
+        check_kv_copy(self.config, saved, cells)
+        kv = np.fromiter(cells, np.int64, len(cells))
+        host = np.arange(saved.length, dtype=np.int64)
+        self.trace.sizes[saved.buffer] = max(saved.length, 1)
+        if kind == KV_OFFLOAD:
+            accesses = [Access(KV, kv, "r"), Access(saved.buffer, host, "w")]
+            label = f"offload kv{saved.id}"
+        else:
+            accesses = [Access(saved.buffer, host, "r"), Access(KV, kv, "w")]
+            label = f"load kv{saved.id}"
+        return self.op(stream, kind, issue, label=label, uids=(saved.uid,), accesses=accesses)
 
     def staging_write(self, batch: BatchInput, issue: float) -> Op:
         return self.op(

@@ -27,6 +27,9 @@ PAGE_TABLE = "page_table"
 KV = "kv"
 METADATA = "metadata"
 STAGING = "host:staging"
+# Op kinds of the transfer stream's KV copies (`Device.offload_kv`, `Device.load_kv`).
+KV_OFFLOAD = "kv_offload"
+KV_LOAD = "kv_load"
 
 
 def host_output_buffer(batch_id: int) -> str:

@@ -18,12 +18,10 @@ import numpy as np
 
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.messages import InMsg, OutMsg, TokenMsg, UserMsg
-from overlapcheck.core.trace import TOKEN_POOL, Op
+from overlapcheck.core.trace import KV_OFFLOAD, TOKEN_POOL, Op
 from overlapcheck.invariants.base import Invariant
 from overlapcheck.invariants.context import Request
 from overlapcheck.invariants.forwards import ForwardFeed
-
-KV_OFFLOAD = "kv_offload"  # the trace kind of a swap-out (`core/footprints.py`)
 
 
 def bound(config: SchedulerConfig) -> int:

@@ -34,6 +34,7 @@ COPY_DONE_WRONG_STREAM = "copy-done-wrong-stream"
 RETRACT_SKIPS_INFLIGHT = "retract-skips-inflight"
 PREEMPT_RESET_EARLY = "preempt-reset-early"
 PREEMPT_CASCADE = "preempt-cascade"
+SWAP_FREE_BEFORE_OFFLOAD = "swap-free-before-offload"
 
 FAULTS: dict[str, Fault] = {
     f.name: f
@@ -157,6 +158,18 @@ FAULTS: dict[str, Fault] = {
             "vLLM #49674, #49675 (preemption that frees nothing and cascades with zero progress)",
             ("progress",),
         ),
+        Fault(
+            SWAP_FREE_BEFORE_OFFLOAD,
+            "A request preempted by swap has its KV offloaded on the transfer stream, and its "
+            "pages go back once its in-flight batch is processed, without ordering the engine "
+            "stream after the offload. The transfer stream is not ordered with compute, so the "
+            "next forward that takes those pages can write them while the offload still reads "
+            "them: the request swaps back in with another request's KV, and the user gets wrong "
+            "tokens. The fix makes the engine stream wait for the offload's event first.",
+            "vLLM #45357, #33377 (KV blocks freed while a newer step or a KV transfer still uses "
+            "them)",
+            ("no-race", "kv-provenance", "oracle"),
+        ),
     )
 }
 
@@ -172,6 +185,7 @@ PREEMPTION_FAULT_CONFIG: dict[str, Needs] = {
     RETRACT_SKIPS_INFLIGHT: Needs("recompute", "retract-decode"),
     PREEMPT_RESET_EARLY: Needs("recompute", "allocation-failure"),
     PREEMPT_CASCADE: Needs("recompute", "retract-decode"),
+    SWAP_FREE_BEFORE_OFFLOAD: Needs("swap", "allocation-failure"),
 }
 
 

@@ -8,8 +8,9 @@ makes room by preempting (`config.preemption`):
   cache, like any release) and is queued at the front; admitted again, it is prefilled from its
   prompt + the outputs it was sent (its `fill`), and decodes on.
 * `swap`: its KV is copied to the host on the transfer stream, its pages and slot go back once the
-  copy ran; admitted again, pages are allocated, the KV copied back, and it decodes on without a
-  prefill (`reference/swap.py`).
+  engine stream is ordered after that copy; brought back, pages are allocated, the KV copied back,
+  and it decodes on without a prefill (`reference/swap.py`). Its in-flight result is kept under
+  either policy: there is nothing to recompute.
 
 When (`config.preempt_policy`):
 
@@ -32,10 +33,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from overlapcheck.core.config import SchedulerConfig
+from overlapcheck.core.device import Device
 from overlapcheck.reference import faults as F
 from overlapcheck.reference.cache.manager import CacheManager
 from overlapcheck.reference.decode import DecodeManager
 from overlapcheck.reference.req import Req, ReqState
+from overlapcheck.reference.swap import Swapper
 from overlapcheck.reference.table import TableManager
 
 
@@ -62,6 +65,7 @@ class Preemption:
     def __init__(
         self,
         config: SchedulerConfig,
+        device: Device,
         cache: CacheManager,
         table: TableManager,
         decode: DecodeManager,
@@ -76,7 +80,24 @@ class Preemption:
         self.held = held
         self.on_demand = config.page_alloc == "on-demand"
         self.retract = config.preempt_policy == "retract-decode"
+        self.swapper = (
+            Swapper(config, device, cache, table, decode) if config.preemption == "swap" else None
+        )
         self.count = 0  # preemptions so far
+
+    @property
+    def swapped(self) -> list[Req]:
+        """Requests whose KV is on the host, waiting to come back."""
+        return self.swapper.queue if self.swapper is not None else []
+
+    def swap_in(self, reserved: int) -> None:
+        if self.swapper is not None and self.swapper.queue:
+            self.swapper.swap_in(reserved)
+
+    def forget(self, req: Req) -> None:
+        """A preempted request ended (its kept result finished it, or an abort)."""
+        if self.swapper is not None:
+            self.swapper.forget(req)
 
     # -- making room --------------------------------------------------------------------------
 
@@ -144,16 +165,21 @@ class Preemption:
         victim.state = ReqState.PENDING
         victim.preempted = True
         victim.resume_at = len(victim.outputs)
-        if self.retract:
-            victim.drop = victim.inflight  # SGLang: `if req.is_retracted: continue`
         self.decode.remove(victim)
-        self.requeue(victim)
+        if self.swapper is not None:  # its in-flight result is kept: nothing to recompute
+            self.swapper.swap_out(victim)
+        else:
+            if self.retract:
+                victim.drop = victim.inflight  # SGLang: `if req.is_retracted: continue`
+            self.requeue(victim)
         self.settle(victim)
 
     def settle(self, req: Req) -> None:
         """Give a preempted request's slot and pages back once no launched batch holds it."""
         if req.slot < 0 or req.inflight > 0:
             return
+        if self.swapper is not None:
+            self.swapper.before_free(req)
         self.cache.release(req)
         self.table.free(req.slot)
         req.slot = -1

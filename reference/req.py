@@ -45,12 +45,11 @@ class Req:
     released: bool = False
     # Preemption (reference/preemption.py). `resumed`: outputs folded into the prefill of a
     # recompute (its "fill": prompt + those outputs). `drop`: in-flight results to drop (a request
-    # retracted SGLang-style). `swapped`: its KV is on the host (swap).
+    # retracted SGLang-style).
     preempted: bool = False
     resumed: int = 0
     resume_at: int = 0  # outputs received when it was preempted
     drop: int = 0
-    swapped: object = None
     preemptions: int = 0
 
     @property

@@ -63,7 +63,7 @@ class Scheduler:
         self.held: list[Req] = []
         self.live: dict[int, Req] = {}
         self.preemption = Preemption(
-            config, self.cache, self.table, self.decode, self.prefill.requeue, self.held
+            config, device, self.cache, self.table, self.decode, self.prefill.requeue, self.held
         )
         self.step_no = 0
         self.inflight: Launched | None = None
@@ -74,7 +74,12 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return self.prefill.has_work or bool(self.decode.running) or self.inflight is not None
+        return (
+            self.prefill.has_work
+            or bool(self.decode.running)
+            or self.inflight is not None
+            or bool(self.preemption.swapped)
+        )
 
     def books(self) -> Books:
         """The resource books (the protocol's optional capability), after checking the prefix
@@ -101,7 +106,7 @@ class Scheduler:
             free_pages=tuple(self.cache.allocator.free_pages()),
             cached_pages=tuple(self.cache.prefix.cached_pages()),
             locked_pages=tuple(self.cache.prefix.locked_pages()),
-            pending=tuple(r.uid for r in self.prefill.pending),
+            pending=tuple(r.uid for r in (*self.prefill.pending, *self.preemption.swapped)),
         )
 
     def check_integrity(self) -> None:
@@ -186,7 +191,9 @@ class Scheduler:
             return  # unknown, or already finished: nothing to cancel
         was = req.state
         req.state = ReqState.ABORTED
-        req.preempted = False
+        if req.preempted:
+            req.preempted = False
+            self.preemption.forget(req)
         del self.live[req.uid]
         self.prefill.remove(req)
         self.decode.remove(req)
@@ -231,6 +238,7 @@ class Scheduler:
 
     def _schedule(self) -> tuple[BatchInput | None, tuple[Req, ...]]:
         # The policy measures waiting in passes: this iteration's number is the clock.
+        self.preemption.swap_in(self._reserved_pages())
         chunks, _ = self.prefill.schedule(self._reserved_pages(), step=self.step_no)
         phase: Phase = "prefill"
         if not chunks:
@@ -323,6 +331,7 @@ class Scheduler:
             if req.preempted:  # its kept in-flight result ended it
                 req.preempted = False
                 self.prefill.remove(req)
+                self.preemption.forget(req)
             req.state = ReqState.FINISHED
             if self.live.get(req.uid) is req:
                 del self.live[req.uid]

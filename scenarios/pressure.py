@@ -25,7 +25,7 @@ from overlapcheck.scenarios.draws import EOS, US, rarely, tokens
 # (low, high) eighths of their outputs (and two slots or more).
 CONCURRENT_IN_EIGHTHS = 7
 CONCURRENT_EIGHTHS = (0, 3)
-DRAWN_MODES: tuple[PreemptionKind, ...] = ("none", "recompute")
+DRAWN_MODES: tuple[PreemptionKind, ...] = ("none", "recompute", "swap")
 
 
 def preempts(faults: frozenset[str]) -> bool:

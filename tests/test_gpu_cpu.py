@@ -29,6 +29,7 @@ from overlapcheck.core.errors import UserError  # noqa: E402
 from overlapcheck.core.messages import SamplingParams  # noqa: E402
 from overlapcheck.core.scenario import RequestSpec, Scenario  # noqa: E402
 from overlapcheck.harness.runner import RunResult, run_scenario  # noqa: E402
+from overlapcheck.harness.scheduler_spec import SchedulerSpec  # noqa: E402
 from overlapcheck.scenarios.named import NAMED, named_scenario  # noqa: E402
 
 
@@ -59,6 +60,25 @@ def test_matrix_tokens_equal_hf_greedy(
 @pytest.mark.parametrize("name", list(NAMED))
 def test_named_scenarios(cpu: TorchBackend, name: str) -> None:
     ok(run_scenario(named_scenario(name), cpu))
+
+
+def test_swap_preemption_moves_real_kv_and_matches_hf(cpu: TorchBackend) -> None:
+    # The named preemption scenario on the engine with KV swapped to host memory and back (the
+    # transfer stream's copies): the tokens still equal HF greedy outputs.
+    scenario = named_scenario("preemption").with_config(preemption="swap", page_alloc="on-demand")
+    result = run_scenario(scenario, cpu)
+    ok(result)
+    kinds = [op.kind for op in result.trace.ops]
+    assert kinds.count("kv_offload") == kinds.count("kv_load") > 0
+
+
+def test_mixed_batches_of_an_on_demand_scheduler_match_hf(cpu: TorchBackend) -> None:
+    # Recompute chunks and decodes in one forward (phase "mixed"), on the general attention path.
+    example = Path(__file__).resolve().parents[1] / "examples" / "ondemand_scheduler.py"
+    factory = SchedulerSpec(f"{example}:make_scheduler").factory()
+    result = run_scenario(named_scenario("preemption"), cpu, scheduler=factory)
+    ok(result)
+    assert any(op.kind == "forward" and op.label.startswith("M") for op in result.trace.ops)
 
 
 def test_early_eos_stops_where_the_reference_says(cpu: TorchBackend) -> None:

@@ -38,9 +38,11 @@ class Kept:
         return self.built.preemption.count
 
 
-def on_demand(scenario: Scenario, policy: str, **changes: object) -> Scenario:
+def on_demand(
+    scenario: Scenario, policy: str, mode: str = "recompute", **changes: object
+) -> Scenario:
     return scenario.with_config(
-        preemption="recompute", page_alloc="on-demand", preempt_policy=policy, **changes
+        preemption=mode, page_alloc="on-demand", preempt_policy=policy, **changes
     )
 
 
@@ -55,9 +57,10 @@ def first(result: RunResult) -> str:
 
 @pytest.mark.parametrize("loop", ["overlap", "normal"])
 @pytest.mark.parametrize("policy", POLICIES)
-def test_each_policy_preempts_and_stays_clean(policy: str, loop: str) -> None:
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_each_mode_and_policy_preempts_and_stays_clean(mode: str, policy: str, loop: str) -> None:
     for name in ("preemption", "memory-pressure"):
-        result, kept = run(on_demand(named_scenario(name), policy, loop=loop))
+        result, kept = run(on_demand(named_scenario(name), policy, mode, loop=loop))
         assert result.ok, (name, result.violations[0].line())
         assert kept.preemptions > 0, name
         reference, _ = run(named_scenario(name).with_config(loop=loop))
@@ -65,10 +68,29 @@ def test_each_policy_preempts_and_stays_clean(policy: str, loop: str) -> None:
 
 
 @pytest.mark.parametrize("policy", POLICIES)
-def test_on_demand_is_clean_on_every_named_scenario(policy: str) -> None:
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_on_demand_is_clean_on_every_named_scenario(mode: str, policy: str) -> None:
     for name in NAMED:
-        result, _ = run(on_demand(named_scenario(name), policy))
+        result, _ = run(on_demand(named_scenario(name), policy, mode))
         assert result.ok, (name, result.violations[0].line())
+
+
+def test_swap_moves_kv_on_the_transfer_stream_ordered_by_events() -> None:
+    result, kept = run(on_demand(named_scenario("preemption"), "allocation-failure", "swap"))
+    assert result.ok
+    ops = result.trace.ops
+    offloads = [op for op in ops if op.kind == "kv_offload"]
+    loads = [op for op in ops if op.kind == "kv_load"]
+    assert len(offloads) == len(loads) == kept.preemptions > 0
+    assert {op.agent for op in offloads + loads} == {"transfer"}
+    for offload in offloads:  # a swapped request decodes on: never prefilled again
+        (uid,) = offload.uids
+        later = ops[offload.seq :]
+        assert not any(
+            op.kind == "forward" and op.label[0] == "P" and uid in op.uids for op in later
+        )
+        load = next(op for op in later if op.kind == "kv_load" and op.uids == (uid,))
+        assert any(op.kind == "wait" and op.agent == "engine" for op in ops[load.seq :][:3])
 
 
 def test_reserved_pages_never_preempt_and_change_nothing() -> None:
@@ -90,6 +112,7 @@ CAUGHT = {
     "retract-skips-inflight": ("oracle", "exact-length"),
     "preempt-reset-early": ("oracle", "exact-length"),
     "preempt-cascade": ("progress",),
+    "swap-free-before-offload": ("no-race",),
 }
 
 
@@ -101,8 +124,8 @@ def test_every_preemption_fault_has_a_scenario_here() -> None:
 
 @pytest.mark.parametrize("fault", sorted(CAUGHT))
 def test_each_preemption_fault_is_caught_and_the_fix_holds(fault: str) -> None:
-    policy = PREEMPTION_FAULT_CONFIG[fault].preempt_policy
-    base = on_demand(named_scenario("preemption"), policy)
+    needs = PREEMPTION_FAULT_CONFIG[fault]
+    base = on_demand(named_scenario("preemption"), needs.preempt_policy, needs.preemption)
     result, kept = run(base.with_config(faults=frozenset([fault])))
     assert first(result) in CAUGHT[fault], result.violations[0].line() if result.violations else ""
     assert kept.preemptions > 0

@@ -34,10 +34,17 @@ from overlapcheck.backends.gpu.sanitizer import Sanitizer
 from overlapcheck.core.batch import BatchInput, RowWrite
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.contract import check_batch_size, check_rows
-from overlapcheck.core.device import HOST_WORK_BEFORE_ISSUE, Device, Event, ForwardOutput, Stream
+from overlapcheck.core.device import (
+    HOST_WORK_BEFORE_ISSUE,
+    Device,
+    Event,
+    ForwardOutput,
+    KvCopy,
+    Stream,
+)
 from overlapcheck.core.footprints import FootprintRecorder
 from overlapcheck.core.messages import SamplingParams
-from overlapcheck.core.trace import HOST, PAGE_TABLE, TOKEN_POOL, Op, Trace
+from overlapcheck.core.trace import HOST, KV_LOAD, KV_OFFLOAD, PAGE_TABLE, TOKEN_POOL, Op, Trace
 
 
 class TorchEvent(Event):
@@ -117,6 +124,8 @@ class TorchDevice(Device):
         self.trace = Trace()
         self.recorder = FootprintRecorder(config, self.trace)
         self.scheduler_stream, self.engine_stream = Stream("scheduler"), Stream("engine")
+        self.transfer_stream = Stream("transfer")  # KV offload and load: a copy stream of its own
+        self.host_kv: dict[int, torch.Tensor] = {}  # pinned host buffers of KV copies
         self._t0 = time.perf_counter()
         self.staging = torch.full(
             (self.recorder.metadata_width,), -1, dtype=torch.int32, pin_memory=self.cuda
@@ -124,7 +133,11 @@ class TorchDevice(Device):
         self._streams: dict[str, torch.cuda.Stream] = {}
         self.clock: EventClock | None = None
         if self.cuda:
-            names = (self.scheduler_stream.name, self.engine_stream.name)
+            names = (
+                self.scheduler_stream.name,
+                self.engine_stream.name,
+                self.transfer_stream.name,
+            )
             self._streams = {name: torch.cuda.Stream() for name in names}
             torch.cuda.synchronize()  # buffers were filled on the default stream
             self.clock = EventClock(self._streams["engine"], self.now)
@@ -257,6 +270,35 @@ class TorchDevice(Device):
                     host[offset : offset + len(v)], non_blocking=True
                 )
                 offset += len(v)
+
+    def offload_kv(self, uid: int, cells: Sequence[int], stream: Stream) -> KvCopy:
+        pools = self.engine.pools
+        saved = KvCopy(len(self.host_kv), uid, len(cells))
+        op = self.recorder.kv_copy(KV_OFFLOAD, stream.name, self.now(), saved, cells)
+        layers = [t.view(-1, *t.shape[2:]) for t in (*pools.k, *pools.v)]  # per cell
+        host = torch.empty(
+            (len(layers), len(cells), *layers[0].shape[1:]),
+            dtype=layers[0].dtype,
+            pin_memory=self.cuda,
+        )
+        self.host_kv[saved.id] = host
+        index = torch.tensor(list(cells), dtype=torch.long, pin_memory=self.cuda)
+        with self._enqueue(stream, op):
+            at = index.to(layers[0].device, non_blocking=True)
+            for i, layer in enumerate(layers):
+                host[i].copy_(layer.index_select(0, at), non_blocking=True)
+        return saved
+
+    def load_kv(self, saved: KvCopy, cells: Sequence[int], stream: Stream) -> None:
+        pools = self.engine.pools
+        op = self.recorder.kv_copy(KV_LOAD, stream.name, self.now(), saved, cells)
+        layers = [t.view(-1, *t.shape[2:]) for t in (*pools.k, *pools.v)]
+        host = self.host_kv[saved.id]
+        index = torch.tensor(list(cells), dtype=torch.long, pin_memory=self.cuda)
+        with self._enqueue(stream, op):
+            at = index.to(layers[0].device, non_blocking=True)
+            for i, layer in enumerate(layers):
+                layer.index_copy_(0, at, host[i].to(layer.device, non_blocking=True))
 
     def stage_metadata(self, batch: BatchInput, stream: Stream) -> Event:
         check_batch_size(self.config, batch)  # the forward checks the rest

@@ -22,10 +22,17 @@ from overlapcheck.backends.sim.toy_model import DTYPE, ToyModel
 from overlapcheck.core.batch import METADATA_FIELDS, BatchInput, RowWrite
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.contract import check_batch_size, check_rows
-from overlapcheck.core.device import HOST_WORK_BEFORE_ISSUE, Device, Event, ForwardOutput, Stream
+from overlapcheck.core.device import (
+    HOST_WORK_BEFORE_ISSUE,
+    Device,
+    Event,
+    ForwardOutput,
+    KvCopy,
+    Stream,
+)
 from overlapcheck.core.errors import InvariantError
 from overlapcheck.core.footprints import FootprintRecorder
-from overlapcheck.core.trace import PAGE_TABLE, TOKEN_POOL, Trace
+from overlapcheck.core.trace import KV_LOAD, KV_OFFLOAD, PAGE_TABLE, TOKEN_POOL, Trace
 
 OpBody = Callable[[], Generator[simpy.Event, Any, None]]
 
@@ -135,12 +142,14 @@ class SimDevice(Device):
         self.env = simpy.Environment()
         self.scheduler_stream = Stream("scheduler")
         self.engine_stream = Stream("engine")
+        self.transfer_stream = Stream("transfer")
         self.h2d_engine = Unit("h2d")
         self.d2h_engine = Unit("d2h")
+        self.kv_engine = Unit("kv")  # the transfer stream's copies have a copy engine of their own
         self.compute = Unit("compute")
         self._queues: dict[str, _StreamQueue] = {}
         self._launch: tuple[float, float] | None = None  # while launching: the phase's start, end
-        for stream in (self.scheduler_stream, self.engine_stream):
+        for stream in (self.scheduler_stream, self.engine_stream, self.transfer_stream):
             queue = self._queues[stream.name] = _StreamQueue(self.env)
             self.env.process(self._stream_loop(queue))
         width = config.max_seq_len
@@ -151,6 +160,9 @@ class SimDevice(Device):
         self.staging = np.full(self.recorder.metadata_width, -1, dtype=np.int64)
         # What each KV cell was computed for; kept only when `kv-provenance` asks for it.
         self.kv_shadow = kv_shadow
+        # The pinned host buffers of KV copies: values, and the shadow's record of them.
+        self.host_kv: dict[int, tuple[np.ndarray, tuple[np.ndarray, np.ndarray] | None]] = {}
+        self._kv_copies = 0
 
     # -- host side ----------------------------------------------------------------------------
 
@@ -219,6 +231,42 @@ class SimDevice(Device):
             yield self.env.timeout(duration)
             for row, start, values in captured:
                 target[row, start : start + len(values)] = values
+            op.end = self.now()
+
+        self._enqueue(stream, body)
+
+    def offload_kv(self, uid: int, cells: Sequence[int], stream: Stream) -> KvCopy:
+        saved = KvCopy(self._kv_copies, uid, len(cells))
+        self._kv_copies += 1
+        op = self.recorder.kv_copy(KV_OFFLOAD, stream.name, self.now(), saved, cells)
+        duration, op.delay = self.timing.kv_copy(len(cells))
+        at = np.asarray(cells, dtype=np.int64)
+        self.host_kv[saved.id] = (np.full(len(at), -1, dtype=DTYPE), None)
+
+        def body() -> Generator[simpy.Event, Any, None]:
+            op.start = yield from self._acquire(self.kv_engine, duration)
+            values = self.kv[at].copy()  # a copy reads its source when it starts
+            shadow = self.kv_shadow.save(at) if self.kv_shadow is not None else None
+            yield self.env.timeout(duration)
+            self.host_kv[saved.id] = (values, shadow)
+            op.end = self.now()
+
+        self._enqueue(stream, body)
+        return saved
+
+    def load_kv(self, saved: KvCopy, cells: Sequence[int], stream: Stream) -> None:
+        op = self.recorder.kv_copy(KV_LOAD, stream.name, self.now(), saved, cells)
+        duration, op.delay = self.timing.kv_copy(len(cells))
+        at = np.asarray(cells, dtype=np.int64)
+
+        def body() -> Generator[simpy.Event, Any, None]:
+            op.start = yield from self._acquire(self.kv_engine, duration)
+            values, shadow = self.host_kv[saved.id]
+            values = values.copy()
+            yield self.env.timeout(duration)
+            self.kv[at] = values
+            if self.kv_shadow is not None and shadow is not None:
+                self.kv_shadow.restore(at, shadow)
             op.end = self.now()
 
         self._enqueue(stream, body)

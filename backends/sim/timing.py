@@ -46,6 +46,8 @@ class Profile:
     h2d: float = 6 * US
     h2d_per_cell: float = 0.002 * US
     d2h: float = 6 * US
+    kv_copy: float = 8 * US  # a KV offload or load on the transfer stream's own copy engine
+    kv_copy_per_cell: float = 0.05 * US
     forward: float = 60 * US
     forward_per_token: float = 1.5 * US
     forward_per_context: float = 0.01 * US
@@ -180,6 +182,9 @@ class Timing:
 
     def d2h(self) -> Cost:
         return self.cost("d2h", self.profile.d2h)
+
+    def kv_copy(self, cells: int) -> Cost:
+        return self.cost("kv_copy", self.profile.kv_copy + self.profile.kv_copy_per_cell * cells)
 
     def forward(self, tokens: int, context: int) -> Cost:
         return self.cost("forward", self.profile.forward_time(tokens, context))

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from overlapcheck.backends.sim.timing import Profile
 from overlapcheck.explore.search import SearchSpec, search
 from overlapcheck.formats import counterexample
+from overlapcheck.formats.profile_file import read_profile
 from overlapcheck.harness.revision import git_revision
 from overlapcheck.reference.faults import FAULTS
 
@@ -48,7 +49,7 @@ def phase_calibrate(out: Path, backend_name: str, preset: str | None) -> None:
 
 def phase_search(out: Path, budget: float, faults: list[str]) -> None:
     profile_path = out / "profile.json"
-    profile = Profile.load(profile_path) if profile_path.exists() else Profile()
+    profile = read_profile(profile_path) if profile_path.exists() else Profile()
     for name in faults:
         skip = frozenset({"no-race"}) if name in RACE_FAULTS else frozenset()
         spec = SearchSpec(faults=frozenset([name]), budget=budget, profile=profile, skip=skip)

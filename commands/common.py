@@ -14,6 +14,7 @@ from overlapcheck.backends.sim.timing import Profile, ProfileError, SeededDelay,
 from overlapcheck.core.config import CACHE_KINDS, LOOP_KINDS, POLICIES, ConfigError
 from overlapcheck.core.errors import UserError
 from overlapcheck.core.scenario import Scenario
+from overlapcheck.formats.profile_file import read_profile
 from overlapcheck.harness.scheduler_spec import REFERENCE, SchedulerSpec, parse_spec
 from overlapcheck.invariants.registry import INVARIANTS, make_invariant
 from overlapcheck.reference.faults import FAULTS, UnknownFaultError, parse_faults
@@ -164,7 +165,7 @@ def load_profile(path: str) -> Profile:
     if Path(path).is_dir():
         raise UserError(f"{path}: is a folder, not a timing profile")
     try:
-        return Profile.load(path)
+        return read_profile(path)
     except FileNotFoundError:
         raise UserError(f"{path}: no such timing profile") from None
     except ProfileError as err:

@@ -23,6 +23,7 @@ from overlapcheck.commands.common import (
     skipped,
 )
 from overlapcheck.commands.paths import output_file
+from overlapcheck.formats.run_json import run_to_json
 from overlapcheck.harness.runner import RunResult, run_scenario
 from overlapcheck.harness.scheduler_spec import SchedulerSpec
 from overlapcheck.invariants.registry import check_specs
@@ -89,7 +90,7 @@ def main(args: argparse.Namespace) -> int:
     )
     # The verdict first, flushed: an output file that cannot be written must never hide it.
     if args.json:
-        json.dump(result.to_json(), sys.stdout)
+        json.dump(run_to_json(result), sys.stdout)
         print()
     else:
         print_human(result)

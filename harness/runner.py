@@ -40,16 +40,6 @@ class RequestOutcome:
     finish_reason: str  # length | eos | abort | rejected | unfinished
     reason: str = ""  # why it was rejected
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "uid": self.uid,
-            "tokens": self.tokens,
-            "finish_reason": self.finish_reason,
-        }
-        if self.reason:
-            out["reason"] = self.reason
-        return out
-
 
 @dataclass
 class RunResult:
@@ -85,29 +75,6 @@ class RunResult:
         replays this run's message order on another backend."""
         return [(m.step, m.uid, m.kind) for m in self.trace.received]
 
-    def to_json(self) -> dict[str, Any]:
-        c = self.config
-        return {
-            "backend": self.backend,
-            "scenario": self.scenario.name,
-            "loop": c.loop,
-            "cache": c.cache,
-            "page_size": c.page_size,
-            "policy": c.policy,
-            "faults": sorted(c.faults),
-            "ok": self.ok,
-            "requests": [o.to_json() for o in self.outcomes],
-            "violations": [v.to_json() for v in self.violations],
-            "notices": self.notices,
-            "trace_hash": self.trace_hash,
-            "stats": {
-                "iterations": self.iterations,
-                "simulated_seconds": self.simulated_seconds,
-                "wall_seconds": self.wall_seconds,
-                "operations": len(self.trace.ops),
-                **self.extra,
-            },
-        }
 
 
 def step_bound(scenario: Scenario) -> int:

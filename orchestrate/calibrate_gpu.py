@@ -3,7 +3,6 @@ compare the two backends scenario by scenario."""
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.backends.sim.timing import Profile, Timing
 from overlapcheck.core.scenario import Scenario
 from overlapcheck.core.trace import HOST, Trace
+from overlapcheck.formats.profile_file import write_profile
 from overlapcheck.formats.trace_file import save_trace
 from overlapcheck.harness.runner import RequestOutcome, RunResult, run_scenario
 from overlapcheck.orchestrate.calibrate_fit import (
@@ -138,7 +138,7 @@ def measure(backend: TorchBackend, scenarios: list[Scenario], base: Profile) -> 
 def calibrate(backend: TorchBackend, out: str | Path) -> Calibration:
     scenarios = [named_scenario(n).with_config(loop=loop) for n in NAMED for loop in LOOPS]
     result = measure(backend, scenarios, Profile())
-    Path(out).write_text(json.dumps({"profile": result.profile.as_dict()}, indent=1) + "\n")
+    write_profile(result.profile, out)
     return result
 
 

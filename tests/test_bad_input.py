@@ -32,6 +32,7 @@ from overlapcheck.commands.common import (
     finite_positive_float,
 )
 from overlapcheck.formats import counterexample
+from overlapcheck.formats.profile_file import read_profile
 from overlapcheck.harness.runner import run_scenario
 from overlapcheck.reference.faults import parse_faults
 from overlapcheck.scenarios.named import named_scenario
@@ -366,11 +367,11 @@ def test_bad_input_is_one_line_and_exit_2(
 def test_a_valid_profile_with_negative_offsets_still_loads(tmp_path: Path) -> None:
     """forward_tail and d2h_queued are offsets that a calibrated GPU puts before the launch
     phase's end; the shipped H200 profile has both negative."""
-    shipped = Profile.load(ROOT / "docs" / "gpu-replay" / "profile-h200-tiny.json")
+    shipped = read_profile(ROOT / "docs" / "gpu-replay" / "profile-h200-tiny.json")
     assert shipped.forward_tail < 0 and shipped.d2h_queued < 0
     path = tmp_path / "p.json"
     path.write_text('{"forward": 6e-05, "forward_tail": -1e-05, "launch": 0}')
-    assert Profile.load(path) == Profile(forward=6e-05, forward_tail=-1e-05, launch=0.0)
+    assert read_profile(path) == Profile(forward=6e-05, forward_tail=-1e-05, launch=0.0)
 
 
 @pytest.mark.parametrize("text", ["nan", "inf", "-inf", "-1", "x", ""])

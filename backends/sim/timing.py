@@ -6,11 +6,9 @@ source gives each site an extra delay; every draw is recorded so that a run can 
 
 from __future__ import annotations
 
-import json
 import math
 import random
 from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
 US = 1e-6
@@ -54,23 +52,6 @@ class Profile:
     forward_lead: float = 0.0
     forward_tail: float = 0.0
     d2h_queued: float = 0.0
-
-    @classmethod
-    def load(cls, path: str | Path) -> Profile:
-        """A profile from a JSON file: an object of field -> seconds, or one whose `profile` is
-        (as `calibrate` writes it). Raises FileNotFoundError, or ProfileError naming the file."""
-        try:
-            data = json.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise ProfileError(f"{path}: not a readable JSON timing profile: {err}") from None
-        if isinstance(data, dict) and "profile" in data:
-            data = data["profile"]
-        try:
-            return cls.from_dict(data)
-        except ProfileError as err:
-            raise ProfileError(f"{path}: timing profile: {err}") from None
 
     @classmethod
     def from_dict(cls, data: Any) -> Profile:

@@ -90,7 +90,7 @@ def main(args: argparse.Namespace) -> int:
         return replay_on_cluster(cex.with_scheduler(scheduler), args)
     if args.backend != "sim":
         try:
-            from overlapcheck.orchestrate.gpu_replay import replay_on_device
+            from overlapcheck.commands.device_replay import replay_on_device
         except ImportError as err:
             raise UserError(
                 f"--backend {args.backend} needs torch and transformers ({err.name} is missing): "

@@ -1,5 +1,7 @@
-"""The scheduler under test: plain Python, no torch and no simpy.
+"""The contract between a scheduler under test and overlapcheck: plain Python, no torch and no
+simpy. The device seam (`device.py`), the trace and its footprints, batches, messages, the
+configuration, the rules every scheduler is held to, and the scheduler-under-test protocol.
 
-Backends implement :class:`overlapcheck.core.device.Device`; everything in this package talks to the
-accelerator only through that seam.
+Backends implement :class:`overlapcheck.core.device.Device`; a scheduler talks to the accelerator
+only through that seam.
 """

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -192,8 +192,6 @@ class _Launch:
     unit: Unit
     duration: float
     start: Callable[[], Callable[[], None]]  # at its start, returns what to do at its end
-    stream_name: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Interceptor:
@@ -476,12 +474,9 @@ class Interceptor:
         return made
 
     def _enqueue(self, launch: _Launch) -> None:
+        """Queue `launch` on the current stream."""
         runtime = self.runtime
-        stream = (
-            runtime.current
-            if not launch.stream_name
-            else next(s for s in runtime.streams if s.name == launch.stream_name)
-        )
+        stream = runtime.current
         env = runtime.env
 
         def body() -> Generator[simpy.Event, Any, None]:

@@ -26,7 +26,7 @@ from overlapcheck.backends.torchsim.dispatch import (
     _Launch,
     plain,
 )
-from overlapcheck.backends.torchsim.memory import Buffer, Memory, view_cells
+from overlapcheck.backends.torchsim.memory import Memory, view_cells
 from overlapcheck.backends.torchsim.streams import SimCudaEvent, SimStream, StreamRuntime
 from overlapcheck.backends.torchsim.tensor import SimTensor
 from overlapcheck.core.trace import Access
@@ -143,10 +143,6 @@ class SimulatedCuda:
         )
         op.delay = cost.delay
         self.interceptor._enqueue(_Launch(op, unit or self.device.compute, cost.seconds, start))
-
-    def buffer(self, tensor: torch.Tensor) -> Buffer | None:
-        found = self.interceptor.locate(tensor)
-        return None if found is None else found[0]
 
     def drain(self) -> None:
         with plain():

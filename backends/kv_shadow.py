@@ -74,6 +74,11 @@ class ForwardReads:
     fresh: np.ndarray  # the token_pool rows read
     new: tuple[np.ndarray, np.ndarray]  # rows and columns of the new positions
     samples: tuple[int, ...] | None = None  # set when the kernel ends
+    # A verify forward (core/speculative.py): per sequence, the end of its committed positions
+    # (the rest of its new positions are drafts or padding: not judged as the request's), and
+    # the tokens it emitted from that end on.
+    judged: np.ndarray | None = None
+    emitted: tuple[tuple[int, ...], ...] | None = None
 
     def token(self, i: int, p: int) -> int:
         return int(self.cached[i, p] if p < self.starts[i] else self.fresh[i, p])
@@ -165,10 +170,16 @@ class KvShadow:
         """A KV copy back: `cells` hold what the saved cells held (the same KV, moved)."""
         self.key[cells], self.meta[cells] = saved
 
-    def write(self, op: int, samples: Sequence[int]) -> None:
+    def write(
+        self,
+        op: int,
+        samples: Sequence[int],
+        emitted: tuple[tuple[int, ...], ...] | None = None,
+    ) -> None:
         rec = self.reads[op]
         rows, cols = rec.new
         written = rec.cells[rows, cols]
         self.key[written] = rec.keys[rows, cols]
         self.meta[written] = (op << _POS_BITS) | cols
         rec.samples = tuple(samples)
+        rec.emitted = emitted

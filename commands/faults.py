@@ -27,6 +27,7 @@ def main(args: argparse.Namespace) -> int:
                         "summary": f.summary,
                         "origin": f.origin,
                         "breaks": list(f.breaks),
+                        "speculative": f.speculative,
                     }
                     for f in FAULTS.values()
                 ],
@@ -35,7 +36,8 @@ def main(args: argparse.Namespace) -> int:
         )
         return 0
     for f in FAULTS.values():
-        print(f"{f.name}  (breaks: {', '.join(f.breaks)})")
+        needs = ", needs draft_tokens > 0" if f.speculative else ""
+        print(f"{f.name}  (breaks: {', '.join(f.breaks)}{needs})")
         print(textwrap.indent(textwrap.fill(f.summary, 96), "    "))
         print(f"    origin: {f.origin}\n")
     return 0

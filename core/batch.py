@@ -37,6 +37,9 @@ class SeqWork:
     position `end - 1` and writes the sample into `token_pool[out_row, out_col]`.
     `kv_cells` is the host's copy of `page_table[slot, 0:end]`; backends use it for footprints only
     and read the real page table on the device.
+
+    `verify`, `drafts`, `shift`, `source`: a speculative verify sequence, whose positions, inputs
+    and outputs differ from the above (see `core/speculative.py`); the defaults are a plain one.
     """
 
     uid: int
@@ -46,6 +49,10 @@ class SeqWork:
     out_row: int
     out_col: int
     kv_cells: Sequence[int]
+    verify: bool = False
+    drafts: int = 0
+    shift: int = 0
+    source: int = -1
 
     @property
     def num_new_tokens(self) -> int:
@@ -76,13 +83,24 @@ class BatchInput:
     def num_context_tokens(self) -> int:
         return sum(s.end for s in self.seqs)
 
-    def metadata(self) -> list[int]:
-        """The attention/sampling metadata, flattened as it travels through the staging buffer."""
+    def metadata(self, fields: int = 5) -> list[int]:
+        """The attention/sampling metadata, flattened as it travels through the staging buffer:
+        `fields` per sequence, 5 (`METADATA_FIELDS`) or, with speculation on, 8 (`SPEC_FIELDS`:
+        the verify fields follow, the shift a placeholder where the device resolves it)."""
         flat: list[int] = []
+        if fields == METADATA_FIELDS:
+            for s in self.seqs:
+                flat += [s.slot, s.start, s.end, s.out_row, s.out_col]
+            return flat
         for s in self.seqs:
-            flat += [s.slot, s.start, s.end, s.out_row, s.out_col]
+            shift = PLACEHOLDER if s.source >= 0 else 0
+            flat += [s.slot, s.start, s.end, s.out_row, s.out_col, s.drafts, shift, s.source]
         return flat
 
 
 METADATA_FIELDS = 5
 _LABELS: dict[str, str] = {"prefill": "P", "decode": "D", "mixed": "M"}
+SPEC_FIELDS = 8  # with speculation on: + drafts, the resolved shift, the placeholder's source
+PLACEHOLDER = -1
+"""The sentinel for a metadata value the host does not know at launch (see `core/speculative.py`):
+the device must replace it before any forward reads it."""

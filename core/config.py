@@ -38,6 +38,9 @@ POLICIES: tuple[PolicyKind, ...] = (
 )
 
 
+MAX_DRAFT_TOKENS = 8
+
+
 class ConfigError(ValueError):
     """A configuration value that cannot work; the message names the field."""
 
@@ -75,6 +78,9 @@ class SchedulerConfig:
     preemption: PreemptionKind = "none"
     page_alloc: PageAllocKind = "reserve"
     preempt_policy: PreemptPolicy = "allocation-failure"
+    # Speculative decoding: up to this many drafted tokens per sequence and decode step, verified
+    # on the device (see core/speculative.py); 0 turns it off and changes nothing.
+    draft_tokens: int = 0
 
     def __post_init__(self) -> None:
         positive = ("num_slots", "num_pages", "page_size", "max_extend_tokens", "max_seq_len")
@@ -127,10 +133,21 @@ class SchedulerConfig:
             "in_batch_check_threshold": -1,  # -1 turns the in-batch check off
             "in_batch_deprioritize_threshold": 1,
             "aging_tokens_per_pass": 0,
+            "draft_tokens": 0,
         }
         for name, low in lowest.items():
             if getattr(self, name) < low:
                 raise ConfigError(f"{name} must be >= {low}, got {getattr(self, name)}")
+
+        if self.draft_tokens > MAX_DRAFT_TOKENS:
+            raise ConfigError(
+                f"draft_tokens must be <= {MAX_DRAFT_TOKENS}, got {self.draft_tokens}"
+            )
+        if self.draft_tokens and (self.preemption != "none" or self.page_alloc != "reserve"):
+            raise ConfigError(
+                "draft_tokens > 0 needs preemption 'none' and page_alloc 'reserve': the reference "
+                "does not preempt a speculating request yet"
+            )
 
     @property
     def num_cells(self) -> int:

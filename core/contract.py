@@ -12,7 +12,7 @@ from overlapcheck.core.batch import BatchInput, RowWrite, SeqWork
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.device import KvCopy
 from overlapcheck.core.errors import InvariantError
-from overlapcheck.core.trace import PAGE_TABLE, TOKEN_POOL
+from overlapcheck.core.trace import DRAFT_POOL, PAGE_TABLE, TOKEN_POOL
 
 DEVICE_CONTRACT = "device-contract"
 
@@ -101,15 +101,21 @@ def check_rows(config: SchedulerConfig, buffer: str, writes: Sequence[RowWrite])
         rows, top, what = config.dummy_row + 1, config.vocab_size, "token id"
     elif buffer == PAGE_TABLE:
         rows, top, what = config.num_slots, config.num_cells, "KV cell"
+    elif buffer == DRAFT_POOL and config.draft_tokens:
+        rows, top, what = config.num_slots, config.vocab_size, "draft token id"
     else:
-        raise ContractError(f"copy_to_device into {buffer!r}: only {TOKEN_POOL} and {PAGE_TABLE}")
+        raise ContractError(
+            f"copy_to_device into {buffer!r}: only {TOKEN_POOL}, {PAGE_TABLE} and, with "
+            f"draft_tokens > 0, {DRAFT_POOL}"
+        )
+    width = config.draft_tokens if buffer == DRAFT_POOL else config.max_seq_len
     for w in writes:
         if not 0 <= w.row < rows:
             raise ContractError(f"copy into {buffer} row {w.row}, which has rows 0..{rows - 1}")
-        if not (w.start >= 0 and w.start + len(w.values) <= config.max_seq_len):
+        if not (w.start >= 0 and w.start + len(w.values) <= width):
             raise ContractError(
                 f"copy into {buffer}[{w.row}, {w.start}:{w.start + len(w.values)}] past the row "
-                f"of {config.max_seq_len}"
+                f"of {width}"
             )
         if w.values and not (min(w.values) >= 0 and max(w.values) < top):
             raise ContractError(f"copy into {buffer} of a {what} outside 0..{top - 1}")

@@ -17,6 +17,11 @@ Device buffers: `token_pool[num_slots + 1, max_seq_len]` (token ids; the last ro
 `page_table[num_slots, max_seq_len]` (KV cell per position), the KV pool (`num_pages * page_size`
 cells), the attention metadata (double-buffered by batch parity). Host buffers: the pinned staging
 buffer for metadata, one pinned output buffer per forward.
+
+With speculation on (`SchedulerConfig.draft_tokens` > 0) a decode step may emit several tokens per
+sequence, and the host may launch a step whose positions depend on the previous step's results
+through placeholders that the device resolves: `core/speculative.py` is that part of the contract
+(`draft_pool`, `spec_out`, `resolve`, `ForwardOutput.emitted`).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from overlapcheck.core.batch import BatchInput, RowWrite
+from overlapcheck.core.contract import ContractError
 from overlapcheck.core.trace import Trace
 
 # Host phases whose cost is spent before the calls made inside them: building a batch; and for
@@ -86,6 +92,12 @@ class ForwardOutput(ABC):
         Records a host read of the buffer.
         """
 
+    def emitted(self) -> list[list[int]]:
+        """Read the host buffer: each sequence's emitted tokens (one, or 1..drafts+1 for a verify
+        sequence, see `core/speculative.py`). The same validity rule as `tokens()`; records the
+        same host read."""
+        return [[t] for t in self.tokens()]
+
 
 class Device(ABC):
     """An accelerator with two streams, as the scheduler sees it."""
@@ -124,8 +136,9 @@ class Device(ABC):
 
     @abstractmethod
     def stage_metadata(self, batch: BatchInput, stream: Stream) -> Event:
-        """Write `batch.metadata()` into the reusable pinned staging buffer now, and enqueue its
-        H2D into the metadata slot of the batch's parity on `stream`.
+        """Write `batch.metadata(fields)` (5 fields a sequence, 8 with speculation on) into the
+        reusable pinned staging buffer now, and enqueue its H2D into the metadata slot of the
+        batch's parity on `stream`.
 
         The staging buffer is one buffer: the caller must wait on the returned event before the
         next call, or that call overwrites values the previous copy has not read yet.
@@ -142,6 +155,14 @@ class Device(ABC):
     @abstractmethod
     def wait_event(self, stream: Stream, event: Event) -> None:
         """Work issued on `stream` from now on runs after `event` fired."""
+
+    def resolve(self, batch: BatchInput, stream: Stream) -> None:
+        """Enqueue on `stream` the resolution of `batch`'s placeholders: read, for each sequence
+        with a `source`, what the previous batch's forward wrote into `spec_out` for that source,
+        and write the resolved shift into the metadata slot of `batch`'s parity. It must run after
+        that forward and after `batch`'s metadata copy, and before `batch`'s forward; nothing here
+        waits (see `core/speculative.py`). A device without speculation refuses."""
+        raise ContractError(f"this device cannot resolve placeholders (batch {batch.label})")
 
     @abstractmethod
     def forward(self, batch: BatchInput, stream: Stream) -> ForwardOutput:

@@ -11,7 +11,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from overlapcheck.core.batch import METADATA_FIELDS, BatchInput, RowWrite, SeqWork
+from overlapcheck.core import speculative as spec
+from overlapcheck.core.batch import BatchInput, RowWrite, SeqWork
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.contract import check_batch, check_kv_cells, check_kv_copy
 from overlapcheck.core.device import KvCopy
@@ -38,7 +39,8 @@ class FootprintRecorder:
     def __init__(self, config: SchedulerConfig, trace: Trace) -> None:
         self.config = config
         self.width = config.max_seq_len
-        self.metadata_width = METADATA_FIELDS * (config.num_slots + 1)
+        self.fields = spec.metadata_fields(config)
+        self.metadata_width = self.fields * (config.num_slots + 1)
         self.trace = trace
         self.step = 0
         self.phase = "idle"
@@ -59,6 +61,9 @@ class FootprintRecorder:
                 STAGING: self.metadata_width,
             }
         )
+        if config.draft_tokens:
+            trace.sizes[spec.DRAFT_POOL] = config.num_slots * config.draft_tokens
+            trace.sizes[spec.SPEC_OUT] = 2 * (config.num_slots + 1)
 
     def op(self, agent: str, kind: str, issue: float, **fields: object) -> Op:
         # Appended here rather than through Trace.add/next_seq: a dozen ops per iteration.
@@ -97,16 +102,38 @@ class FootprintRecorder:
         """The forward's op, once the batch is checked against the device contract (raises
         `ContractError` before anything is recorded)."""
         check_batch(self.config, batch)
-        accesses, shape = self._forward_accesses(batch)
+        if spec.is_verify(batch):
+            spec.check_verify(self.config, batch)
+            accesses = self._verify_accesses(batch)
+            seqs = batch.seqs
+            shape = (
+                np.fromiter((s.slot for s in seqs), np.int64, len(seqs)),
+                np.fromiter((s.end for s in seqs), np.int64, len(seqs)),
+            )
+        else:
+            spec.check_plain(batch)
+            accesses, shape = self._forward_accesses(batch)
         op = self._batch_op(stream, "forward", issue, batch, batch.label, accesses)
         op.shape = shape
         return op
 
+    def resolve(self, batch: BatchInput, stream: str, issue: float) -> Op:
+        """`Device.resolve`: reads the previous batch's `spec_out` for each placeholder sequence,
+        writes the shift field of this batch's metadata."""
+        sources = [s.source for s in batch.seqs if s.source >= 0]
+        previous = (batch.batch_id - 1) % 2
+        accesses = [
+            Access(spec.SPEC_OUT, spec.spec_out_cells(previous, sources, self.num_slots), "r"),
+            Access(METADATA, spec.shift_cells(batch, self.metadata_width), "w"),
+        ]
+        return self._batch_op(stream, "resolve", issue, batch, f"resolve {batch.label}", accesses)
+
     def d2h(self, batch: BatchInput, stream: str, issue: float) -> Op:
         """The copy of a batch's samples to its host output buffer."""
-        return self._batch_op(
-            stream, "d2h", issue, batch, f"d2h {batch.label}", self._d2h_accesses(batch)
+        accesses = (
+            self._verify_d2h_accesses(batch) if spec.is_verify(batch) else self._d2h_accesses(batch)
         )
+        return self._batch_op(stream, "d2h", issue, batch, f"d2h {batch.label}", accesses)
 
     def _batch_op(
         self,
@@ -130,19 +157,20 @@ class FootprintRecorder:
     # -- footprints ---------------------------------------------------------------------------
 
     def rows(self, buffer: str, writes: Sequence[RowWrite]) -> Access:
+        width = self.config.draft_tokens if buffer == spec.DRAFT_POOL else self.width
         parts = [
-            np.arange(w.row * self.width + w.start, w.row * self.width + w.start + len(w.values))
+            np.arange(w.row * width + w.start, w.row * width + w.start + len(w.values))
             for w in writes
         ]
         return Access(buffer, _cells(parts), "w")
 
     def metadata_cells(self, batch: BatchInput) -> np.ndarray:
-        n = METADATA_FIELDS * len(batch.seqs)
+        n = self.fields * len(batch.seqs)
         base = (batch.batch_id % 2) * self.metadata_width
         return np.arange(base, base + n, dtype=np.int64)
 
     def staging_cells(self, batch: BatchInput) -> np.ndarray:
-        return np.arange(METADATA_FIELDS * len(batch.seqs), dtype=np.int64)
+        return np.arange(self.fields * len(batch.seqs), dtype=np.int64)
 
     def _forward_accesses(
         self, batch: BatchInput
@@ -175,6 +203,34 @@ class FootprintRecorder:
             Access(TOKEN_POOL, self._sample_cells(batch), "w"),
         ]
         return accesses, (slots, ends)
+
+    def _verify_accesses(self, batch: BatchInput) -> list[Access]:
+        cells = spec.verify_cells(batch.seqs, self.width, self.config.draft_tokens)
+        check_kv_cells(self.config, batch, cells["context"])
+        parity = batch.batch_id % 2
+        out = spec.spec_out_cells(parity, range(len(batch.seqs)), self.num_slots)
+        return [
+            Access(METADATA, self.metadata_cells(batch), "r"),
+            Access(TOKEN_POOL, cells["tokens_r"], "r"),
+            Access(spec.DRAFT_POOL, cells["drafts_r"], "r"),
+            Access(PAGE_TABLE, cells["table_r"], "r"),
+            Access(KV, cells["context"], "r"),
+            Access(KV, cells["kv_w"], "w"),
+            Access(TOKEN_POOL, cells["tokens_w"], "w"),
+            Access(spec.SPEC_OUT, out, "w"),
+        ]
+
+    def _verify_d2h_accesses(self, batch: BatchInput) -> list[Access]:
+        cells = spec.verify_cells(batch.seqs, self.width, self.config.draft_tokens)
+        out = spec.spec_out_cells(batch.batch_id % 2, range(len(batch.seqs)), self.num_slots)
+        buffer = host_output_buffer(batch.batch_id)
+        size = spec.output_size(batch)
+        self.trace.sizes[buffer] = size
+        return [
+            Access(TOKEN_POOL, cells["tokens_w"], "r"),
+            Access(spec.SPEC_OUT, out, "r"),
+            Access(buffer, np.arange(size, dtype=np.int64), "w"),
+        ]
 
     def _context(self, seqs: Sequence[SeqWork], table: np.ndarray, total: int) -> np.ndarray:
         """The KV cells the sequences read, `kv_cells[:end]` each, concatenated (`table`: their
@@ -255,7 +311,8 @@ class FootprintRecorder:
         ]
 
     def output_read(self, batch: BatchInput, issue: float) -> Op:
-        out = np.arange(len(batch.seqs), dtype=np.int64)
+        size = spec.output_size(batch) if spec.is_verify(batch) else len(batch.seqs)
+        out = np.arange(size, dtype=np.int64)
         return self.op(
             HOST,
             "read_output",

@@ -30,6 +30,8 @@ STAGING = "host:staging"
 # Op kinds of the transfer stream's KV copies (`Device.offload_kv`, `Device.load_kv`).
 KV_OFFLOAD = "kv_offload"
 KV_LOAD = "kv_load"
+DRAFT_POOL = "draft_pool"  # speculation: drafts per slot (core/speculative.py)
+SPEC_OUT = "spec_out"  # speculation: tokens each verify sequence emitted, per batch parity
 
 
 def host_output_buffer(batch_id: int) -> str:

@@ -76,7 +76,6 @@ class RunResult:
         return [(m.step, m.uid, m.kind) for m in self.trace.received]
 
 
-
 def step_bound(scenario: Scenario) -> int:
     """Iterations after which a run that has not finished counts as a liveness violation."""
     cfg = scenario.config

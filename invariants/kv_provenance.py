@@ -126,7 +126,10 @@ class KvProvenance(Invariant):
         n, m = rec.keys.shape
         if len(reqs) != n:
             return  # the device read another batch shape than issued: no-race reports that
-        ends = rec.ends.tolist()
+        # A verify forward's drafts and padding are not the request's tokens (yet): only its
+        # committed positions are judged.
+        judged = rec.ends if rec.judged is None else rec.judged
+        ends = judged.tolist()
         expected = rec.keys.copy()  # rows of sequences with no request are not judged
         contexts: list[_Context | None] = []
         for i, req in enumerate(reqs):
@@ -139,13 +142,18 @@ class KvProvenance(Invariant):
                 expected[i, :e] = ctx.keys[:e]
         bad = expected != rec.keys
         if bad.any():
-            bad &= np.arange(m) < rec.ends[:, None]
+            bad &= np.arange(m) < judged[:, None]
             if bad.any():
                 i, p = (int(x) for x in np.argwhere(bad)[0])
                 ctx = contexts[i]
                 assert ctx is not None
                 self._report(op, rec, reqs[i], ctx, i, p)  # type: ignore[arg-type]
         assert rec.samples is not None
+        if rec.emitted is not None:
+            for ctx, end, tokens in zip(contexts, ends, rec.emitted, strict=True):
+                for t, token in enumerate(tokens if ctx is not None else ()):
+                    ctx.sampled(end + t, token)  # type: ignore[union-attr]
+            return
         for ctx, end, token in zip(contexts, ends, rec.samples, strict=True):
             if ctx is not None:
                 ctx.sampled(end, token)

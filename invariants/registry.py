@@ -11,6 +11,7 @@ from overlapcheck.invariants.kv_provenance import KvProvenance
 from overlapcheck.invariants.messages import AbortSilent, ExactLength, NoPostEos
 from overlapcheck.invariants.no_race import NoRace
 from overlapcheck.invariants.oracle import Oracle
+from overlapcheck.invariants.placeholders import Placeholders
 from overlapcheck.invariants.progress import Progress
 from overlapcheck.invariants.resources import Liveness, PagesConserved, SlotNotInFlight
 from overlapcheck.invariants.work_bound import WorkBound
@@ -20,6 +21,8 @@ INVARIANTS: dict[str, Callable[[], Invariant]] = {
     # A slot reused under an in-flight forward is also a race; the slot check names it better.
     "slot-not-in-flight": SlotNotInFlight,
     "no-race": NoRace,
+    # before `kv-provenance`: a stale resolution shows at its issue, the wrong read after it ran
+    "placeholder": Placeholders,
     "kv-provenance": KvProvenance,  # before `oracle`: the wrong read, not the wrong token after it
     "no-post-eos": NoPostEos,
     "exact-length": ExactLength,

@@ -21,6 +21,7 @@ class Fault:
     summary: str
     origin: str
     breaks: tuple[str, ...]
+    speculative: bool = False  # only reachable with draft_tokens > 0
 
 
 FINISH_BY_CAN_DECODE = "finish-by-can-decode"
@@ -35,6 +36,82 @@ RETRACT_SKIPS_INFLIGHT = "retract-skips-inflight"
 PREEMPT_RESET_EARLY = "preempt-reset-early"
 PREEMPT_CASCADE = "preempt-cascade"
 SWAP_FREE_BEFORE_OFFLOAD = "swap-free-before-offload"
+# Speculative decoding under overlap (draft_tokens > 0; reference/speculative.py)
+STALE_PLACEHOLDER = "stale-placeholder"
+FREE_ROW_IN_VERIFY = "free-row-in-verify"
+RESOLVE_UNORDERED = "resolve-unordered"
+READS_DONE_EARLY = "reads-done-early"
+PLACEHOLDER_UNDERFLOW = "placeholder-underflow"
+
+SPEC_FAULTS = (
+    Fault(
+        STALE_PLACEHOLDER,
+        "A request keeps the placeholder of its last speculative step after that step's result "
+        "was processed. When the request sat out the batch before its next step (a prefill batch "
+        "ran in between), that step still resolves its start from the previous batch's results, "
+        "which are another batch's: it reads and writes the wrong positions and the user gets "
+        "wrong tokens. When the request was in the previous batch the placeholder happens to "
+        "resolve right.",
+        "vLLM #46899 (stale `-1` spec placeholders of a request not scheduled in the next round "
+        "reached `scheduled_spec_decode_tokens`), #40768 and #43434 (a request with placeholders "
+        "that was not in the previous worker batch skipped the overwrite: `-1` in `input_ids`)",
+        ("placeholder", "kv-provenance", "oracle"),
+        speculative=True,
+    ),
+    Fault(
+        FREE_ROW_IN_VERIFY,
+        "A request that reaches EOS or max_tokens inside a multi-token step has its slot and "
+        "pages freed as soon as that result is processed, while its next verify step (launched "
+        "under overlap before the result was known) still reads and writes its row and KV "
+        "pages; a request admitted next takes the slot. The normal loop has no next step in "
+        "flight.",
+        "SGLang #18744, fixed by #18803 (spec v2 overlap: `release_kv_cache` returned a finished "
+        "request's `req_pool_idx` while the draft-extend forward still read its `req_to_token` "
+        "row; a recycled index had the row overwritten from the other stream)",
+        ("slot-not-in-flight", "no-race", "oracle"),
+        speculative=True,
+    ),
+    Fault(
+        RESOLVE_UNORDERED,
+        "The placeholder resolution of a step is enqueued on the engine stream before the engine "
+        "stream waits for the scheduler stream, so the resolved shift and the step's metadata "
+        "copy (which carries the placeholder) write the same metadata cells from two streams, "
+        "unordered. When the copy lands last the forward runs on an unresolved placeholder: "
+        "wrong positions, wrong tokens. Only the overlap loop launches steps with placeholders.",
+        "SGLang #35748 (spec v2 overlap: the future map of next-step inputs written from the "
+        "schedule stream and the forward stream without ordering; see also #28034, plan-stream "
+        "work with no ordering against its producers)",
+        ("no-race", "placeholder", "oracle"),
+        speculative=True,
+    ),
+    Fault(
+        READS_DONE_EARLY,
+        "The event that says a verify forward has read its drafts is recorded on the engine "
+        "stream before that forward instead of after it, so the scheduler stream copies the next "
+        "step's drafts into the draft rows while the forward may still read them. Outputs stay "
+        "right (a wrong draft is only rejected), but the write-after-read race is there, and "
+        "acceptance drops; only the race check sees it. Only the overlap loop copies the next "
+        "drafts while a forward runs.",
+        "SGLang #37988, fixed in #31686 (the write-after-read 'read done' event was recorded "
+        "before the CUDA graph replay that still re-read the `req_to_token` rows, so "
+        "scheduler-side writes overwrote them mid-replay)",
+        ("no-race",),
+        speculative=True,
+    ),
+    Fault(
+        PLACEHOLDER_UNDERFLOW,
+        "The count of a request's unresolved steps is decremented by the results of its "
+        "non-final prefill chunks too, which never reserved one, so after a chunked prompt it is "
+        "negative. The next verify step in flight then counts as resolved: under overlap the "
+        "step after it starts where the host last knew, one step behind, re-verifying positions "
+        "whose tokens already came back: the user gets repeated tokens whenever a draft was "
+        "accepted. Needs a prompt in two chunks or more.",
+        "vLLM #57562 (AsyncScheduler `num_output_placeholders` driven below zero with chunked "
+        "prefill under concurrency; its assertion killed the engine core), cf. #50692",
+        ("oracle", "kv-provenance"),
+        speculative=True,
+    ),
+)
 
 FAULTS: dict[str, Fault] = {
     f.name: f
@@ -170,6 +247,7 @@ FAULTS: dict[str, Fault] = {
             "them)",
             ("no-race", "kv-provenance", "oracle"),
         ),
+        *SPEC_FAULTS,
     )
 }
 

@@ -22,6 +22,7 @@ from overlapcheck.core.errors import InvariantError
 from overlapcheck.core.messages import AbortMsg, OutMsg, RejectMsg, TokenMsg, UserMsg
 from overlapcheck.core.protocol import Books, Holding, MessageSource
 from overlapcheck.core.rules import max_output, rejection
+from overlapcheck.core.speculative import is_verify
 from overlapcheck.core.trace import PAGE_TABLE, TOKEN_POOL
 from overlapcheck.reference import faults as F
 from overlapcheck.reference.cache.manager import CacheManager
@@ -29,6 +30,7 @@ from overlapcheck.reference.decode import DecodeManager
 from overlapcheck.reference.preemption import Preemption
 from overlapcheck.reference.prefill import Chunk, PrefillManager
 from overlapcheck.reference.req import Req, ReqState
+from overlapcheck.reference.speculative import SpecDecoder
 from overlapcheck.reference.table import TableManager
 
 
@@ -69,6 +71,8 @@ class Scheduler:
         self.inflight: Launched | None = None
         self._staged: Event | None = None
         self._next_batch_id = 1
+        # Speculative decode steps (draft_tokens > 0): reference/speculative.py.
+        self.spec = SpecDecoder(self) if config.draft_tokens else None
 
     # -- public accessors (invariants read these) ---------------------------------------------
 
@@ -220,8 +224,11 @@ class Scheduler:
             return None
         with self.device.span("launch", work=len(reqs)):
             dev = self.device
-            dev.wait_stream(dev.engine_stream, dev.scheduler_stream)
-            output = dev.forward(batch, dev.engine_stream)
+            if self.spec is not None and is_verify(batch):
+                output = self.spec.launch(batch)
+            else:
+                dev.wait_stream(dev.engine_stream, dev.scheduler_stream)
+                output = dev.forward(batch, dev.engine_stream)
             # NOTE: copy-done must follow the forward and its D2H on the engine stream.
             done_on = (
                 dev.scheduler_stream if self._fault(F.COPY_DONE_WRONG_STREAM) else dev.engine_stream
@@ -241,6 +248,8 @@ class Scheduler:
         self.preemption.swap_in(self._reserved_pages())
         chunks, _ = self.prefill.schedule(self._reserved_pages(), step=self.step_no)
         phase: Phase = "prefill"
+        if not chunks and self.spec is not None:
+            return self.spec.schedule()
         if not chunks:
             phase = "decode"
             running = self.preemption.decode_batch(self.decode.batch())
@@ -267,13 +276,16 @@ class Scheduler:
         if token_writes:
             dev.copy_to_device(TOKEN_POOL, token_writes, dev.scheduler_stream)
         batch = BatchInput(batch_id, phase, tuple(seqs))
-        # NOTE: one pinned staging buffer: its previous H2D must have read it before we rewrite it.
-        if self._staged is not None and not self._fault(F.STAGING_BUFFER_REUSE):
-            self._staged.synchronize()
-        self._staged = dev.stage_metadata(batch, dev.scheduler_stream)
+        self._stage(batch)
         for req, _, end in chunks:
             self._mark_launched(req, end)
         return batch, tuple(c.req for c in chunks)
+
+    def _stage(self, batch: BatchInput) -> None:
+        # NOTE: one pinned staging buffer: its previous H2D must have read it before we rewrite it.
+        if self._staged is not None and not self._fault(F.STAGING_BUFFER_REUSE):
+            self._staged.synchronize()
+        self._staged = self.device.stage_metadata(batch, self.device.scheduler_stream)
 
     def _sample_cell(self, req: Req, end: int) -> tuple[int, int]:
         """Where the forward writes the sample taken at position `end - 1`."""
@@ -295,13 +307,17 @@ class Scheduler:
     # -- process results ----------------------------------------------------------------------
 
     def _process(self, launched: Launched) -> None:
+        if self.spec is not None and is_verify(launched.batch):
+            self.spec.process(launched.reqs, launched.output, launched.copy_done)
+            return
         with self.device.span("process", work=len(launched.reqs)):
             launched.copy_done.synchronize()
             tokens = launched.output.tokens()
             for req, seq, token in zip(launched.reqs, launched.batch.seqs, tokens, strict=True):
                 req.inflight -= 1
                 if seq.end < req.fill_len:
-                    pass  # a non-final chunk: nothing to report
+                    if self.spec is not None:
+                        self.spec.chunk_result(req)  # a non-final chunk: nothing to report
                 elif req.drop:
                     req.drop -= 1  # retracted while in flight: sampled again after recompute
                     if self._fault(F.RETRACT_SKIPS_INFLIGHT):
@@ -359,15 +375,16 @@ class Scheduler:
             and not self._is_eos(req, req.outputs[-1])
         )
 
-    def _maybe_release(self, req: Req) -> None:
+    def _maybe_release(self, req: Req, early: bool = False) -> None:
         # NOTE: a finished request may sit in the in-flight batch (its extra round): its slot and
         # pages are still read and written there, so they are freed only once that batch is done.
         if req.preempted:
             self.preemption.settle(req)
             return
+        # `early`: a named fault frees it anyway.
         if not req.done or req.released:
             return
-        if req.inflight > 0 and not self._fault(F.FREE_SLOT_EARLY):
+        if req.inflight > 0 and not (early or self._fault(F.FREE_SLOT_EARLY)):
             return
         req.released = True
         self.cache.release(req)

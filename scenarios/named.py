@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.scenario import RequestSpec, Scenario
+from overlapcheck.scenarios.speculative import speculative
 
 US = 1e-6
 EOS = 2
@@ -169,6 +170,7 @@ NAMED: dict[str, Callable[[], Scenario]] = {
     "preemption": preemption,
     "single-slot": single_slot,
     "page-size-4": page_size_4,
+    "speculative": speculative,
 }
 
 

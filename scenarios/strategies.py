@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from overlapcheck.core.config import POLICIES, PolicyKind, SchedulerConfig
 from overlapcheck.core.scenario import Anchor, RequestSpec, Scenario
+from overlapcheck.reference.faults import FAULTS
 from overlapcheck.scenarios.draws import EOS, US, often, rarely, tokens
 from overlapcheck.scenarios.named import NAMED
 from overlapcheck.scenarios.pressure import (
@@ -23,6 +24,7 @@ from overlapcheck.scenarios.pressure import (
     preempts,
     under_concurrent_pressure,
 )
+from overlapcheck.scenarios.speculative import speculating
 
 TIMED_KINDS = ("schedule", "launch", "process", "h2d", "forward", "d2h")
 # A conversation tree (see `workloads`): one workload in BRANCHING_ONE_IN, up to TREE_REQUESTS
@@ -38,6 +40,12 @@ PRESSURE_EIGHTHS = (2, 5)
 # lifecycle point of a request plus up to ANCHOR_ITERATIONS iterations.
 ANCHOR_ONE_IN = 4
 ANCHOR_ITERATIONS = 2
+SPECULATION_ONE_IN = 4  # speculative decoding on (draft_tokens > 0) in one generated scenario in 4
+
+
+def speculative(faults: frozenset[str]) -> bool:
+    """Whether a named fault in `faults` needs speculation on to be reachable."""
+    return any(f in FAULTS and FAULTS[f].speculative for f in faults)
 
 
 @st.composite
@@ -293,6 +301,9 @@ def generated_scenarios(
         config, reqs = draw(under_concurrent_pressure(config))
     config = draw(preemption_modes(config, faults))
     eos_probability = draw(st.sampled_from((0.0, 0.02, 0.1, 0.3))) if rarely(draw, 3) else 0.0
+    # NOTE: drawn last, as the other kinds: shrinking the gate to 0 keeps the rest of the example.
+    if rarely(draw, SPECULATION_ONE_IN) or speculative(faults):
+        config, reqs = draw(speculating(config, reqs))
     return Scenario("generated", config, reqs, eos_probability=eos_probability)
 
 
@@ -344,7 +355,13 @@ def variations(draw: st.DrawFn, base: Scenario, faults: frozenset[str] = frozens
         max_extend_tokens=draw(st.sampled_from((cfg.max_extend_tokens, 16, 4))),
         faults=faults,
     )
-    config = draw(preemption_modes(config, faults))
+    # (preemption is drawn on the config without speculation: the two do not combine yet)
+    config = draw(preemption_modes(replace(config, draft_tokens=0), faults))
+    drafts = cfg.draft_tokens
+    if speculative(faults) and not drafts:  # (a draw only where a fault needs it)
+        drafts = draw(st.integers(1, 4))
+    if drafts:
+        config = replace(config, preemption="none", page_alloc="reserve", draft_tokens=drafts)
     jitter = draw(
         st.lists(st.integers(0, 200), min_size=len(base.requests), max_size=len(base.requests))
     )
@@ -365,7 +382,10 @@ def mixed_scenarios(
     of a variation that its failure needs."""
     if not rarely(draw, 8):
         return draw(generated_scenarios(faults, policy))
-    base = NAMED[draw(st.sampled_from(sorted(NAMED)))]()
+    if speculative(faults) and draw(st.booleans()):  # (a draw only where a fault needs it)
+        base = NAMED["speculative"]()  # its shapes at once: acceptance, EOS, a skipped round
+    else:
+        base = NAMED[draw(st.sampled_from(sorted(NAMED)))]()
     if policy is not None:
         base = base.with_config(policy=policy)
     varied = draw(variations(base, faults))

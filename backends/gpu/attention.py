@@ -42,7 +42,9 @@ class HostPlan:
             kv.append(kv[-1] + pages)
             lens.append(s.end)
             last.append(s.end - (pages - 1) * page_size)
-        return cls(qo, kv, lens, last, decode=batch.phase == "decode")
+        # A verify batch (speculation) has several queries per sequence: a prefill for attention.
+        decode = batch.phase == "decode" and not any(s.verify for s in batch.seqs)
+        return cls(qo, kv, lens, last, decode=decode)
 
 
 class TorchAttention:

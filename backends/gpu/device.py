@@ -44,7 +44,17 @@ from overlapcheck.core.device import (
 )
 from overlapcheck.core.footprints import FootprintRecorder
 from overlapcheck.core.messages import SamplingParams
-from overlapcheck.core.trace import HOST, KV_LOAD, KV_OFFLOAD, PAGE_TABLE, TOKEN_POOL, Op, Trace
+from overlapcheck.core.speculative import is_verify, output_size, parse_output
+from overlapcheck.core.trace import (
+    DRAFT_POOL,
+    HOST,
+    KV_LOAD,
+    KV_OFFLOAD,
+    PAGE_TABLE,
+    TOKEN_POOL,
+    Op,
+    Trace,
+)
 
 
 class TorchEvent(Event):
@@ -63,12 +73,21 @@ class TorchOutput(ForwardOutput):
         self.device, self.batch, self.host_buffer = device, batch, host_buffer
 
     def tokens(self) -> list[int]:
+        if is_verify(self.batch):
+            return [t[0] for t in self.emitted()]
         with self.device.guard():
             op = self.device.recorder.output_read(self.batch, self.device.now())
             tokens = [int(t) for t in self.host_buffer.tolist()]
         if self.device.gates is not None:
             self.device.gates.after(op)
         return tokens
+
+    def emitted(self) -> list[list[int]]:
+        if not is_verify(self.batch):
+            return super().emitted()
+        with self.device.guard():
+            self.device.recorder.output_read(self.batch, self.device.now())
+            return parse_output(self.batch, [int(t) for t in self.host_buffer.tolist()])
 
 
 class EventClock:
@@ -251,7 +270,12 @@ class TorchDevice(Device):
     def copy_to_device(self, buffer: str, writes: Sequence[RowWrite], stream: Stream) -> None:
         check_rows(self.config, buffer, writes)
         pools = self.engine.pools
-        target = {TOKEN_POOL: pools.token_pool, PAGE_TABLE: pools.page_table}[buffer]
+        targets = {
+            TOKEN_POOL: pools.token_pool,
+            PAGE_TABLE: pools.page_table,
+            DRAFT_POOL: pools.draft_pool,
+        }
+        target = targets[buffer]
         op = self.recorder.op(
             stream.name,
             "h2d",
@@ -302,7 +326,7 @@ class TorchDevice(Device):
 
     def stage_metadata(self, batch: BatchInput, stream: Stream) -> Event:
         check_batch_size(self.config, batch)  # the forward checks the rest
-        flat = batch.metadata()
+        flat = batch.metadata(self.recorder.fields)
         self.staging.numpy()[: len(flat)] = flat  # the host rewrites the one staging buffer now
         staged = self.recorder.staging_write(batch, self.now())
         if self.gates is not None:
@@ -358,7 +382,8 @@ class TorchDevice(Device):
         kernel = self.recorder.forward(batch, stream.name, self.now())
         copy = self.recorder.d2h(batch, stream.name, self.now())
         # -1 until the copy lands, as on the simulator: a too-early read shows.
-        host = torch.full((len(batch.seqs),), -1, dtype=torch.int32, pin_memory=self.cuda)
+        size = output_size(batch) if is_verify(batch) else len(batch.seqs)
+        host = torch.full((size,), -1, dtype=torch.int32, pin_memory=self.cuda)
         if self.cuda:
             torch.cuda.nvtx.range_push(f"forward {batch.label}")
         try:
@@ -370,6 +395,11 @@ class TorchDevice(Device):
             if self.cuda:
                 torch.cuda.nvtx.range_pop()
         return TorchOutput(self, batch, host)
+
+    def resolve(self, batch: BatchInput, stream: Stream) -> None:
+        op = self.recorder.resolve(batch, stream.name, self.now())
+        with self._enqueue(stream, op):
+            self.engine.resolve(batch)
 
     def _params(self, batch: BatchInput) -> list[SamplingParams | None]:
         return [self.sampling.get(s.uid) for s in batch.seqs]

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from overlapcheck.backends.gpu import verify
 from overlapcheck.backends.gpu.attention import FlashInferAttention, TorchAttention
 from overlapcheck.backends.gpu.model import DecoderModel
 from overlapcheck.backends.gpu.pools import Pools
@@ -19,6 +20,7 @@ from overlapcheck.backends.gpu.sampling import is_greedy, sample
 from overlapcheck.core.batch import METADATA_FIELDS, BatchInput, SeqWork
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.messages import SamplingParams
+from overlapcheck.core.speculative import is_verify
 
 
 class Engine:
@@ -43,6 +45,7 @@ class Engine:
         parity = batch.batch_id % 2
         use_graph = (
             batch.phase == "decode"
+            and not is_verify(batch)
             and (parity, len(batch.seqs)) in self.graphs
             and is_greedy(params)
         )
@@ -55,6 +58,10 @@ class Engine:
     def run(self, batch: BatchInput, params: Sequence[SamplingParams | None]) -> torch.Tensor:
         """The forward of a planned batch; returns the samples as read back from `token_pool`."""
         parity, n = batch.batch_id % 2, len(batch.seqs)
+        if is_verify(batch):
+            return verify.forward(
+                self.pools, self.model, self.attention, parity, batch, params, self.generator
+            )
         if self._graph_planned[parity]:
             graph, out = self.graphs[(parity, n)]
             graph.replay()
@@ -79,6 +86,10 @@ class Engine:
         sampled: torch.Tensor = pools.token_storage[idx.out]
         return sampled
 
+    def resolve(self, batch: BatchInput) -> None:
+        """`Device.resolve` on the current stream (see `verify.resolve`)."""
+        verify.resolve(self.pools, batch, pinned=self.model.device.type == "cuda")
+
     def capture(self, batch_sizes: Iterable[int]) -> None:
         """Capture greedy decode graphs for these batch sizes (both parities), then reset the pools.
 
@@ -92,7 +103,7 @@ class Engine:
                 continue
             for parity in (0, 1):
                 batch = _dummy_decode(parity, n, self.config)
-                flat = torch.tensor(batch.metadata(), dtype=torch.int32)
+                flat = torch.tensor(batch.metadata(self.pools.fields), dtype=torch.int32)
                 self.pools.metadata[parity, : n * METADATA_FIELDS].copy_(flat)
                 self.attention.plan(parity, batch, graph=True)
                 greedy: list[SamplingParams | None] = [None] * n

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import torch
 
 from overlapcheck.backends.gpu.model import DecoderModel
-from overlapcheck.core.batch import METADATA_FIELDS
 from overlapcheck.core.config import SchedulerConfig
+from overlapcheck.core.speculative import metadata_fields
 
 # NOTE: the CUDA sanitizer keys accesses by a tensor's data pointer. The forward addresses the
 # token pool and the page table through their whole storage, the scheduler stream writes row
@@ -55,25 +55,34 @@ class Pools:
         shape = model.kv_shape(config.num_pages, config.page_size)
         self.k = [torch.zeros(shape, dtype=model.dtype, device=device) for _ in model.layers]
         self.v = [torch.zeros(shape, dtype=model.dtype, device=device) for _ in model.layers]
+        self.fields = metadata_fields(config)
         self.metadata = torch.full(
-            (2, METADATA_FIELDS * (config.num_slots + 1)), -1, dtype=i32, device=device
+            (2, self.fields * (config.num_slots + 1)), -1, dtype=i32, device=device
         )
+        # Speculation (core/speculative.py): drafts per slot (after a guard element, as above),
+        # each verify sequence's emitted count per batch parity (-1: never written).
+        self.draft_width = max(config.draft_tokens, 1)
+        self.draft_storage = torch.zeros(
+            (GUARD + config.num_slots * self.draft_width,), dtype=i32, device=device
+        )
+        self.draft_pool = self.draft_storage[GUARD:].view(config.num_slots, self.draft_width)
+        self.spec_out = torch.full((2, config.num_slots + 1), -1, dtype=i32, device=device)
         self.max_pages = -(-w // config.page_size)  # pages a full row can hold
         lanes = config.num_slots * self.max_pages + 1  # + the trash lane
         self.kv_pages = [torch.zeros(lanes, dtype=i32, device=device) for _ in range(2)]
 
     def reset(self) -> None:
         """Back to the state of a fresh device (after warm-up runs)."""
-        for t in (self.token_storage, self.table_storage, self.metadata):
+        for t in (self.token_storage, self.table_storage, self.metadata, self.spec_out):
             t.fill_(-1)
-        for t in (*self.k, *self.v, *self.kv_pages):
+        for t in (*self.k, *self.v, *self.kv_pages, self.draft_storage):
             t.zero_()
 
     def index(self, parity: int, n: int, num_tokens: int, decode: bool) -> ForwardIndex:
         """Read metadata slot `parity` (n sequences, `num_tokens` new tokens), gather inputs and
         fill this parity's page-index buffer. Shapes depend on host ints only (graph-capturable)."""
         cfg, w = self.config, self.width
-        meta = self.metadata[parity, : n * METADATA_FIELDS].view(n, METADATA_FIELDS).long()
+        meta = self.metadata[parity, : n * self.fields].view(n, self.fields).long()
         rows = meta[:, 0].remainder(cfg.num_slots)
         starts, ends = meta[:, 1].clamp(0, w - 1), meta[:, 2].clamp(1, w)
         if decode:  # one new token per sequence
@@ -93,6 +102,9 @@ class Pools:
         out_rows = meta[:, 3].remainder(cfg.num_slots + 1)
         out = GUARD + out_rows * w + meta[:, 4].remainder(w)
         return ForwardIndex(ids, pos, cells, last, out)
+
+    def fill_pages(self, parity: int, rows: torch.Tensor, ends: torch.Tensor) -> None:
+        self._fill_pages(parity, rows, ends)
 
     def _fill_pages(self, parity: int, rows: torch.Tensor, ends: torch.Tensor) -> None:
         """Compact each sequence's pages, `page_table[row, 0:end:page_size] // page_size`, into

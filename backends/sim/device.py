@@ -17,9 +17,10 @@ import numpy as np
 import simpy
 
 from overlapcheck.backends.kv_shadow import KvShadow
+from overlapcheck.backends.sim import verify
 from overlapcheck.backends.sim.timing import Timing
 from overlapcheck.backends.sim.toy_model import DTYPE, ToyModel
-from overlapcheck.core.batch import METADATA_FIELDS, BatchInput, RowWrite
+from overlapcheck.core.batch import BatchInput, RowWrite
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.contract import check_batch_size, check_rows
 from overlapcheck.core.device import (
@@ -32,7 +33,8 @@ from overlapcheck.core.device import (
 )
 from overlapcheck.core.errors import InvariantError
 from overlapcheck.core.footprints import FootprintRecorder
-from overlapcheck.core.trace import KV_LOAD, KV_OFFLOAD, PAGE_TABLE, TOKEN_POOL, Trace
+from overlapcheck.core.speculative import is_verify, output_size, parse_output
+from overlapcheck.core.trace import DRAFT_POOL, KV_LOAD, KV_OFFLOAD, PAGE_TABLE, TOKEN_POOL, Trace
 
 OpBody = Callable[[], Generator[simpy.Event, Any, None]]
 
@@ -78,11 +80,20 @@ class SimOutput(ForwardOutput):
     def __init__(self, device: SimDevice, batch: BatchInput) -> None:
         self.device = device
         self.batch = batch
-        self.host_buffer = np.full(len(batch.seqs), -1, dtype=np.int64)
+        size = output_size(batch) if is_verify(batch) else len(batch.seqs)
+        self.host_buffer = np.full(size, -1, dtype=np.int64)
 
     def tokens(self) -> list[int]:
+        if is_verify(self.batch):
+            return [t[0] for t in self.emitted()]
         self.device.recorder.output_read(self.batch, self.device.now())
         return [int(t) for t in self.host_buffer]
+
+    def emitted(self) -> list[list[int]]:
+        if not is_verify(self.batch):
+            return super().emitted()
+        self.device.recorder.output_read(self.batch, self.device.now())
+        return parse_output(self.batch, self.host_buffer.tolist())
 
 
 class _Span:
@@ -158,6 +169,13 @@ class SimDevice(Device):
         self.kv = np.full(config.num_cells, -1, dtype=DTYPE)
         self.metadata = np.full((2, self.recorder.metadata_width), -1, dtype=np.int64)
         self.staging = np.full(self.recorder.metadata_width, -1, dtype=np.int64)
+        self.fields = self.recorder.fields
+        # Speculation (core/speculative.py): drafts per slot, each verify sequence's emitted count
+        # per batch parity (-1: never written, so a placeholder resolved from it stays one).
+        self.draft_pool = np.zeros((config.num_slots, max(config.draft_tokens, 1)), dtype=DTYPE)
+        self.spec_out = np.full((2, config.num_slots + 1), -1, dtype=np.int64)
+        # (forward op seq, sequence index, value) of each placeholder a forward found unresolved.
+        self.placeholder_inputs: list[tuple[int, int, int]] = []
         # What each KV cell was computed for; kept only when `kv-provenance` asks for it.
         self.kv_shadow = kv_shadow
         # The pinned host buffers of KV copies: values, and the shadow's record of them.
@@ -217,7 +235,12 @@ class SimDevice(Device):
 
     def copy_to_device(self, buffer: str, writes: Sequence[RowWrite], stream: Stream) -> None:
         check_rows(self.config, buffer, writes)
-        targets: dict[str, np.ndarray] = {TOKEN_POOL: self.token_pool, PAGE_TABLE: self.page_table}
+        targets: dict[str, np.ndarray] = {
+            TOKEN_POOL: self.token_pool,
+            PAGE_TABLE: self.page_table,
+            DRAFT_POOL: self.draft_pool,
+        }
+        target = targets[buffer]
         target = targets[buffer]
         access = self.recorder.rows(buffer, writes)
         op = self.recorder.op(
@@ -273,7 +296,7 @@ class SimDevice(Device):
 
     def stage_metadata(self, batch: BatchInput, stream: Stream) -> Event:
         check_batch_size(self.config, batch)  # the forward checks the rest
-        flat = np.asarray(batch.metadata(), dtype=np.int64)
+        flat = np.asarray(batch.metadata(self.fields), dtype=np.int64)
         self.staging[: len(flat)] = flat
         self.recorder.staging_write(batch, self.now())
         op = self.recorder.metadata_copy(batch, stream.name, self.now())
@@ -320,6 +343,25 @@ class SimDevice(Device):
 
         self._enqueue(stream, body)
 
+    def _buffers(self) -> verify.Buffers:
+        return verify.Buffers(
+            self.token_pool, self.page_table, self.kv, self.metadata, self.draft_pool, self.spec_out
+        )
+
+    def resolve(self, batch: BatchInput, stream: Stream) -> None:
+        op = self.recorder.resolve(batch, stream.name, self.now())
+        duration, op.delay = self.timing.cost("forward", self.timing.profile.h2d)
+        parity = batch.batch_id % 2
+        sources = [(i, s.source) for i, s in enumerate(batch.seqs) if s.source >= 0]
+
+        def body() -> Generator[simpy.Event, Any, None]:
+            op.start = yield from self._acquire(self.compute, duration)
+            yield self.env.timeout(duration)
+            verify.resolve(self._buffers(), parity, sources, self.fields)
+            op.end = self.now()
+
+        self._enqueue(stream, body)
+
     def forward(self, batch: BatchInput, stream: Stream) -> ForwardOutput:
         output = SimOutput(self, batch)
         kernel = self.recorder.forward(batch, stream.name, self.now())
@@ -327,6 +369,7 @@ class SimDevice(Device):
         copy = self.recorder.d2h(batch, stream.name, self.now())
         copy_duration, copy.delay = self.timing.d2h()
         n = len(batch.seqs)
+        parity, spec = batch.batch_id % 2, is_verify(batch)
 
         first_queued, enqueued_by, copy_queued = 0.0, None, 0.0
         if self._launch is not None:
@@ -339,12 +382,22 @@ class SimDevice(Device):
             if first_queued > self.now():
                 yield self.env.timeout(first_queued - self.now())
             kernel.start = yield from self._acquire(self.compute, duration)
-            plan = self._read_inputs(batch.batch_id % 2, n, kernel.seq)
+            if spec:
+                vplan, unresolved = verify.read(
+                    self.config, self.model, self._buffers(), parity, n, kernel.seq, self.kv_shadow
+                )
+                self.placeholder_inputs += [(kernel.seq, i, v) for i, v in unresolved]
+            else:
+                plan = self._read_inputs(parity, n, kernel.seq)
             yield self.env.timeout(duration)
             if enqueued_by is not None and enqueued_by > self.now():
                 # Launch-bound: the last kernels run only once the host has enqueued them.
                 yield self.env.timeout(enqueued_by - self.now())
                 self.compute.free_at = max(self.compute.free_at, self.now())
+            if spec:
+                verify.write(self._buffers(), vplan, parity, kernel.seq, self.kv_shadow)
+                kernel.end = self.now()
+                return
             # One assignment per buffer; where two sequences write one cell, the later one wins,
             # as when they were written one after the other.
             cells, ids, out_rows, out_cols, tokens = plan
@@ -359,11 +412,12 @@ class SimDevice(Device):
                 # Launch-bound: the stream idles until the host has queued the copy.
                 yield self.env.timeout(copy_queued - self.now())
             copy.start = yield from self._acquire(self.d2h_engine, copy_duration)
-            meta = self.metadata[batch.batch_id % 2, : n * METADATA_FIELDS].reshape(
-                n, METADATA_FIELDS
-            )
-            pool = self.token_pool
-            values = pool[meta[:, 3] % pool.shape[0], meta[:, 4] % pool.shape[1]]
+            if spec:
+                values = verify.copy_out(self.config, self._buffers(), parity, n)
+            else:
+                meta = self.metadata[parity, : n * self.fields].reshape(n, self.fields)
+                pool = self.token_pool
+                values = pool[meta[:, 3] % pool.shape[0], meta[:, 4] % pool.shape[1]]
             yield self.env.timeout(copy_duration)
             output.host_buffer[:] = values
             copy.end = self.now()
@@ -377,7 +431,7 @@ class SimDevice(Device):
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """What the kernel reads when it starts: the KV cells it will write and their ids, and
         where each sequence's sampled token goes, and the token."""
-        meta = self.metadata[parity, : n * METADATA_FIELDS].reshape(n, METADATA_FIELDS)
+        meta = self.metadata[parity, : n * self.fields].reshape(n, self.fields)
         width = self.token_pool.shape[1]
         # Whatever the metadata says (a race may have garbled it), indices wrap into the buffers,
         # as an out-of-bounds read on hardware returns some other cell rather than stopping.

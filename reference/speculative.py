@@ -1,0 +1,253 @@
+"""Speculative decode steps of the reference scheduler (`draft_tokens` > 0).
+
+Each decode step is a verify step (`core/speculative.py`): the host drafts up to k tokens per
+request by prompt lookup, the device keeps what the model agrees with plus one token. In the
+overlap loop the host launches step N+1 before it has processed step N, so it does not know how
+many tokens N emitted: N+1 then covers every start N can leave (a shift of up to N's drafts) and
+carries a placeholder that the device resolves from N's result. The host drafts N+1 as if N
+accepted all of its drafts (a wrong guess costs acceptance, never correctness).
+
+A request's step is launched only when even the longest run its in-flight step can emit leaves
+its own tokens inside `max_tokens`; otherwise it waits one iteration for that result. So every
+step has an output to give, and no step reaches past the pages admission reserved.
+
+Every fix of a known upstream bug of speculation under overlap sits at a spot guarded by a named
+fault (see `reference/faults.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from overlapcheck.core.batch import BatchInput, RowWrite, SeqWork
+from overlapcheck.core.config import SchedulerConfig
+from overlapcheck.core.device import Device, Event, ForwardOutput
+from overlapcheck.core.speculative import has_placeholders
+from overlapcheck.core.trace import DRAFT_POOL, PAGE_TABLE
+from overlapcheck.reference import faults as F
+from overlapcheck.reference.cache.manager import CacheManager
+from overlapcheck.reference.decode import DecodeManager
+from overlapcheck.reference.drafter import prompt_lookup
+from overlapcheck.reference.req import Req
+
+
+class Host(Protocol):
+    """What the speculative steps use of the scheduler that runs them (reference/scheduler.py)."""
+
+    config: SchedulerConfig
+    device: Device
+    cache: CacheManager
+    decode: DecodeManager
+    _next_batch_id: int
+
+    def _stage(self, batch: BatchInput) -> None: ...
+
+    def _append(self, req: Req, token: int) -> None: ...
+
+    def _maybe_release(self, req: Req, early: bool = False) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Round:
+    """A request's latest verify step: where it ran and what it guessed."""
+
+    batch_id: int
+    index: int  # the request's sequence index in that batch
+    drafts: tuple[int, ...]
+
+
+@dataclass(slots=True)
+class SpecState:
+    last: Round | None = None
+    unresolved: int = 0  # verify steps launched whose results are not processed
+    processed_start: int = -1  # where the latest processed step really started
+
+
+@dataclass(slots=True)
+class SpecStats:
+    steps: int = 0  # verify sequences launched
+    drafted: int = 0
+    emitted: int = 0  # tokens their results gave (before any cut)
+    waits: int = 0  # times a request sat out an iteration for its in-flight result
+
+
+class SpecDecoder:
+    def __init__(self, scheduler: Host) -> None:
+        self.s = scheduler
+        self.k = scheduler.config.draft_tokens
+        self.states: dict[Req, SpecState] = {}
+        self.reads_done: Event | None = None  # after the latest forward that read draft_pool
+        self.stats = SpecStats()
+
+    def state(self, req: Req) -> SpecState:
+        st = self.states.get(req)
+        if st is None:
+            st = self.states[req] = SpecState()
+        return st
+
+    def _fault(self, name: str) -> bool:
+        return name in self.s.config.faults
+
+    # -- schedule ------------------------------------------------------------------------------
+
+    def schedule(self) -> tuple[BatchInput | None, tuple[Req, ...]]:
+        """The decode batch: a verify sequence per request that can take a step now."""
+        s = self.s
+        for gone in [r for r in self.states if r.released]:
+            del self.states[gone]
+        batch_id = s._next_batch_id  # taken only if a batch is built: placeholders name B - 1
+        seqs: list[SeqWork] = []
+        reqs: list[Req] = []
+        rounds: list[Round] = []
+        table_writes: list[RowWrite] = []
+        draft_writes: list[RowWrite] = []
+        for req in s.decode.batch():
+            planned = self._plan(req, batch_id)
+            if planned is None:
+                self.stats.waits += 1
+                continue
+            start, shift, source, drafts = planned
+            end = start + shift + len(drafts) + 1
+            s.cache.grow(req, end)
+            if req.table_len < end:
+                table_writes.append(
+                    RowWrite(req.slot, req.table_len, tuple(req.cells[req.table_len : end]))
+                )
+                req.table_len = end
+            if drafts:
+                draft_writes.append(RowWrite(req.slot, 0, drafts))
+            seqs.append(
+                SeqWork(
+                    req.uid,
+                    req.slot,
+                    start,
+                    end,
+                    req.slot,
+                    start + 1,
+                    req.cells[:end],
+                    verify=True,
+                    drafts=len(drafts),
+                    shift=shift,
+                    source=source,
+                )
+            )
+            reqs.append(req)
+            rounds.append(Round(batch_id, len(seqs) - 1, drafts))
+        if not seqs:
+            return None, ()
+        s._next_batch_id += 1
+        dev = s.device
+        if table_writes:
+            dev.copy_to_device(PAGE_TABLE, table_writes, dev.scheduler_stream)
+        if draft_writes:
+            # NOTE: one draft row per slot: the forward that reads the old drafts must have run
+            # before the new ones are copied over them.
+            if self.reads_done is not None:
+                dev.wait_event(dev.scheduler_stream, self.reads_done)
+            dev.copy_to_device(DRAFT_POOL, draft_writes, dev.scheduler_stream)
+        batch = BatchInput(batch_id, "decode", tuple(seqs))
+        s._stage(batch)
+        for req, seq, rnd in zip(reqs, seqs, rounds, strict=True):
+            st = self.state(req)
+            st.last = rnd
+            st.unresolved += 1
+            req.inflight += 1
+            req.device_len = max(req.device_len, seq.start + 2)  # each step emits one at least
+            self.stats.steps += 1
+            self.stats.drafted += seq.drafts
+        return batch, tuple(reqs)
+
+    def _plan(self, req: Req, batch_id: int) -> tuple[int, int, int, tuple[int, ...]] | None:
+        """Start, shift, placeholder source and drafts of the request's next step (None: it
+        waits for its in-flight result)."""
+        st = self.state(req)
+        known = [*req.prompt, *req.outputs]
+        limit = req.prompt_len + req.max_output - 1  # the last position an output may take
+        in_flight = st.unresolved > 0  # its latest verify step is unprocessed
+        # upstream: the placeholders reserved for a step outlived its result
+        stale = self._fault(F.STALE_PLACEHOLDER) and st.last is not None
+        last = st.last
+        if (in_flight or stale) and last is not None and last.drafts:
+            # one past the start of the step in flight (known: the one before it was processed)
+            start = len(known) if in_flight else st.processed_start + 1
+            shift = len(last.drafts)
+            room = limit - (start + shift + 1)  # drafts that leave the last output in bounds
+            if room >= 0:
+                source = self._source(req, batch_id, last)
+                guess = prompt_lookup([*known, *last.drafts], min(self.k, room) + 1)[1:]
+                return start, shift, source, tuple(guess)
+            if in_flight:
+                return None  # the step in flight may end the request: wait for its result
+        committed = len(known)
+        if in_flight or req.inflight > 0:  # a step in flight that emits exactly one token
+            committed += 1
+        start = committed - 1
+        room = limit - committed
+        if room < 0:
+            return None
+        count = min(self.k, room)
+        if committed > len(known):
+            drafts = prompt_lookup(known, count + 1)[1:]
+        else:
+            drafts = prompt_lookup(known, count)
+        return start, 0, -1, tuple(drafts)
+
+    def _source(self, req: Req, batch_id: int, last: Round) -> int:
+        """The request's sequence index in the previous batch, where its placeholder resolves."""
+        if last.batch_id == batch_id - 1 or self._fault(F.STALE_PLACEHOLDER):
+            return last.index
+        raise AssertionError(f"request {req.uid}: in-flight step {last.batch_id} not the last")
+
+    # -- launch --------------------------------------------------------------------------------
+
+    def launch(self, batch: BatchInput) -> ForwardOutput:
+        """Order the streams, resolve the placeholders, run the forward (engine stream)."""
+        dev = self.s.device
+        resolve = has_placeholders(batch)
+        if resolve and self._fault(F.RESOLVE_UNORDERED):
+            dev.resolve(batch, dev.engine_stream)  # upstream: before the metadata copy is waited
+            resolve = False
+        dev.wait_stream(dev.engine_stream, dev.scheduler_stream)
+        if resolve:
+            # NOTE: after the metadata copy (the wait above) and after the previous forward
+            # (same stream), before this one.
+            dev.resolve(batch, dev.engine_stream)
+        drafts = any(s.drafts for s in batch.seqs)
+        if drafts and self._fault(F.READS_DONE_EARLY):
+            self.reads_done = dev.record(dev.engine_stream)  # upstream: before the forward reads
+        output = dev.forward(batch, dev.engine_stream)
+        if drafts and not self._fault(F.READS_DONE_EARLY):
+            self.reads_done = dev.record(dev.engine_stream)
+        return output
+
+    # -- process -------------------------------------------------------------------------------
+
+    def process(self, reqs: tuple[Req, ...], output: ForwardOutput, copy_done: Event) -> None:
+        """A verify batch's results: each request's emitted tokens, cut where it finishes."""
+        s = self.s
+        with s.device.span("process", work=len(reqs)):
+            copy_done.synchronize()
+            emitted = output.emitted()
+            for req, tokens in zip(reqs, emitted, strict=True):
+                req.inflight -= 1
+                self.state(req).unresolved -= 1
+                self.stats.emitted += len(tokens)
+                early = False
+                if not req.done:  # else: aborted, or a step past its finish: dropped
+                    self.state(req).processed_start = req.prompt_len + len(req.outputs) - 1
+                    req.kv_len = req.prompt_len + len(req.outputs) + len(tokens) - 1
+                    for token in tokens:  # max_tokens or EOS cuts the step where it falls
+                        s._append(req, token)
+                        if req.done:
+                            # upstream freed the row at once, though the next step reads it
+                            early = self._fault(F.FREE_ROW_IN_VERIFY)
+                            break
+                s._maybe_release(req, early=early)
+                if req.released:
+                    self.states.pop(req, None)
+
+    def chunk_result(self, req: Req) -> None:
+        """A non-final prefill chunk's result (it emits nothing)."""
+        if self._fault(F.PLACEHOLDER_UNDERFLOW):
+            self.state(req).unresolved -= 1  # upstream: as if it had consumed a placeholder

@@ -40,7 +40,9 @@ def check_batch(config: SchedulerConfig, batch: BatchInput) -> None:
     already made of them (a scan per sequence here was a tenth of a simulated iteration)."""
     check_batch_size(config, batch)
     seqs = batch.seqs
-    decode = batch.phase == "decode"
+    # (a verify step of speculative decoding is a decode step of several new positions: its
+    # shape rules are `core/speculative.py`'s)
+    decode = batch.phase == "decode" and not any(s.verify for s in batch.seqs)
     slots = [s.slot for s in seqs]
     if len(set(slots)) != len(slots):
         raise ContractError(f"batch {batch.label} uses a slot twice: {slots}")

@@ -208,8 +208,8 @@ def test_exact_length_and_work_bound_judge_multi_token_steps(
 
 
 def test_work_bound_fires_on_drafts_past_max_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Drafts that ignore the room max_tokens leaves: the step's positions, and so its pages,
-    # reach past what admission reserved for the request.
+    # Drafts that ignore the room max_tokens leaves: the step verifies positions past the last
+    # output the request may have.
     checks = ("work-bound",)
     assert run(spec_scenario(), only=checks).ok
     original = SpecDecoder._plan
@@ -223,7 +223,7 @@ def test_work_bound_fires_on_drafts_past_max_tokens(monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setattr(SpecDecoder, "_plan", greedy)
     result = run(spec_scenario(), only=checks)
-    assert result.violations and "admission reserved" in result.violations[0].message
+    assert result.violations and "max_tokens 10 needs only 10" in result.violations[0].message
 
 
 def test_kv_shadow_judges_only_committed_positions_of_a_verify_step() -> None:

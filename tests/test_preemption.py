@@ -38,6 +38,10 @@ class Kept:
         return self.built.preemption.count
 
 
+# (speculative decoding does not combine with preemption yet: a config error)
+PREEMPTIBLE = [name for name in NAMED if not NAMED[name]().config.draft_tokens]
+
+
 def on_demand(
     scenario: Scenario, policy: str, mode: str = "recompute", **changes: object
 ) -> Scenario:
@@ -70,7 +74,7 @@ def test_each_mode_and_policy_preempts_and_stays_clean(mode: str, policy: str, l
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_on_demand_is_clean_on_every_named_scenario(mode: str, policy: str) -> None:
-    for name in NAMED:
+    for name in PREEMPTIBLE:
         result, _ = run(on_demand(named_scenario(name), policy, mode))
         assert result.ok, (name, result.violations[0].line())
 
@@ -94,7 +98,7 @@ def test_swap_moves_kv_on_the_transfer_stream_ordered_by_events() -> None:
 
 
 def test_reserved_pages_never_preempt_and_change_nothing() -> None:
-    for name in NAMED:
+    for name in PREEMPTIBLE:
         plain, _ = run(named_scenario(name))
         armed, kept = run(named_scenario(name).with_config(preemption="recompute"))
         assert kept.preemptions == 0

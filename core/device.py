@@ -32,7 +32,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from overlapcheck.core.batch import BatchInput, RowWrite
-from overlapcheck.core.contract import ContractError
+from overlapcheck.core.errors import InvariantError
 from overlapcheck.core.trace import Trace
 
 # Host phases whose cost is spent before the calls made inside them: building a batch; and for
@@ -162,7 +162,9 @@ class Device(ABC):
         and write the resolved shift into the metadata slot of `batch`'s parity. It must run after
         that forward and after `batch`'s metadata copy, and before `batch`'s forward; nothing here
         waits (see `core/speculative.py`). A device without speculation refuses."""
-        raise ContractError(f"this device cannot resolve placeholders (batch {batch.label})")
+        raise InvariantError(
+            "device-contract", f"this device cannot resolve placeholders (batch {batch.label})"
+        )
 
     @abstractmethod
     def forward(self, batch: BatchInput, stream: Stream) -> ForwardOutput:

@@ -42,6 +42,7 @@ def kinds_of(scenario: Scenario) -> list[str]:
         "abort-iteration": any(r.abort_iteration is not None for r in reqs),
         "model-eos": scenario.eos_probability > 0,
         "big-shape": cfg.max_seq_len > 48,
+        f"preemption-{cfg.preemption}": cfg.preemption != "none",
     }
     return [k for k, v in found.items() if v]
 

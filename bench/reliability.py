@@ -53,6 +53,7 @@ class Reliability:
     examples: int = 0
     workers: int = 1
     violations: list[str] = field(default_factory=list)
+    kinds: dict[str, int] = field(default_factory=dict)  # examples of each workload kind
     search_seconds: float = 0.0
     counterexamples: list[str] = field(default_factory=list)
     generated: bool = False  # the counterexamples were searched for here
@@ -73,6 +74,7 @@ class Reliability:
             "workers": self.workers,
             "violations": len(self.violations),
             "violation_lines": self.violations,
+            "kinds": dict(sorted(self.kinds.items())),
             "search_seconds": round(self.search_seconds, 3),
             "counterexamples": self.counterexamples,
             "generated": self.generated,
@@ -89,9 +91,9 @@ def _context() -> Any:
     return mp.get_context("spawn")
 
 
-def _clean_share(count: int, seed: int) -> tuple[int, list[str]]:
+def _clean_share(count: int, seed: int) -> tuple[int, list[str], dict[str, int]]:
     run = fixed_clean.run(count, seed)
-    return run.examples, run.violations
+    return run.examples, run.violations, dict(run.kinds)
 
 
 def _replay_once(path: str) -> Replay:
@@ -158,9 +160,11 @@ def run(
     parts = shares(examples, workers)
     with _context().Pool(len(parts)) as pool:
         results = pool.starmap(_clean_share, [(n, stream_seed(0, i)) for i, n in enumerate(parts)])
-    for count, violations in results:
+    for count, violations, kinds in results:
         out.examples += count
         out.violations += violations
+        for kind, n in kinds.items():
+            out.kinds[kind] = out.kinds.get(kind, 0) + n
     out.search_seconds = time.perf_counter() - started
     with _counterexamples(folder, workers) as (paths, generated):
         out.counterexamples, out.generated = [str(p) for p in paths], generated
@@ -183,6 +187,8 @@ def print_report(result: Reliability) -> None:
     )
     for line in result.violations[:20]:
         print(f"  {line}")
+    if result.kinds:
+        print("  kinds: " + ", ".join(f"{k} {n}" for k, n in sorted(result.kinds.items())))
     where = "searched for here, one per named fault" if result.generated else "given"
     identical = sum(r.identical for r in result.replays)
     print(

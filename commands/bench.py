@@ -74,6 +74,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="--mutants: the search's seed (repeatable: the whole table once per seed; default 0)",
     )
     p.add_argument(
+        "--preemption-rate",
+        action="store_true",
+        help="the share of --examples generated workloads in which the on-demand example "
+        "scheduler (examples/ondemand_scheduler.py) preempts, and its violations (must be 0)",
+    )
+    p.add_argument(
         "--reliability",
         action="store_true",
         help="the fixed scheduler over --examples generated workloads (violations must be 0), "
@@ -121,6 +127,7 @@ def main(args: argparse.Namespace) -> int:
             or args.mutants is not None
             or args.reliability
             or args.minisgl
+            or args.preemption_rate
         )
         if args.speed or not chosen:
             from overlapcheck.bench import sim_speed
@@ -167,6 +174,19 @@ def main(args: argparse.Namespace) -> int:
                     }
                     for s in scores
                 ]
+        if args.preemption_rate:
+            from overlapcheck.bench import preemption_rate
+
+            rate = preemption_rate.run(args.examples)
+            print(
+                f"preemption rate: the on-demand example over {rate.examples} generated examples: "
+                f"preempted in {rate.preempted} ({rate.share:.1%}), {rate.preemptions} "
+                f"preemptions, {len(rate.violations)} violation(s) (must be 0)"
+            )
+            for line in rate.violations[:20]:
+                print(f"  {line}")
+            report["preemption_rate"] = asdict(rate) | {"share": rate.share}
+            code = max(code, 1 if rate.violations else 0)
         if args.reliability:
             from overlapcheck.bench import reliability
 
@@ -174,7 +194,7 @@ def main(args: argparse.Namespace) -> int:
             result = reliability.run(args.examples, args.workers, args.replays, folder)
             reliability.print_report(result)
             report["reliability"] = result.to_json()
-            code = 0 if result.ok else 1
+            code = max(code, 0 if result.ok else 1)
     if args.json:
         print(json.dumps(report, indent=1))
     return code

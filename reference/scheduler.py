@@ -85,6 +85,11 @@ class Scheduler:
             or bool(self.preemption.swapped)
         )
 
+    @property
+    def preemptions(self) -> int:
+        """Requests preempted so far (for measurements)."""
+        return self.preemption.count
+
     def books(self) -> Books:
         """The resource books (the protocol's optional capability), after checking the prefix
         tree's own structure.

@@ -77,47 +77,55 @@ def _arrival(spec: RequestSpec) -> float:
 
 
 @st.composite
-def concurrent_workloads(draw: st.DrawFn, config: SchedulerConfig) -> tuple[RequestSpec, ...]:
-    """Two requests or more that arrive close together and decode long enough to outgrow what
-    their prompts took (a share of the row each), now and then sharing a prefix, stopping at a
-    scripted EOS or aborted. Shrinks to two short requests at time 0."""
+def _concurrent_request(
+    draw: st.DrawFn, width: int, shared: tuple[int, ...], share: int
+) -> RequestSpec:
+    own = tuple(draw(st.lists(tokens, min_size=1, max_size=12)))
+    prompt = ((shared if draw(st.booleans()) else ()) + own)[: width - 1]
+    room = width - len(prompt)
+    max_tokens = max(1, room * (share + draw(st.integers(0, 2))) // 16)
+    continuation: tuple[int, ...] = ()
+    if draw(st.booleans()):  # stop at a scripted EOS after k tokens
+        k = draw(st.integers(0, min(max_tokens, 8) - 1))
+        continuation = tuple(draw(st.lists(tokens, min_size=k, max_size=k))) + (EOS,)
+    return RequestSpec(
+        0,
+        prompt,
+        max_tokens=max_tokens,
+        arrival=draw(st.integers(0, 20)) * US,
+        ignore_eos=draw(st.booleans()),
+        continuation=continuation,
+        abort_iteration=draw(st.integers(0, 40)) if rarely(draw, 8) else None,
+    )
+
+
+@st.composite
+def concurrent_workloads(
+    draw: st.DrawFn, config: SchedulerConfig, pair: bool = False
+) -> tuple[RequestSpec, ...]:
+    """Requests that arrive close together and decode long enough to outgrow what their prompts
+    took (a similar share of the row each), now and then sharing a prefix, stopping at a scripted
+    EOS (or ignoring it) or aborted. Two or more as drawn; a list, so that shrinking can delete
+    any of them (down to the one a failure needs). `pair`: never fewer than two."""
     width = config.max_seq_len
     shared = tuple(draw(st.lists(tokens, max_size=8)))
-    n = draw(st.integers(2, config.num_slots + 2))
     # One output share for all (so no single request outgrows the rest), jittered per request.
-    share = draw(st.integers(2, 6))
-    out: list[RequestSpec] = []
-    for uid in range(n):
-        own = tuple(draw(st.lists(tokens, min_size=1, max_size=12)))
-        prompt = ((shared if draw(st.booleans()) else ()) + own)[: width - 1]
-        room = width - len(prompt)
-        max_tokens = max(1, room * (share + draw(st.integers(0, 2))) // 16)
-        continuation: tuple[int, ...] = ()
-        if rarely(draw, 4):
-            k = draw(st.integers(0, min(max_tokens, 8) - 1))
-            continuation = tuple(draw(st.lists(tokens, min_size=k, max_size=k))) + (EOS,)
-        abort_iteration = draw(st.integers(0, 40)) if rarely(draw, 8) else None
-        out.append(
-            RequestSpec(
-                uid,
-                prompt,
-                max_tokens=max_tokens,
-                arrival=draw(st.integers(0, 20)) * US,
-                continuation=continuation,
-                abort_iteration=abort_iteration,
-            )
-        )
-    return tuple(out)
+    share = draw(st.integers(3, 8))
+    request = _concurrent_request(width, shared, share)
+    specs = draw(st.lists(request, min_size=1, max_size=config.num_slots + 2))
+    if pair or draw(st.booleans()):  # one more up front: fewer lone requests (shrinks away)
+        specs = [draw(request), *specs]
+    return tuple(replace(spec, uid=uid) for uid, spec in enumerate(specs))
 
 
 @st.composite
 def under_concurrent_pressure(
-    draw: st.DrawFn, config: SchedulerConfig
+    draw: st.DrawFn, config: SchedulerConfig, pair: bool = False
 ) -> tuple[SchedulerConfig, tuple[RequestSpec, ...]]:
     """Two slots or more, a workload of requests that run at once (`concurrent_workloads`), and a
     pool drawn against their concurrent demand (a page count: shrinking a request away keeps the
     pool while it stays in bounds)."""
     config = replace(config, num_slots=max(2, config.num_slots))
-    reqs = draw(concurrent_workloads(config))
+    reqs = draw(concurrent_workloads(config, pair))
     low, high = (concurrent_pool(config, reqs, k) for k in CONCURRENT_EIGHTHS)
     return replace(config, num_pages=draw(st.integers(low, high))), reqs

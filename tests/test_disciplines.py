@@ -89,6 +89,7 @@ def test_legal_disciplines_preempt_and_stay_clean(name: str, loop: str) -> None:
     assert "M" in labels  # recompute chunks and decodes in one forward
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", LEGAL)
 def test_legal_disciplines_pass_every_named_scenario(name: str) -> None:
     for scenario in NAMED:

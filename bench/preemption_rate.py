@@ -1,0 +1,116 @@
+"""How often generated workloads make a scheduler preempt: the share of generated examples (the
+search's own strategy, drawn timings) in which a scheduler that takes KV pages on demand preempts
+at least once, as the scheduler counts it (its `preemptions`). The default scheduler is the
+on-demand example.
+
+    python -m overlapcheck.bench.preemption_rate [COUNT] [SCHEDULER_SPEC]
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import seed as hypothesis_seed
+from hypothesis import strategies as st
+
+from overlapcheck.backends.sim.backend import SimBackend
+from overlapcheck.backends.sim.timing import Timing
+from overlapcheck.core.config import SchedulerConfig
+from overlapcheck.core.device import Device
+from overlapcheck.core.errors import UserError
+from overlapcheck.core.protocol import (
+    MessageSink,
+    MessageSource,
+    SchedulerFactory,
+    SchedulerUnderTest,
+)
+from overlapcheck.harness.runner import run_scenario
+from overlapcheck.harness.scheduler_spec import SchedulerSpec
+from overlapcheck.scenarios.strategies import HypothesisDelay, scenarios
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ondemand_scheduler.py"
+DEFAULT_SCHEDULER = f"{EXAMPLE}:make_scheduler"
+
+
+@runtime_checkable
+class CountsPreemptions(Protocol):
+    """A scheduler that says how often it preempted (the example and the reference do)."""
+
+    @property
+    def preemptions(self) -> int: ...
+
+
+class Kept:
+    """A factory that keeps the scheduler it built."""
+
+    def __init__(self, factory: SchedulerFactory) -> None:
+        self.factory = factory
+        self.built: SchedulerUnderTest | None = None
+
+    def __call__(
+        self, config: SchedulerConfig, device: Device, source: MessageSource, sink: MessageSink
+    ) -> SchedulerUnderTest:
+        self.built = self.factory(config, device, source, sink)
+        return self.built
+
+
+@dataclass
+class Rate:
+    examples: int = 0
+    preempted: int = 0  # examples with at least one preemption
+    preemptions: int = 0
+    violations: list[str] = field(default_factory=list)
+
+    @property
+    def share(self) -> float:
+        return self.preempted / self.examples if self.examples else 0.0
+
+
+def run(count: int, spec: str = DEFAULT_SCHEDULER, seed: int = 0) -> Rate:
+    factory = SchedulerSpec(spec).factory()
+    out = Rate()
+
+    @hypothesis_seed(seed)
+    @settings(
+        max_examples=count,
+        deadline=None,
+        database=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(st.data())
+    def example(data: st.DataObject) -> None:
+        scenario = data.draw(scenarios())
+        kept = Kept(factory)
+        timing = Timing(source=HypothesisDelay(data))
+        result = run_scenario(scenario, SimBackend(timing), scheduler=kept)
+        if not isinstance(kept.built, CountsPreemptions):
+            raise UserError(f"{spec}: the scheduler has no `preemptions` count to read")
+        out.examples += 1
+        out.preempted += kept.built.preemptions > 0
+        out.preemptions += kept.built.preemptions
+        out.violations.extend(v.line() for v in result.violations)
+
+    example()
+    return out
+
+
+def main(argv: list[str]) -> int:
+    count = int(argv[0]) if argv else 1000
+    spec = argv[1] if len(argv) > 1 else DEFAULT_SCHEDULER
+    rate = run(count, spec)
+    print(
+        f"examples: {rate.examples}, preempted in {rate.preempted} ({rate.share:.1%}), "
+        f"{rate.preemptions} preemptions, violations: {len(rate.violations)}"
+    )
+    for line in rate.violations[:20]:
+        print("  " + line)
+    return 1 if rate.violations else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

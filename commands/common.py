@@ -224,6 +224,16 @@ def skipped(args: argparse.Namespace) -> frozenset[str]:
     return frozenset(args.skip)
 
 
+def add_hang_timeout_option(parser: argparse.ArgumentParser, default: str) -> None:
+    parser.add_argument(
+        "--hang-timeout",
+        type=finite_nonneg_float,
+        metavar="SECONDS",
+        help="wall-clock seconds one step() may take before it is the finding no-hang, with the "
+        f"frame where it was stuck (0: no limit; default: {default})",
+    )
+
+
 def add_check_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--check",

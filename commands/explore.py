@@ -19,6 +19,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from overlapcheck.backends.sim.timing import Profile
 from overlapcheck.commands.common import (
     add_check_option,
+    add_hang_timeout_option,
     add_scheduler_option,
     add_skip_option,
     finite_positive_float,
@@ -44,7 +45,7 @@ from overlapcheck.explore.parallel import (
 from overlapcheck.explore.resume import resumed_spec
 from overlapcheck.explore.search import CUT_BUDGET, CUT_INTERRUPTED, SearchSpec, probe_scheduler
 from overlapcheck.formats import counterexample
-from overlapcheck.harness.runner import RunResult
+from overlapcheck.harness.runner import DEFAULT_HANG_TIMEOUT, RunResult
 from overlapcheck.harness.scheduler_spec import SchedulerSpec
 from overlapcheck.orchestrate.sim_replay import replay_on_sim
 from overlapcheck.reference.faults import UnknownFaultError, parse_faults
@@ -112,6 +113,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "normal loop: --loop normal)",
     )
     add_check_option(p)
+    add_hang_timeout_option(p, f"{DEFAULT_HANG_TIMEOUT:g}")
     add_scheduler_option(p)
     p.add_argument(
         "--workers",
@@ -173,6 +175,7 @@ def main(args: argparse.Namespace) -> int:
         skip=skip,
         policy=args.policy,
         loop=args.loop,
+        hang_timeout=DEFAULT_HANG_TIMEOUT if args.hang_timeout is None else args.hang_timeout,
         extra_checks=tuple(args.check),
         scheduler=scheduler_from_args(args) or SchedulerSpec(),
     )

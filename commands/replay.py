@@ -9,6 +9,7 @@ import sys
 import networkx as nx
 
 from overlapcheck.commands.common import (
+    add_hang_timeout_option,
     add_model_options,
     add_scheduler_option,
     finish_with_outputs,
@@ -47,6 +48,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--repeat", type=positive_int, default=1, metavar="N", help="(cpu/cuda) repeats")
     add_model_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_hang_timeout_option(p, "the one the file records")
     p.add_argument(
         "--no-faults",
         action="store_true",
@@ -109,7 +111,7 @@ def main(args: argparse.Namespace) -> int:
             under_test if under_test is not cex else None,
         )
     target = cex.without_faults() if args.no_faults else cex
-    result = replay_on_sim(target, scheduler)
+    result = replay_on_sim(target, scheduler, args.hang_timeout)
     verdict = judge(cex, result, scheduler, args.no_faults)
     code = EXIT[verdict.kind]
     if args.json:

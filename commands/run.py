@@ -11,6 +11,7 @@ from overlapcheck.backends.registry import BACKENDS, make_backend
 from overlapcheck.commands.common import (
     add_check_option,
     add_config_overrides,
+    add_hang_timeout_option,
     add_model_options,
     add_scheduler_option,
     add_skip_option,
@@ -49,6 +50,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     add_timing(p)
     add_check_option(p)
     add_skip_option(p)
+    add_hang_timeout_option(p, "5 on the simulator, none on cpu/cuda, whose first forward compiles")
     add_scheduler_option(p)
     p.add_argument(
         "--keep-going",
@@ -87,6 +89,7 @@ def main(args: argparse.Namespace) -> int:
         check_specs(skip, args.check) if skip or args.check else None,
         scheduler=spec.factory(),
         keep_going=args.keep_going,
+        hang_timeout=args.hang_timeout,
     )
     # The verdict first, flushed: an output file that cannot be written must never hide it.
     if args.json:

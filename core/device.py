@@ -75,7 +75,10 @@ class Event(ABC):
 
     @abstractmethod
     def query(self) -> bool:
-        """Whether the event fired already (never blocks, records nothing)."""
+        """Whether the event fired already. Never blocks. A query costs host time like any host
+        work (on the simulator 1 µs of simulated time, `backends/sim/device.QUERY_COST`), so a
+        loop that polls until the event fires makes progress. One that returns True orders the
+        host after the event's work, as `synchronize` does (recorded as a `host_query`)."""
 
 
 class ForwardOutput(ABC):

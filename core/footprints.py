@@ -82,6 +82,12 @@ class FootprintRecorder:
         """The host blocking on an event from now; the device sets its end."""
         return self.op(HOST, "host_wait", now, label=f"wait e{event_id}", waits=event_id, start=now)
 
+    def host_query(self, event_id: int, now: float) -> Op:
+        """The host saw the event fired without blocking: ordered after it, as by a wait."""
+        return self.op(
+            HOST, "host_query", now, label=f"query e{event_id}", waits=event_id, start=now, end=now
+        )
+
     def idle(self, start: float, end: float) -> Op:
         return self.op(HOST, "idle", start, label="idle", start=start, end=end)
 

@@ -137,6 +137,18 @@ class Trace:
     def next_seq(self) -> int:
         return len(self.ops)
 
+    def cut(self, num_ops: int, num_messages: int, num_received: int, now: float) -> None:
+        """Back to what it held at simulated time `now`, when it had that many operations and
+        messages: what ran after (in a step a watchdog interrupted after a wall-clock time) is
+        dropped, and an earlier operation that started or ended after `now` is unstarted or
+        unfinished again, so the trace of an interrupted run is the same in every process."""
+        del self.ops[num_ops:], self.messages[num_messages:], self.received[num_received:]
+        for op in self.ops:
+            if op.start is not None and op.start > now and op.agent != HOST:
+                op.start, op.delay = None, 0.0
+            if op.end is not None and op.end > now:
+                op.end = None
+
     def digest(self) -> str:
         """A hex digest of the canonical trace: same inputs give the same digest in any process.
 

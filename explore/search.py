@@ -28,8 +28,9 @@ from overlapcheck.core.config import LoopKind, PolicyKind
 from overlapcheck.core.scenario import Scenario
 from overlapcheck.core.trace import Trace
 from overlapcheck.harness.crash import CheckerBug
-from overlapcheck.harness.runner import RunResult, run_scenario
+from overlapcheck.harness.runner import DEFAULT_HANG_TIMEOUT, RunResult, run_scenario
 from overlapcheck.harness.scheduler_spec import SchedulerSpec
+from overlapcheck.harness.watchdog import DeadlineReached
 from overlapcheck.invariants.registry import check_specs
 from overlapcheck.scenarios.named import named_scenario
 from overlapcheck.scenarios.strategies import HypothesisDelay, scenarios, variations
@@ -277,6 +278,8 @@ class SearchSpec:
     extra_checks: tuple[str, ...] = ()
     scheduler: SchedulerSpec = field(default_factory=SchedulerSpec)
     round_size: int = 25
+    # Wall-clock seconds one step() may take before it is the finding `no-hang` (0: no limit).
+    hang_timeout: float = DEFAULT_HANG_TIMEOUT
     # A saved example (`Found.choices`) to replay first and shrink from: `explore --resume`.
     resume: bytes = b""
     loop: LoopKind | None = None
@@ -352,11 +355,19 @@ def stream_seed(seed: int, index: int) -> int:
 
 
 def run_example(
-    scenario: Scenario, backend: SimBackend, checks: list[str] | None, scheduler: SchedulerSpec
+    scenario: Scenario,
+    backend: SimBackend,
+    checks: list[str] | None,
+    scheduler: SchedulerSpec,
+    hang_timeout: float | None = None,
+    deadline: float | None = None,
 ) -> RunResult:
-    """One run of the scheduler under test."""
+    """One run of the scheduler under test; a step past `hang_timeout` is `no-hang`, and one
+    running at the `deadline` (`time.monotonic()`) raises `DeadlineReached`."""
     factory = None if scheduler.is_reference else scheduler.factory()
-    return run_scenario(scenario, backend, checks, scheduler=factory)
+    return run_scenario(
+        scenario, backend, checks, scheduler=factory, hang_timeout=hang_timeout, deadline=deadline
+    )
 
 
 def probe_scheduler(spec: SearchSpec) -> list[str]:
@@ -365,7 +376,9 @@ def probe_scheduler(spec: SearchSpec) -> list[str]:
     in every stream, and the checks it cannot have (no `books()`) are named once."""
     if spec.scheduler.is_reference:
         return []
-    result = run_example(named_scenario("basic"), SimBackend(), spec.checks, spec.scheduler)
+    result = run_example(
+        named_scenario("basic"), SimBackend(), spec.checks, spec.scheduler, spec.hang_timeout
+    )
     return list(dict.fromkeys(result.notices))
 
 
@@ -390,6 +403,9 @@ def search(
     prof = spec.profile
     stats = SearchStats()
     started = time.perf_counter()
+    # The budget bounds the search whatever the scheduler does: a step still running when it
+    # runs out is stopped there (between examples it is checked as before).
+    deadline = time.monotonic() + spec.budget
     db: ExampleDatabase | None = None
     if spec.database is not None:
         db = FailureDatabase(spec.database, spec.database_namespace())
@@ -411,7 +427,9 @@ def search(
         sc = data.draw(strategy, label="scenario")
         timing = Timing(prof, HypothesisDelay(data, prof.forward))
         try:
-            result = run_example(sc, SimBackend(timing), checks, spec.scheduler)
+            result = run_example(
+                sc, SimBackend(timing), checks, spec.scheduler, spec.hang_timeout, deadline
+            )
         except CheckerBug as bug:  # ours, not the scheduler's: the CLI saves it, exit 3
             bug.extra.update(timing_draws=dict(timing.draws), scheduler=spec.scheduler.text)
             raise
@@ -479,6 +497,8 @@ def search(
                 break
             except _BudgetCut:
                 return SearchResult(stats, best, cut=CUT_BUDGET)
+            except DeadlineReached:  # inside a long step: the example is not judged
+                return SearchResult(stats, best, cut=CUT_BUDGET if best is not None else None)
             finally:
                 stats.seconds = time.perf_counter() - started
                 if on_round is not None:

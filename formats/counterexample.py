@@ -71,6 +71,9 @@ def to_json(
         "invariant": violation.invariant,
         "violation": violation.to_json(),
         "trace_hash": result.trace_hash,
+        # The watchdog's timeout (wall-clock seconds a step may take; null: off): a no-hang
+        # found with a short one must replay with it.
+        "hang_timeout": result.hang_timeout,
         "size": {"requests": len(result.scenario.requests), "iterations": result.iterations},
         # The trace itself, so that tools can read what happened without replaying.
         "trace": trace_to_json(result.trace),
@@ -123,6 +126,7 @@ class Counterexample:
             timing = _object(data.get("timing", {}), "timing")
             self.profile = Profile.from_dict(_object(timing.get("profile", {}), "timing.profile"))
             self.draws = _draws(_object(timing.get("draws", {}), "timing.draws"))
+            self.hang_timeout = _timeout(data.get("hang_timeout", DEFAULT_TIMEOUT))
             self.skip = frozenset(_text(i, "skip") for i in _list(data.get("skip", []), "skip"))
             unknown = sorted(self.skip - set(INVARIANTS))
             if unknown:
@@ -207,6 +211,19 @@ def _object(value: Any, field: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError(f"{field}: expected an object, got {value!r}")
     return value
+
+
+# Files that do not say ran with a 5 s watchdog on the simulator (harness/runner.py).
+DEFAULT_TIMEOUT = 5.0
+
+
+def _timeout(value: Any) -> float | None:
+    if value is None:
+        return None
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not number or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"hang_timeout: expected a finite number of seconds > 0, got {value!r}")
+    return float(value)
 
 
 def _draws(raw: dict[str, Any]) -> dict[int, float]:

@@ -87,6 +87,37 @@ def crash_violation(error: BaseException, step: int, now: float) -> Violation | 
     return None
 
 
+def hang_violation(
+    stack: traceback.StackSummary, timeout: float, step: int, now: float
+) -> Violation | None:
+    """A `no-hang` violation naming the innermost frame of the scheduler's own code on `stack`
+    (outermost first), where a step() stood when the watchdog stopped it; None if no frame of
+    the scheduler's is on it (then overlapcheck itself hung)."""
+    frames = list(stack)
+    for frame in reversed(frames):
+        if _owner(Path(frame.filename).resolve()) != "scheduler":
+            continue
+        where = f"{_short(frame.filename)}:{frame.lineno} in {frame.name}"
+        code = f": `{frame.line}`" if frame.line else ""
+        ours = [f for f in frames if _owner(Path(f.filename).resolve()) == "scheduler"]
+        return Violation(
+            "no-hang",
+            step,
+            now,
+            (),
+            f"step() did not return within {timeout:g} s of wall-clock time; stuck at {where}"
+            f"{code}",
+            {
+                "timeout": timeout,
+                "file": _short(frame.filename),
+                "line": frame.lineno,
+                "function": frame.name,
+                "stack": [f"{_short(f.filename)}:{f.lineno} in {f.name}" for f in ours[-8:]],
+            },
+        )
+    return None
+
+
 def _short(filename: str) -> str:
     path = Path(filename).resolve()
     if path.is_relative_to(_PACKAGE):

@@ -25,8 +25,10 @@ from overlapcheck.core.protocol import SchedulerFactory, SchedulerUnderTest
 from overlapcheck.core.rules import max_output, rejection
 from overlapcheck.core.scenario import RequestSpec, Scenario, user_msg
 from overlapcheck.core.trace import Trace
+from overlapcheck.harness.crash import CheckerBug
 from overlapcheck.harness.scheduler_spec import SchedulerSpec
 from overlapcheck.harness.stepping import Checks, Harness, check_after, drive
+from overlapcheck.harness.watchdog import Watchdog
 from overlapcheck.invariants.base import Invariant, Violation
 from overlapcheck.invariants.context import Request, RunContext
 from overlapcheck.invariants.registry import make_invariants
@@ -57,6 +59,7 @@ class RunResult:
     notices: list[str] = field(default_factory=list)  # checks skipped, and why
     requests: list[Request] = field(default_factory=list)  # every request instance received
     checks: list[Invariant] = field(default_factory=list)  # the invariants, with what they saw
+    hang_timeout: float | None = None  # the watchdog's, in wall-clock seconds (None: off)
 
     @property
     def ok(self) -> bool:
@@ -94,6 +97,8 @@ def run_scenario(
     scheduler: SchedulerFactory | None = None,
     keep_going: bool = False,
     defer_checks: bool | None = None,
+    hang_timeout: float | None = None,
+    deadline: float | None = None,
 ) -> RunResult:
     """Run until idle (or the first violation; every violation with `keep_going`) and report.
 
@@ -103,6 +108,10 @@ def run_scenario(
     `defer_checks` (default: on a real engine) runs the checks that read only the trace and the
     messages after the run, over the recorded events: their host time would otherwise stretch
     the host's iterations and move the timing under test (a GPU replay's race would not land).
+    `hang_timeout`: wall-clock seconds one `step()` may take before it is the finding `no-hang`
+    (default: `DEFAULT_HANG_TIMEOUT` on the simulator; off on a real engine, whose first forward
+    compiles for tens of seconds; 0: off). `deadline` (`time.monotonic()`): a search's end, past
+    which a running step is stopped with `DeadlineReached`.
     """
     started = time.perf_counter()
     scenario = backend.prepare(scenario)
@@ -125,7 +134,7 @@ def run_scenario(
     harness = Harness(ctx, checks, source, _oracle(scenario, backend, wanted))
     if later:
         harness.log = []
-    sched = _build(factory, cfg, device, harness)
+    sched = _build(factory, cfg, device, harness, scenario, ours=scheduler is None)
     ctx.scheduler = sched
     for inv in checks.checks:
         inv.bind(ctx)
@@ -137,7 +146,8 @@ def run_scenario(
         )
         checks.checks = [inv for inv in checks.checks if inv not in skipped]
     with _fewer_collections():
-        completed = drive(sched, ctx, checks, step_bound(scenario), harness.log)
+        watchdog = Watchdog(hang_timeout_for(backend, hang_timeout), deadline)
+        completed = drive(sched, ctx, checks, step_bound(scenario), harness.log, watchdog)
     violations, notices = checks.violations, ctx.notices
     if later:
         assert harness.log is not None
@@ -161,7 +171,20 @@ def run_scenario(
         notices=notices,
         requests=ctx.ledger.requests,
         checks=checks.checks + later,
+        hang_timeout=watchdog.timeout,
     )
+
+
+# Wall-clock seconds a simulated step may take: a step of the largest configuration a run can
+# hold takes about a second on a loaded 2-core machine, an ordinary one a millisecond.
+DEFAULT_HANG_TIMEOUT = 5.0
+
+
+def hang_timeout_for(backend: Backend, asked: float | None) -> float | None:
+    """The watchdog's timeout: `asked`, else the default on the simulator (0 turns it off)."""
+    if asked is None:
+        return DEFAULT_HANG_TIMEOUT if backend.name == "sim" else None
+    return asked or None
 
 
 def _oracle(
@@ -207,13 +230,23 @@ def _oracle(
 
 
 def _build(
-    factory: SchedulerFactory, cfg: SchedulerConfig, device: Any, harness: Harness
+    factory: SchedulerFactory,
+    cfg: SchedulerConfig,
+    device: Any,
+    harness: Harness,
+    scenario: Scenario,
+    ours: bool,
 ) -> SchedulerUnderTest:
+    """The scheduler under test. A user's factory that raises is one line (exit 2); the built-in
+    reference scheduler failing to start is a bug of overlapcheck's (`ours`), never blamed on a
+    factory the user did not write."""
     try:
         sched = factory(cfg, device, harness, harness.send)
     except UserError:
         raise
     except Exception as err:
+        if ours:
+            raise CheckerBug(err, scenario) from err
         raise UserError(f"the scheduler factory failed: {type(err).__name__}: {err}") from None
     if not isinstance(sched, SchedulerUnderTest):
         raise UserError(

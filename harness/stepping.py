@@ -14,7 +14,8 @@ from overlapcheck.core.errors import InvariantError
 from overlapcheck.core.messages import AbortMsg, InMsg, OutMsg, TokenMsg, UserMsg
 from overlapcheck.core.protocol import MessageSource, SchedulerUnderTest
 from overlapcheck.core.trace import Message
-from overlapcheck.harness.crash import CheckerBug, crash_violation
+from overlapcheck.harness.crash import CheckerBug, crash_violation, hang_violation
+from overlapcheck.harness.watchdog import StepHung, Watchdog
 from overlapcheck.invariants.base import Invariant, InvariantViolated, Violation
 from overlapcheck.invariants.context import Request, RunContext, TracePrefix
 
@@ -182,14 +183,48 @@ def drive(
     checks: Checks,
     bound: int,
     log: list[Logged] | None,
+    watchdog: Watchdog | None = None,
 ) -> bool:
-    """Step the scheduler until idle; True if the run got to its end-of-run checks."""
-    device = ctx.device
+    """Step the scheduler until idle; True if the run got to its end-of-run checks.
+
+    `watchdog` times each step: one past its timeout is a `no-hang` finding, and the trace is
+    cut back to where that step began (what it did until it was stopped depends on the wall
+    clock); its deadline passing raises `DeadlineReached` out of the run."""
+    dog = watchdog or Watchdog(None)
+    try:
+        with dog:
+            return _steps(sched, ctx, checks, bound, log, dog)
+    except StepHung:
+        pass
+    began = dog.began
+    if checks.stopped is not None:
+        return False  # a violation came first; the hang was the scheduler's way out of it
+    assert dog.stack is not None and dog.timeout is not None
+    ctx.device.trace.cut(*began)
+    violation = hang_violation(dog.stack, dog.timeout, ctx.step, began[3])
+    if violation is None:
+        raise CheckerBug(RuntimeError("overlapcheck hung inside a step"), ctx.scenario)
+    record_quietly(checks, violation)
+    return False
+
+
+def _steps(
+    sched: SchedulerUnderTest,
+    ctx: RunContext,
+    checks: Checks,
+    bound: int,
+    log: list[Logged] | None,
+    dog: Watchdog,
+) -> bool:
+    device, trace = ctx.device, ctx.trace
     try:
         while True:
             device.set_step(ctx.step)
             ctx.scheduler_ran()
-            more = sched.step()
+            with dog.step((len(trace.ops), len(trace.messages), len(trace.received), ctx.now())):
+                more = sched.step()
+            if dog.hung:  # the scheduler caught the watchdog's exception and returned
+                raise StepHung
             ctx.scheduler_ran()
             if checks.stopped is not None:
                 return False  # the scheduler swallowed the violation: it still stands
@@ -220,6 +255,8 @@ def drive(
     except CheckerBug:
         raise
     except Exception as err:
+        if dog.hung:  # the scheduler turned the watchdog's exception into one of its own
+            raise StepHung from err
         if checks.stopped is not None:
             return False  # an exception after a violation unwound the scheduler: it stands
         violation = crash_violation(err, ctx.step, ctx.now())

@@ -11,11 +11,21 @@ from overlapcheck.harness.scheduler_spec import SchedulerSpec
 from overlapcheck.invariants.base import Violation
 
 
-def replay_on_sim(cex: Counterexample, scheduler: SchedulerSpec | None = None) -> RunResult:
-    """Run `cex` as recorded, with the recorded scheduler unless `scheduler` overrides it."""
+def replay_on_sim(
+    cex: Counterexample, scheduler: SchedulerSpec | None = None, hang_timeout: float | None = None
+) -> RunResult:
+    """Run `cex` as recorded, with the recorded scheduler unless `scheduler` overrides it, and
+    the recorded watchdog timeout unless `hang_timeout` does (0: off)."""
     spec = scheduler or cex.scheduler
     factory = None if spec.is_reference else spec.factory()
-    return run_scenario(cex.scenario, SimBackend(cex.timing()), cex.invariants, scheduler=factory)
+    timeout = cex.hang_timeout if hang_timeout is None else hang_timeout
+    return run_scenario(
+        cex.scenario,
+        SimBackend(cex.timing()),
+        cex.invariants,
+        scheduler=factory,
+        hang_timeout=0 if timeout is None else timeout,
+    )
 
 
 class Judgement(NamedTuple):

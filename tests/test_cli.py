@@ -182,15 +182,23 @@ def test_explore_and_replay_round_trip(tmp_path: Path) -> None:
 
 
 def test_explore_without_faults_finds_nothing() -> None:
-    proc = cli("explore", "--budget", "2", "--seed", "5")
-    assert proc.returncode == 0 and "no violation found" in proc.stdout
+    proc = cli("explore", "--max-examples", "30", "--budget", "3600", "--seed", "5")
+    assert proc.returncode == 0 and "no violation found: 30 examples" in proc.stdout
 
 
 def test_explore_writes_timelines_beside_the_counterexample_without_clobbering_it(
     tmp_path: Path,
 ) -> None:
     proc = cli(
-        "explore", "--fault", "copy-done-wrong-stream", "--budget", "30", "--out", str(tmp_path)
+        "explore",
+        "--fault",
+        "copy-done-wrong-stream",
+        "--max-examples",
+        "500",
+        "--budget",
+        "3600",
+        "--out",
+        str(tmp_path),
     )
     assert proc.returncode == 1, proc.stderr
     (cex,) = [p for p in tmp_path.glob("no-race-*.json") if not p.name.endswith(".perfetto.json")]

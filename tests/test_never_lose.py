@@ -120,7 +120,7 @@ def search_keeping(out: Path, seed: int) -> tuple[FailureKeeper, list[dict[str, 
         assert json.loads(keeper.path.read_text())["trace_hash"] == data["trace_hash"]
         replaced.append(data)
 
-    spec = SearchSpec(faults=frozenset([FAULT]), budget=60, seed=seed)
+    spec = SearchSpec(faults=frozenset([FAULT]), budget=3600, seed=seed)
     outcome = search_streams(spec, 1, Listener(unshrunk=keeper.first, smaller=smaller))
     assert outcome.found is not None and outcome.cut is None
     return keeper, replaced, outcome
@@ -150,13 +150,31 @@ def test_each_smaller_failure_replaces_the_saved_file(tmp_path: Path) -> None:
     assert_replays(path, outcome.found["invariant"])
 
 
-def test_the_budget_running_out_while_shrinking_keeps_the_smallest_so_far() -> None:
-    spec = SearchSpec(faults=frozenset([FAULT]), budget=3, seed=0)
-    started = time.perf_counter()
+class _Clock:
+    """`time` as the search reads it, with a jump the test controls: the budget runs out at
+    the moment the test says, however fast or loaded the machine is."""
+
+    def __init__(self) -> None:
+        self.jump = 0.0
+
+    def perf_counter(self) -> float:
+        return time.perf_counter() + self.jump
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self.jump
+
+
+def test_the_budget_running_out_while_shrinking_keeps_the_smallest_so_far(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from overlapcheck.explore import search as search_module
+
+    clock = _Clock()
+    monkeypatch.setattr(search_module, "time", clock)
+    spec = SearchSpec(faults=frozenset([FAULT]), budget=3600, max_examples=2000, seed=0)
 
     def slow_save(found: Found) -> bool:
-        # the budget is spent by the time shrinking would start
-        time.sleep(max(0.0, started + spec.budget - time.perf_counter()) + 0.05)
+        clock.jump = spec.budget  # the budget is spent by the time shrinking would start
         return True
 
     result = search(spec, on_failure=slow_save)
@@ -182,12 +200,12 @@ def test_another_fault_set_neither_replays_nor_deletes_saved_failures(tmp_path: 
     def saved() -> set[Path]:
         return {p.relative_to(db) for p in db.rglob("*") if p.is_file()}
 
-    one = SearchSpec(faults=frozenset([FAULT]), budget=60, seed=0, database=str(db))
+    one = SearchSpec(faults=frozenset([FAULT]), budget=3600, seed=0, database=str(db))
     assert search(one).found is not None
     before = saved()
     # The shipped scheduler over the same database: the fault's failures do not replay here
     # (unkeyed, they did, passed, and Hypothesis deleted them)...
-    clean = search(SearchSpec(budget=60, max_examples=30, seed=0, database=str(db)))
+    clean = search(SearchSpec(budget=3600, max_examples=30, seed=0, database=str(db)))
     assert clean.found is None
     assert before <= saved()
     # ...and they are there for the fault's own rerun.
@@ -196,7 +214,7 @@ def test_another_fault_set_neither_replays_nor_deletes_saved_failures(tmp_path: 
 
 
 def saved_counterexample(folder: Path) -> Path:
-    spec = SearchSpec(faults=frozenset([FAULT]), budget=60, seed=0)
+    spec = SearchSpec(faults=frozenset([FAULT]), budget=3600, seed=0)
     outcome = search_streams(spec, 1)
     assert outcome.found is not None
     return counterexample.save_data(outcome.found, folder)

@@ -54,7 +54,7 @@ def test_a_local_ray_instance_finds_a_named_fault_and_saves_it(tmp_path: Path) -
 
 
 def test_search_ray_collects_stats_and_the_counterexample_in_the_driver() -> None:
-    spec = SearchSpec(faults=frozenset(["copy-done-wrong-stream"]), budget=60, seed=0)
+    spec = SearchSpec(faults=frozenset(["copy-done-wrong-stream"]), budget=3600, seed=0)
     unshrunk: list[dict[str, object]] = []
     outcome = search_ray(spec, "local", 2, Listener(unshrunk=unshrunk.append))
     assert outcome.found is not None and outcome.found["invariant"] == "no-race"

@@ -23,7 +23,7 @@ from overlapcheck.scenarios.named import NAMED
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_search_finds_shrinks_and_replays_each_fault(fault: str, tmp_path: Path) -> None:
-    result = search(SearchSpec(faults=frozenset([fault]), budget=120, max_examples=5000, seed=1))
+    result = search(SearchSpec(faults=frozenset([fault]), budget=3600, max_examples=5000, seed=1))
     assert result.found is not None, f"{fault} not found in {result.stats.examples} examples"
     run = result.found.result
     violation = run.violations[0]
@@ -45,7 +45,9 @@ def test_search_finds_shrinks_and_replays_each_fault(fault: str, tmp_path: Path)
 def test_the_fault_is_what_breaks_it(tmp_path: Path) -> None:
     """The same counterexample with the fault switched off is clean."""
     result = search(
-        SearchSpec(faults=frozenset(["staging-buffer-reuse"]), budget=60, max_examples=2000, seed=2)
+        SearchSpec(
+            faults=frozenset(["staging-buffer-reuse"]), budget=3600, max_examples=2000, seed=2
+        )
     )
     assert result.found is not None
     path = counterexample.save(result.found.result, Profile(), result.found.draws, tmp_path)
@@ -57,7 +59,7 @@ def test_the_fault_is_what_breaks_it(tmp_path: Path) -> None:
 @pytest.mark.parametrize("scenario", ["all", *NAMED])
 def test_the_default_scheduler_survives_generated_examples(scenario: str) -> None:
     n = 200 if scenario == "all" else 60
-    result = search(SearchSpec(scenario, budget=120, max_examples=n, seed=3))
+    result = search(SearchSpec(scenario, budget=3600, max_examples=n, seed=3))
     assert result.found is None, result.found and result.found.result.violations[0].line()
     assert result.stats.examples >= n
 
@@ -85,7 +87,7 @@ def test_a_plugged_in_scheduler_is_searched_recorded_and_replayed(
     plugin.write_text(PLUGIN)
     spec = SchedulerSpec(f"{plugin}:make")
     result = search(
-        SearchSpec(faults=frozenset(["copy-done-wrong-stream"]), budget=60, scheduler=spec)
+        SearchSpec(faults=frozenset(["copy-done-wrong-stream"]), budget=3600, scheduler=spec)
     )
     assert result.found is not None
     run = result.found.result
@@ -119,7 +121,7 @@ def test_explore_takes_a_scenario_file_and_explores_variations_of_it(tmp_path: P
         "[[requests]]\nuid = 8\nprompt = [5, 6, 9]\nmax_tokens = 2\n"
     )
     base = load_scenario_file(str(path))
-    result = search(SearchSpec(base, faults=frozenset(["copy-done-wrong-stream"]), budget=60))
+    result = search(SearchSpec(base, faults=frozenset(["copy-done-wrong-stream"]), budget=3600))
     assert result.found is not None
     assert sorted(r.uid for r in result.found.result.scenario.requests) == [7, 8]
 
@@ -136,12 +138,12 @@ def test_the_examples_of_a_seed_do_not_depend_on_the_modules_imported(
     seen: list[str] = []
     run_example = search_module.run_example
 
-    def recording(scenario, backend, checks, scheduler):  # type: ignore[no-untyped-def]
+    def recording(scenario, *args):  # type: ignore[no-untyped-def]
         seen.append(repr(scenario))
-        return run_example(scenario, backend, checks, scheduler)
+        return run_example(scenario, *args)
 
     monkeypatch.setattr(search_module, "run_example", recording)
-    spec = SearchSpec(budget=60, max_examples=30, seed=5)
+    spec = SearchSpec(budget=3600, max_examples=30, seed=5)
     search(spec)
     before, seen[:] = list(seen), []
     # A module full of the small integers a workload is made of, as a user's own code might be.

@@ -65,7 +65,10 @@ class TorchEvent(Event):
         self.device.host_wait(self)
 
     def query(self) -> bool:
-        return self.cuda is None or bool(self.cuda.query())
+        fired = self.cuda is None or bool(self.cuda.query())
+        if fired:
+            self.device.recorder.host_query(self.id, self.device.now())
+        return fired
 
 
 class TorchOutput(ForwardOutput):

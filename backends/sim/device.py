@@ -56,6 +56,11 @@ class _StreamQueue:
         self.wakeup: simpy.Event | None = None
 
 
+# Host time one `Event.query()` costs: time moves only through device calls, so without it a
+# scheduler spinning on a query would never see the event fire.
+QUERY_COST = 1e-6
+
+
 class DeadlockError(InvariantError):
     """The host waits on an event that can never fire."""
 
@@ -73,7 +78,12 @@ class SimEvent(Event):
         self.device.host_wait(self)
 
     def query(self) -> bool:
-        return self.fired.triggered
+        device = self.device
+        device._advance(QUERY_COST)
+        if not self.fired.triggered:
+            return False
+        device.recorder.host_query(self.id, device.now())
+        return True
 
 
 class SimOutput(ForwardOutput):

@@ -2,14 +2,14 @@
 reused uids, long outputs, iteration-keyed arrivals and aborts, model EOS, big shapes) and drawn
 timings: how many examples ran, and every violation found (expected: none).
 
-    python -m overlapcheck.bench.fixed_clean [COUNT] [SEED]
+    python -m overlapcheck.bench.fixed_clean [COUNT] [SEED] [--speculative]
 """
 
 from __future__ import annotations
 
 import sys
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
@@ -19,6 +19,7 @@ from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.backends.sim.timing import Timing
 from overlapcheck.core.scenario import Scenario
 from overlapcheck.harness.runner import run_scenario
+from overlapcheck.scenarios.speculative import speculating
 from overlapcheck.scenarios.strategies import HypothesisDelay, scenarios
 
 
@@ -43,11 +44,13 @@ def kinds_of(scenario: Scenario) -> list[str]:
         "model-eos": scenario.eos_probability > 0,
         "big-shape": cfg.max_seq_len > 48,
         f"preemption-{cfg.preemption}": cfg.preemption != "none",
+        "speculative": cfg.draft_tokens > 0,
     }
     return [k for k, v in found.items() if v]
 
 
-def run(count: int, seed: int = 0) -> CleanRun:
+def run(count: int, seed: int = 0, speculative: bool = False) -> CleanRun:
+    """`speculative`: speculation on in every example (else in the share the generator draws)."""
     out = CleanRun()
 
     @hypothesis_seed(seed)
@@ -61,6 +64,9 @@ def run(count: int, seed: int = 0) -> CleanRun:
     @given(st.data())
     def example(data: st.DataObject) -> None:
         scenario = data.draw(scenarios())
+        if speculative and not scenario.config.draft_tokens:
+            config, reqs = data.draw(speculating(scenario.config, scenario.requests))
+            scenario = replace(scenario, config=config, requests=reqs)
         result = run_scenario(scenario, SimBackend(Timing(source=HypothesisDelay(data))))
         out.examples += 1
         out.kinds.update(kinds_of(scenario))
@@ -73,7 +79,7 @@ def run(count: int, seed: int = 0) -> CleanRun:
 def main(argv: list[str]) -> int:
     count = int(argv[0]) if argv else 20_000
     seed = int(argv[1]) if len(argv) > 1 else 0
-    result = run(count, seed)
+    result = run(count, seed, "--speculative" in argv[2:])
     print(f"examples: {result.examples}, violations: {len(result.violations)}")
     print("kinds: " + ", ".join(f"{k} {n}" for k, n in sorted(result.kinds.items())))
     for line in result.violations[:20]:

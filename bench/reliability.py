@@ -91,8 +91,8 @@ def _context() -> Any:
     return mp.get_context("spawn")
 
 
-def _clean_share(count: int, seed: int) -> tuple[int, list[str], dict[str, int]]:
-    run = fixed_clean.run(count, seed)
+def _clean_share(count: int, seed: int, speculative: bool) -> tuple[int, list[str], dict[str, int]]:
+    run = fixed_clean.run(count, seed, speculative)
     return run.examples, run.violations, dict(run.kinds)
 
 
@@ -153,13 +153,16 @@ def run(
     workers: int | None = None,
     replays: int = REPLAYS,
     folder: Path | None = None,
+    speculative: bool = False,
 ) -> Reliability:
     workers = workers or available_cores()
     out = Reliability(workers=workers)
     started = time.perf_counter()
     parts = shares(examples, workers)
     with _context().Pool(len(parts)) as pool:
-        results = pool.starmap(_clean_share, [(n, stream_seed(0, i)) for i, n in enumerate(parts)])
+        results = pool.starmap(
+            _clean_share, [(n, stream_seed(0, i), speculative) for i, n in enumerate(parts)]
+        )
     for count, violations, kinds in results:
         out.examples += count
         out.violations += violations

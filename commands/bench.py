@@ -87,6 +87,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "identical); exit 1 otherwise",
     )
     p.add_argument(
+        "--speculative",
+        action="store_true",
+        help="--reliability: speculative decoding on in every generated example (draft_tokens "
+        "1-4; default: in one in four)",
+    )
+    p.add_argument(
         "--examples",
         type=positive_int,
         default=2000,
@@ -191,7 +197,9 @@ def main(args: argparse.Namespace) -> int:
             from overlapcheck.bench import reliability
 
             folder = Path(args.counterexamples) if args.counterexamples else None
-            result = reliability.run(args.examples, args.workers, args.replays, folder)
+            result = reliability.run(
+                args.examples, args.workers, args.replays, folder, args.speculative
+            )
             reliability.print_report(result)
             report["reliability"] = result.to_json()
             code = max(code, 0 if result.ok else 1)

@@ -104,13 +104,41 @@ FIX_3 = [
     @torch.inference_mode()""",
     ),
 ]
-FIX_4 = [  # an abort drops the result of the request's batch in flight
+FIX_4 = [  # an abort drops the result of the request's batch in flight, wherever the request is
     (
-        """            if req_to_free is not None:
+        """            req_to_free = req_to_free or self.decode_manager.abort_req(msg.uid)
+            if req_to_free is not None:
                 self._free_req_resources(req_to_free)""",
-        """            if req_to_free is not None:
+        """            req_to_free = req_to_free or self.decode_manager.abort_req(msg.uid)
+            req_to_free = req_to_free or next(
+                (
+                    r
+                    for r in self.inflight_reqs
+                    if r.uid == msg.uid
+                    and r not in self.finished_reqs
+                    and not isinstance(r, ChunkedReq)
+                ),
+                None,
+            )
+            if req_to_free is not None:
                 self._free_req_resources(req_to_free)
                 self.finished_reqs.add(req_to_free)""",
+    ),
+    (
+        """        self.finished_reqs: Set[Req] = set()""",
+        """        self.finished_reqs: Set[Req] = set()
+        self.inflight_reqs: List[Req] = []""",
+    ),
+    (
+        """        batch, sample_args, input_mapping, output_mapping = forward_input""",
+        """        batch, sample_args, input_mapping, output_mapping = forward_input
+        self.inflight_reqs = batch.reqs""",
+    ),
+    (
+        """        self.finished_reqs = new_finished_reqs""",
+        """        self.finished_reqs = new_finished_reqs
+        if self.inflight_reqs is batch.reqs:
+            self.inflight_reqs = []""",
     ),
 ]
 # Beyond the four, this checker found a fifth (test below): with the radix cache,

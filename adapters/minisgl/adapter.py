@@ -30,6 +30,7 @@ from overlapcheck.core.errors import UserError
 from overlapcheck.core.messages import AbortMsg, RejectMsg, TokenMsg, UserMsg
 from overlapcheck.core.protocol import Books, MessageSink, MessageSource
 from overlapcheck.core.rules import rejection
+from overlapcheck.core.trace import HOST
 
 
 class _Idle(Exception):
@@ -151,7 +152,9 @@ class MiniSglScheduler:
                 if last_data is None:
                     super()._process_last_data(last_data)
                     return
-                with adapter.device.span("process", len(last_data[0].batch.reqs)):
+                batch = last_data[0].batch
+                with adapter.device.span("process", len(batch.reqs)):
+                    adapter._read_output(batch)
                     super()._process_last_data(last_data)
 
         try:
@@ -195,6 +198,26 @@ class MiniSglScheduler:
                 sched.engine.stream.wait_stream(sched.stream)
                 self.normal_started = True
             sched.normal_loop()
+
+    def _read_output(self, batch: Any) -> None:
+        """Mark the host's read of a batch's results (the harness's lifecycle anchors and the
+        timeline read it); the reads themselves are traced as host reads of the pinned buffer."""
+        found = self.parts.batch_ids.pop(id(batch), None)
+        if found is None:
+            return
+        batch_id, label = found
+        now = self.device.now()
+        uids = tuple(int(r.uid) for r in batch.reqs)
+        self.device.recorder.op(
+            HOST,
+            "read_output",
+            now,
+            label=f"read {label}",
+            batch=batch_id,
+            uids=uids,
+            start=now,
+            end=now,
+        )
 
     def books(self) -> Books:
         return read_books(self.sched, self.data, self.config, self.up)

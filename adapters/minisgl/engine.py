@@ -93,6 +93,8 @@ class EngineParts:
         self.model = model
         self.upstream = upstream  # mini-sglang's modules by name (checkout.load)
         self.batches = 0
+        # Each launched batch's id in the trace, by the Batch object (alive until processed).
+        self.batch_ids: dict[int, tuple[int, str]] = {}
 
 
 def make_engine_class(parts: EngineParts) -> Callable[[Any], Any]:
@@ -142,6 +144,8 @@ def make_engine_class(parts: EngineParts) -> Callable[[Any], Any]:
         def forward_batch(self, batch: Any, args: Any) -> Any:
             assert torch.cuda.current_stream() == self.stream
             parts.batches += 1
+            label = f"{'P' if batch.is_prefill else 'D'}{parts.batches}"
+            parts.batch_ids[id(batch)] = (parts.batches, label)
             tokens = torch.empty(batch.size, dtype=torch.int32, device=self.device)
             assert isinstance(tokens, SimTensor)
             _launch_forward(parts, self, batch, tokens, parts.batches)

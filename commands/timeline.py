@@ -196,9 +196,11 @@ def _compare_backends(args: argparse.Namespace, out: Path) -> Rendered:
     real_backend = make_backend(args.backend, model=args.model, preset=args.preset)
     run_scenario(scenario, real_backend, [])  # warm-up: kernels compile, caches fill
     real = run_scenario(scenario, real_backend, [])
-    finish = getattr(getattr(real_backend, "device", None), "finish", None)
-    if finish is not None:
-        finish()  # every stream op's CUDA-event times are in
+    if args.backend != "sim":
+        from overlapcheck.backends.gpu.backend import TorchBackend
+
+        if isinstance(real_backend, TorchBackend) and real_backend.device is not None:
+            real_backend.device.finish()  # every stream op's CUDA-event times are in
     # The simulator runs the work the device did: its output lengths, its message iterations.
     sim = run_scenario(
         as_ran(scenario, real.outcomes),

@@ -16,6 +16,7 @@ from overlapcheck.core.errors import UserError
 from overlapcheck.core.scenario import Scenario
 from overlapcheck.formats.profile_file import read_profile
 from overlapcheck.harness.scheduler_spec import REFERENCE, SchedulerSpec, parse_spec
+from overlapcheck.invariants.base import Violation
 from overlapcheck.invariants.registry import INVARIANTS, make_invariant
 from overlapcheck.reference.faults import FAULTS, UnknownFaultError, parse_faults
 from overlapcheck.scenarios.loader import ScenarioError, load_scenario_file
@@ -261,6 +262,17 @@ def add_scheduler_option(parser: argparse.ArgumentParser, default: str | None = 
         help="the scheduler under test: PATH.py:FACTORY, module:FACTORY or reference "
         "(default: " + (default or "the one the file records") + ")",
     )
+
+
+def print_hints(violations: Sequence[Violation], loop: str) -> None:
+    """One line on stderr for a finding whose usual cause is a setting, not a bug."""
+    if loop == "overlap" and any(v.invariant == "no-hidden-sync" for v in violations):
+        print(
+            "hint: no-hidden-sync is checked because the run asks for the overlap loop; a "
+            'scheduler with only a normal loop runs with --loop normal (or loop = "normal" in '
+            "the scenario's config), where waiting for each forward is by design",
+            file=sys.stderr,
+        )
 
 
 def finish_with_outputs(ok: bool, writes: Sequence[Callable[[], object]]) -> int:

@@ -26,6 +26,7 @@ from overlapcheck.commands.common import (
     load_profile,
     nonneg_int,
     positive_int,
+    print_hints,
     resolve_scenario,
     scheduler_from_args,
     skipped,
@@ -252,6 +253,7 @@ def main(args: argparse.Namespace) -> int:
     v = cex.reproduced(run) or run.violations[0]
     report.violation = v.to_json() | {"line": v.line()}
     say(f"VIOLATION {v.line()}")
+    print_hints([v], run.config.loop)
     size = f"{len(run.scenario.requests)} request(s), {run.iterations} iterations"
     first = (outcome.unshrunk or {}).get("invariant")
     if outcome.found is not None and first is not None and first != v.invariant:

@@ -14,6 +14,7 @@ from overlapcheck.commands.common import (
     add_scheduler_option,
     finish_with_outputs,
     positive_int,
+    print_hints,
     scheduler_from_args,
 )
 from overlapcheck.commands.paths import output_file
@@ -132,6 +133,7 @@ def main(args: argparse.Namespace) -> int:
     else:
         for line in _explain(cex, result, verdict):
             print(line)
+    print_hints(result.violations, result.config.loop)
     # The verdict first, flushed: a graph that cannot be written must never hide it.
     sys.stdout.flush()
     hit = verdict.hit

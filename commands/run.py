@@ -19,6 +19,7 @@ from overlapcheck.commands.common import (
     apply_overrides,
     finish_with_outputs,
     make_timing,
+    print_hints,
     resolve_scenario,
     scheduler_from_args,
     skipped,
@@ -91,6 +92,7 @@ def main(args: argparse.Namespace) -> int:
         keep_going=args.keep_going,
         hang_timeout=args.hang_timeout,
     )
+    print_hints(result.violations, result.config.loop)
     # The verdict first, flushed: an output file that cannot be written must never hide it.
     if args.json:
         json.dump(run_to_json(result), sys.stdout)

@@ -116,3 +116,28 @@ def test_scheduler_module_from_the_current_folder(
     assert main(["run", "--scenario", "basic", "--scheduler", f"{name}:make"]) == 0
     assert "ok:" in capsys.readouterr().out
     assert main(["run", "--scheduler", "no_such_module_here:make"]) == 2
+
+
+NORMAL_ONLY = """
+from dataclasses import replace
+
+from overlapcheck.examples.minimal_scheduler import MinimalScheduler
+
+
+def make(config, device, source, sink):  # has only a normal loop, whatever the run asks for
+    return MinimalScheduler(replace(config, loop="normal"), device, source, sink)
+"""
+
+
+def test_a_normal_loop_only_scheduler_gets_a_hint_and_runs_clean_with_loop_normal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "normal_only.py"
+    path.write_text(NORMAL_ONLY)
+    argv = ["run", "--scenario", "basic", "--scheduler", f"{path}:make"]
+    assert main(argv) == 1
+    out, err = capsys.readouterr()
+    assert "VIOLATION [no-hidden-sync]" in out
+    assert "hint: no-hidden-sync is checked because the run asks for the overlap loop" in err
+    assert main([*argv, "--loop", "normal"]) == 0
+    assert "hint:" not in capsys.readouterr().err

@@ -44,7 +44,7 @@ def phase_calibrate(out: Path, backend_name: str, preset: str | None) -> None:
     fitted = calibrate(backend, out / "profile.json")
     print(json.dumps(fitted.profile.as_dict(), indent=1))
     print(f"held each stream op {fitted.hold * 1e3:.1f} ms for device times; {fitted.summary()}")
-    check(backend, fitted.profile, traces=out / "traces")
+    check(backend, fitted.profile, traces=out / "traces", say=print)
 
 
 def phase_search(out: Path, budget: float, faults: list[str]) -> None:

@@ -57,7 +57,7 @@ def main(args: argparse.Namespace) -> int:
     # With the reference: it maps scripted EOS onto the model's own output (prepare.py).
     backend = make_torch_backend(args.backend, model=args.model, preset=args.preset)
     if profile is not None:
-        check(backend, profile, traces=args.traces)
+        check(backend, profile, traces=args.traces, say=print)
         return 0
     fitted = calibrate(backend, args.out)
     print(fitted.summary())

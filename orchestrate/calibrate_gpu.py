@@ -247,6 +247,7 @@ def check(
     repeats: int = 9,
     traces: Path | None = None,
     names: tuple[str, ...] = tuple(NAMED),
+    say: Callable[[str], None] = lambda line: None,
 ) -> list[Row]:
     """Per named scenario and figure: the simulator with `profile`, the GPU, and the simulator
     with the host's work (its phases, the leads and tails of forwards) re-measured on this
@@ -254,8 +255,8 @@ def check(
     host's speed drifts by tens of percent over seconds on a shared
     machine, so the first column mixes that drift in; the last one is the model's own error.
     GPU figures are medians over the repeats, whose own range the table shows.
-    Prints the table; with `traces`, saves each scenario's last GPU run and its simulated run
-    there.
+    Hands the table and its verdict to `say` (a command prints them); with `traces`, saves each
+    scenario's last GPU run and its simulated run there.
 
     The simulator runs each scenario as the GPU ran it: the same output lengths (`as_ran`), every
     message at the iteration the GPU received it (an arrival 10 µs either side of an iteration
@@ -297,10 +298,10 @@ def check(
             seen = [r[fig] for r in repeats_seen]
             gpu, noise = statistics.median(seen), relative_range(seen)
             rows.append(Row(name, fig, simulated[fig], gpu, noise, again[fig]))
-    print(format_rows(rows))
-    print(verdict(rows))
+    say(format_rows(rows))
+    say(verdict(rows))
     moved = ", ".join(f"{f} {statistics.median(v):.2f}x" for f, v in drift.items() if v)
-    print(f"host phases as run over the calibrated profile's (median over scenarios): {moved}")
+    say(f"host phases as run over the calibrated profile's (median over scenarios): {moved}")
     return rows
 
 

@@ -260,7 +260,7 @@ def test_calibration_check_compares_every_named_scenario(
     from overlapcheck.formats.trace_file import load_trace
     from overlapcheck.orchestrate.calibrate_gpu import check
 
-    rows = check(cpu, Profile(), repeats=1, traces=tmp_path)
+    rows = check(cpu, Profile(), repeats=1, traces=tmp_path, say=print)
     assert len(rows) == 4 * len(NAMED)
     totals = {r.scenario: r for r in rows if r.figure == "total ms"}
     assert set(totals) == set(NAMED)

@@ -47,6 +47,16 @@ def test_named_scenarios(cuda: TorchBackend, name: str) -> None:
     ok(run_scenario(named_scenario(name), cuda))
 
 
+@pytest.mark.parametrize("loop", ["overlap", "normal"])
+def test_speculative_steps_within_logit_margin(cuda: TorchBackend, loop: str) -> None:
+    # verify forwards through FlashInfer's paged prefill; placeholders only under overlap
+    result = run_scenario(named_scenario("speculative").with_config(loop=loop), cuda)
+    ok(result)
+    assert cuda.max_deficit() <= BF16_LOGIT_MARGIN
+    resolved = any(op.kind == "resolve" for op in result.trace.ops)
+    assert resolved == (loop == "overlap")
+
+
 def test_margin_holds_on_the_larger_preset() -> None:
     """28 layers accumulate more bf16 rounding than 2: the margin must still hold there."""
     backend = make_torch_backend("cuda", preset="qwen3-0.6b")

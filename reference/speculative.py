@@ -236,7 +236,11 @@ class SpecDecoder:
                 early = False
                 if not req.done:  # else: aborted, or a step past its finish: dropped
                     self.state(req).processed_start = req.prompt_len + len(req.outputs) - 1
-                    req.kv_len = req.prompt_len + len(req.outputs) + len(tokens) - 1
+                    # committed, less the last token (its KV comes with the next step); never
+                    # past the row the host has mapped (a fault's confused count stays a finding
+                    # about tokens, not a crash of the cache)
+                    committed = req.prompt_len + len(req.outputs) + len(tokens)
+                    req.kv_len = min(committed - 1, req.table_len)
                     for token in tokens:  # max_tokens or EOS cuts the step where it falls
                         s._append(req, token)
                         if req.done:

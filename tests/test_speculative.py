@@ -229,3 +229,19 @@ def test_work_bound_fires_on_drafts_past_max_tokens(monkeypatch: pytest.MonkeyPa
 def test_kv_shadow_judges_only_committed_positions_of_a_verify_step() -> None:
     result = run(spec_scenario(), only=("kv-provenance",))
     assert result.ok and not np.any([r for r in result.notices if "kv-provenance" in r])
+
+
+def test_placeholder_fires_on_the_sentinel_in_a_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    from overlapcheck.core.messages import TokenMsg
+
+    original = SpecDecoder.process
+
+    def leaky(self: SpecDecoder, reqs: tuple, output: object, copy_done: object) -> None:  # type: ignore[type-arg]
+        original(self, reqs, output, copy_done)  # type: ignore[arg-type]
+        live = [r for r in reqs if not r.done]
+        if live:  # a reply built from a buffer the device never resolved
+            self.s._send(TokenMsg(live[0].uid, PLACEHOLDER, False))  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(SpecDecoder, "process", leaky)
+    result = run(spec_scenario(), only=("placeholder",))
+    assert "the placeholder reached a token message" in result.violations[0].message

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
 from overlapcheck.backends.sim.backend import SimBackend
-from overlapcheck.backends.sim.timing import Profile, Timing
+from overlapcheck.backends.sim.timing import Profile, ReplayDelay, Timing
 from overlapcheck.core.config import LoopKind, PolicyKind
 from overlapcheck.core.scenario import Scenario
 from overlapcheck.core.trace import Trace
@@ -33,7 +33,7 @@ from overlapcheck.harness.scheduler_spec import SchedulerSpec
 from overlapcheck.harness.watchdog import DeadlineReached
 from overlapcheck.invariants.registry import check_specs
 from overlapcheck.scenarios.named import named_scenario
-from overlapcheck.scenarios.strategies import HypothesisDelay, scenarios, variations
+from overlapcheck.scenarios.strategies import HypothesisDelay, kept, scenarios, variations
 
 _choice_order: Callable[[Any], tuple[Any, ...]] | None
 try:  # Hypothesis's own order on examples; internal, hence the fallback below
@@ -198,6 +198,33 @@ class ResumeDatabase(ExampleDatabase):
     def move(self, src: bytes, dest: bytes, value: bytes) -> None:
         if self.inner is not None:
             self.inner.move(src, dest, value)
+
+
+def drop_requests(
+    found: Found, profile: Profile, checks: list[str], scheduler: SchedulerSpec
+) -> Found:
+    """`found` with every request it can do without: each request in turn, last first, is
+    dropped (with the follow-ups and anchored arrivals that need it) and kept out if the run,
+    with the same delays by site, still breaks the same invariant. Hypothesis's shrinker works
+    on choices and can settle where deleting one request moves the others' draws; this pass
+    deletes requests as requests, a few runs per request."""
+    invariant = found.result.violations[0].invariant
+    best = found
+    i = len(best.result.scenario.requests) - 1
+    while i >= 0 and len(best.result.scenario.requests) > 1:
+        scenario = best.result.scenario
+        keep = [j != i for j in range(len(scenario.requests))]
+        fewer = kept(scenario.requests, keep)
+        i -= 1
+        if len(fewer) >= len(scenario.requests):
+            continue
+        timing = Timing(profile, ReplayDelay(best.draws))
+        candidate = replace(scenario, requests=fewer)
+        result = run_example(candidate, SimBackend(timing), checks, scheduler)
+        if result.violations and result.violations[0].invariant == invariant:
+            best = type(found)(result, dict(timing.draws), found.choices)
+            i = min(i, len(fewer) - 1)
+    return best
 
 
 def near_race_gap(trace: Trace) -> float | None:
@@ -419,6 +446,19 @@ def search(
     best: Found | None = None
     best_order: tuple[Any, ...] = ()
 
+    def finished(found: Found) -> Found:
+        """The failure to report, less the requests a generated workload can do without (a
+        smaller one is reported like any smaller failure found while shrinking)."""
+        full = found
+        if spec.scenario != "all":  # a named or a user's scenario keeps its requests
+            return full
+        fewer = drop_requests(full, prof, checks, spec.scheduler)
+        if fewer is not full:
+            stats.smaller += 1
+            if on_smaller is not None:
+                on_smaller(fewer)
+        return fewer
+
     def stopped() -> bool:
         return dropped or (should_stop is not None and should_stop())
 
@@ -491,12 +531,14 @@ def search(
                 with _examples_from_the_seed_alone():
                     test()
             except Found as found:
+                result_found = finished(found)
                 stats.seconds = time.perf_counter() - started
-                return SearchResult(stats, found)
+                return SearchResult(stats, result_found)
             except _Stopped:
                 break
             except _BudgetCut:
-                return SearchResult(stats, best, cut=CUT_BUDGET)
+                assert best is not None
+                return SearchResult(stats, finished(best), cut=CUT_BUDGET)
             except DeadlineReached:  # inside a long step: the example is not judged
                 return SearchResult(stats, best, cut=CUT_BUDGET if best is not None else None)
             finally:

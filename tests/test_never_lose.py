@@ -126,11 +126,14 @@ def search_keeping(out: Path, seed: int) -> tuple[FailureKeeper, list[dict[str, 
     return keeper, replaced, outcome
 
 
+# Slow: since shrinking drops whole requests, some seeds shrink free-slot-early for minutes
+# without a smaller failure (an open problem of the search, see docs/search.md).
+@pytest.mark.slow
 def test_each_smaller_failure_replaces_the_saved_file(tmp_path: Path) -> None:
     # A first failure can already be minimal in Hypothesis's order (a named scenario's variation
     # with every other choice at its simplest): then there is nothing to replace, and the next
     # seed is tried.
-    for seed in range(6):
+    for seed in (2, 3, 4, 5, 0, 1):
         out = tmp_path / str(seed)
         keeper, replaced, outcome = search_keeping(out, seed)
         if replaced:

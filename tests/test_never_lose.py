@@ -217,7 +217,8 @@ def test_another_fault_set_neither_replays_nor_deletes_saved_failures(tmp_path: 
 
 
 def saved_counterexample(folder: Path) -> Path:
-    spec = SearchSpec(faults=frozenset([FAULT]), budget=3600, seed=0)
+    # Seed 2: it finds and shrinks in about 100 examples; seed 0 now shrinks for minutes.
+    spec = SearchSpec(faults=frozenset([FAULT]), budget=3600, seed=2)
     outcome = search_streams(spec, 1)
     assert outcome.found is not None
     return counterexample.save_data(outcome.found, folder)

@@ -165,7 +165,20 @@ NOT_A_FIX_5 = [
             req.duplicate_pages = [*getattr(req, "duplicate_pages", []), duplicate.clone()]""",
     ),
 ]
-FIXES = FIX_1 + FIX_2 + FIX_3 + FIX_4
+# 6 (found once the device allocator was modelled): `_forward` writes the samples into the token
+# pool on the engine stream through the write mapping *after* `copy_done` was recorded, so once
+# the batch's result is processed and its inputs dropped, the allocator may hand the mapping's
+# block to the scheduler stream's next allocation while that write still reads it.
+# `record_stream` makes the allocator wait for the engine stream.
+FIX_6 = [
+    (
+        """        self.token_pool[output_mapping] = forward_output.next_tokens_gpu\n""",
+        """        self.token_pool[output_mapping] = forward_output.next_tokens_gpu
+        for mapping in output_mapping:  # read on the engine stream after copy_done
+            mapping.record_stream(self.engine.stream)\n""",
+    ),
+]
+FIXES = FIX_6 + FIX_1 + FIX_2 + FIX_3 + FIX_4
 # Two requests with one prompt: the second's prefill writes its own copy of the prefix the first
 # already cached; `cache_req` frees that copy while the second's row still reads it.
 STALE_ROW = {
@@ -237,7 +250,7 @@ def test_a_checkout_with_an_api_the_adapter_does_not_know_is_one_line_and_exit_2
 
 
 @needs_snapshot
-def test_the_shipped_scheduler_marks_max_tokens_finished_one_token_early(
+def test_the_shipped_scheduler_reuses_the_write_mapping_under_the_engine_and_finishes_early(
     snapshot: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from overlapcheck.adapters.minisgl import make_scheduler
@@ -246,25 +259,36 @@ def test_the_shipped_scheduler_marks_max_tokens_finished_one_token_early(
     from overlapcheck.scenarios.named import named_scenario
 
     monkeypatch.setenv("MINISGL_PATH", str(snapshot))
-    first = run_scenario(named_scenario("basic"), SimBackend(), scheduler=make_scheduler)
-    assert [v.invariant for v in first.violations] == ["exact-length"]
-    assert "finished after 5 of 6 tokens" in first.violations[0].message
-    # the run is deterministic: the same trace again, and a timeline draws it
-    again = run_scenario(named_scenario("basic"), SimBackend(), scheduler=make_scheduler)
-    assert again.trace_hash == first.trace_hash
+    first = run_scenario(
+        named_scenario("basic"), SimBackend(), scheduler=make_scheduler, keep_going=True
+    )
+    found = [v.invariant for v in first.violations]
+    # bug 6: batch 0's write mapping is freed once its result is processed, but the engine's
+    # token-pool write that reads it comes after `copy_done`: the allocator hands its block to
+    # the next page-table write on the scheduler stream, unordered with that read
+    race = first.violations[0]
+    assert race.invariant == "no-race" and "_make_write_tuple" in race.message
+    assert "index_put_ @scheduler.py:231 _forward" in race.message
+    assert "h2d @cache.py:144 _write_page_table" in race.message
+    assert found.count("no-race") == 1
+    # bug 1
+    early = next(v for v in first.violations if v.invariant == "exact-length")
+    assert "finished after 5 of 6 tokens" in early.message
+    # what a timeline draws (the same trace in two processes: a slow test below)
     kinds = {op.kind for op in first.trace.ops}
-    assert {"forward", "h2d", "d2h", "kernel", "host_wait", "span"} <= kinds
+    assert {"forward", "h2d", "d2h", "kernel", "host_wait", "host_query", "span"} <= kinds
     assert {op.agent for op in first.trace.ops} >= {"host", "engine", "scheduler"}
 
 
 # One search per row: with the fixes so far patched in, the first violation it reports (one of
-# `found`), shrunk and saved; with all four (and the two invariants that judge the fifth bug
+# `found`), shrunk and saved; with all of them (and the two invariants that judge the fifth bug
 # skipped), no violation at all.
 SEARCHES = [
-    ([], (), 200, ("exact-length",)),
-    (FIX_1, (), 200, ("no-post-eos",)),
-    (FIX_1 + FIX_2, (), 200, ("slot-not-in-flight", "no-race")),
-    (FIX_1 + FIX_2 + FIX_3, (), 200, ("abort-silent", "pages-conserved")),
+    ([], (), 200, ("no-race",)),
+    (FIX_6, (), 200, ("exact-length",)),
+    (FIX_6 + FIX_1, (), 200, ("no-post-eos",)),
+    (FIX_6 + FIX_1 + FIX_2, (), 200, ("slot-not-in-flight", "no-race")),
+    (FIX_6 + FIX_1 + FIX_2 + FIX_3, (), 200, ("abort-silent", "pages-conserved")),
     (FIXES, ("pages-conserved", "oracle"), 60, ()),
 ]
 
@@ -274,9 +298,9 @@ SEARCHES = [
 @pytest.mark.parametrize(
     ("fixed", "skipped", "examples", "found"),
     SEARCHES,
-    ids=["bug-1", "bug-2", "bug-3", "bug-4", "all-four-fixed"],
+    ids=["bug-6", "bug-1", "bug-2", "bug-3", "bug-4", "all-fixed"],
 )
-def test_a_search_finds_the_first_bug_not_fixed_and_none_with_all_four_fixed(
+def test_a_search_finds_the_first_bug_not_fixed_and_none_with_all_fixed(
     tmp_path: Path,
     fixed: list[Edit],
     skipped: tuple[str, ...],
@@ -304,7 +328,7 @@ def test_a_search_finds_the_first_bug_not_fixed_and_none_with_all_four_fixed(
 def test_with_the_four_fixes_a_stale_page_table_row_reads_a_freed_page(tmp_path: Path) -> None:
     scenario = tmp_path / "stale-row.json"
     scenario.write_text(json.dumps(STALE_ROW))
-    checkout = unpack(tmp_path, FIX_1 + FIX_2 + FIX_3 + FIX_4)
+    checkout = unpack(tmp_path, FIXES)
     run = ["run", "--scheduler", SPEC, "--scenario", str(scenario), "--json"]
     books = json.loads(overlapcheck(run, checkout, tmp_path).stdout)
     assert books["violations"][0]["invariant"] == "pages-conserved"
@@ -332,6 +356,18 @@ def test_without_the_engine_waiting_for_the_scheduler_stream_no_race_names_both(
     first, second = race["details"]["first"], race["details"]["second"]
     assert first["agent"] == "scheduler" and second["agent"] == "engine"
     assert first["kind"] == "h2d" and second["step"] == first["step"]
+
+
+@needs_snapshot
+@pytest.mark.slow
+def test_with_record_stream_the_write_mapping_is_kept_until_the_engine_read_it(
+    tmp_path: Path,
+) -> None:
+    checkout = unpack(tmp_path, FIX_6)
+    done = overlapcheck(["run", "--scheduler", SPEC, "--json"], checkout, tmp_path)
+    assert done.returncode == 1, done.stderr
+    found = [v["invariant"] for v in json.loads(done.stdout)["violations"]]
+    assert found == ["exact-length"]  # bug 1, and no race
 
 
 @needs_snapshot

@@ -110,6 +110,111 @@ def test_views_at_offsets_are_cells_of_one_buffer() -> None:
     assert race is not None and race.kind == "WAW" and set(race.cells) == {10, 11}
 
 
+# -- the caching allocators ----------------------------------------------------------------------
+
+
+def _staged_batches(record: bool, sync: bool) -> tuple[SimDevice, list[list[int]]]:
+    """Each round, the scheduler stream stages two indices that the engine stream gathers
+    through; the host drops them once it has launched the gather (as an overlap scheduler drops
+    a batch's inputs), then stages the next round's: the device allocator may give the next
+    round's indices the same block. `record`: the indices are `record_stream`ed on the engine
+    stream; `sync`: the host waits for each round before the next."""
+    device = _device()
+    with SimulatedCuda(device, ("engine", "scheduler")), torch.inference_mode():
+        engine, scheduler = torch.cuda.Stream(), torch.cuda.Stream()
+        torch.cuda.set_stream(scheduler)
+        pool = torch.arange(100, 132, dtype=torch.int32, device="cuda")
+        outs = []
+        for step in range(3):
+            host = torch.tensor([step, step + 8], dtype=torch.int64, pin_memory=True)
+            idx = host.to("cuda", non_blocking=True)
+            with torch.cuda.stream(engine):
+                engine.wait_stream(scheduler)
+                for _ in range(3):  # the engine is busy a while before it reads the indices
+                    pool.add_(0)
+                gathered = pool[idx]
+                if record:
+                    idx.record_stream(engine)
+                outs.append(gathered.to("cpu", non_blocking=True))
+                done = torch.cuda.Event()
+                done.record(engine)
+            del idx, gathered
+            if sync:
+                done.synchronize()
+        torch.cuda.synchronize()
+    return device, [out.tolist() for out in outs]
+
+
+def _blocks(device: SimDevice, mode: str) -> list[str]:
+    """The device block each H2D wrote (`mode` "w") or the pinned one it read ("r")."""
+    ops = [op for op in device.trace.ops if op.kind == "h2d"]
+    return [a.buffer for op in ops for a in op.accesses if a.mode == mode]
+
+
+EXPECTED = [[100, 108], [101, 109], [102, 110]]
+
+
+def test_a_block_freed_while_another_stream_reads_it_is_reused_at_once_a_race() -> None:
+    device, values = _staged_batches(record=False, sync=False)
+    race = _race(device)
+    assert race is not None and race.kind == "WAR"
+    first, second = device.trace.ops[race.first], device.trace.ops[race.second]
+    assert (first.agent, first.label.split()[0]) == ("engine", "index")
+    assert (second.agent, second.kind) == ("scheduler", "h2d")
+    gathers = _blocks(device, "w")
+    assert len(set(gathers)) == 1  # one block for all three rounds' indices
+    assert values != EXPECTED  # and a gather read the next round's indices
+
+
+@pytest.mark.parametrize("sync", [False, True], ids=["no-wait", "host-waits"])
+def test_record_stream_keeps_the_block_until_the_reading_stream_is_done(sync: bool) -> None:
+    device, values = _staged_batches(record=True, sync=sync)
+    assert _race(device) is None
+    assert values == EXPECTED
+    gathers = _blocks(device, "w")
+    if sync:  # the host saw each round done: the block comes back, its event queried
+        assert len(set(gathers)) == 1
+        assert any(op.kind == "host_query" and "(free)" in op.label for op in device.trace.ops)
+    else:  # the engine may still read it at every allocation: a new block each round
+        assert len(set(gathers)) == 3
+
+
+def _staged_copies(sync: bool, overwrite: bool) -> tuple[SimDevice, list[int]]:
+    """Each round stages a value in a fresh pinned tensor and copies it to the device without
+    blocking; the host drops the pinned tensor (or, `overwrite`, writes it again) at once."""
+    device = _device()
+    with SimulatedCuda(device, ("engine",)), torch.inference_mode():
+        torch.cuda.set_stream(torch.cuda.Stream())
+        out = torch.zeros(3, dtype=torch.int64, device="cuda")
+        for step in range(3):
+            host = torch.empty(1, dtype=torch.int64, pin_memory=True)
+            host.fill_(10 + step)
+            out[step : step + 1].copy_(host, non_blocking=True)
+            if overwrite:
+                host.fill_(-5)
+            del host
+            if sync:
+                torch.cuda.synchronize()
+        values = out.cpu().tolist()
+    return device, values
+
+
+@pytest.mark.parametrize("sync", [False, True], ids=["no-wait", "host-waits"])
+def test_a_pinned_block_is_reused_only_after_its_copy_ran(sync: bool) -> None:
+    device, values = _staged_copies(sync, overwrite=False)
+    assert _race(device) is None
+    assert values == [10, 11, 12]
+    staged = _blocks(device, "r")
+    assert len(set(staged)) == (1 if sync else 3)
+
+
+def test_overwriting_a_pinned_buffer_before_its_copy_ran_is_a_race() -> None:
+    device, values = _staged_copies(sync=False, overwrite=True)
+    race = _race(device)
+    assert race is not None and device.trace.ops[race.second].agent == HOST
+    assert values == [-5, -5, -5]  # each copy read the buffer after the host's second write
+
+
 SCRIPT = """
 import sys
 sys.path.insert(0, {path!r})

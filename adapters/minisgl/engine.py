@@ -188,8 +188,8 @@ def _launch_forward(
         kv_of_table = (
             table.logic.reshape(-1)[torch.from_numpy(table_cells)].numpy().astype(np.int64)
         )
-        kv_cells = np.mod(kv_of_table, kv.buffer.numel)
-        written = np.mod(out_loc.logic.numpy().astype(np.int64), kv.buffer.numel)
+        kv_cells = np.mod(kv_of_table, kv.numel())
+        written = np.mod(out_loc.logic.numpy().astype(np.int64), kv.numel())
     accesses: list[tuple[torch.Tensor, np.ndarray | None, str]] = [
         (inputs, None, "r"),
         (batch.positions, None, "r"),
@@ -232,19 +232,21 @@ def _launch_forward(
         logical_tokens, logical_loc, logical_ids = compute(
             kv.logic, table.logic, inputs.logic, out_loc.logic
         )
-        kv.buffer.logical[torch.from_numpy(logical_loc)] = torch.from_numpy(logical_ids)
+        kv.logic[torch.from_numpy(logical_loc)] = torch.from_numpy(logical_ids)
         tokens.logic.copy_(torch.from_numpy(logical_tokens))
+    # what the kernel runs on: the physical copies, not the program's tensors (it drops them when
+    # it likes; the allocator decides what happens to their memory)
+    kv_phys, table_phys, inputs_phys, loc_phys = kv.phys, table.phys, inputs.phys, out_loc.phys
+    tokens_phys = tokens.phys
 
     def start() -> Callable[[], None]:
         with plain():
-            values, loc, ids = compute(
-                kv.buffer.physical, table.buffer.physical, inputs.phys, out_loc.phys
-            )
+            values, loc, ids = compute(kv_phys, table_phys, inputs_phys, loc_phys)
 
         def end() -> None:
             with plain():
-                kv.buffer.physical[torch.from_numpy(loc)] = torch.from_numpy(ids)
-                tokens.phys.copy_(torch.from_numpy(values))
+                kv_phys[torch.from_numpy(loc)] = torch.from_numpy(ids)
+                tokens_phys.copy_(torch.from_numpy(values))
 
         return end
 

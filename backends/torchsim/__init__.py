@@ -6,6 +6,8 @@ Three parts, each doing one thing (as PyTorch's CUDA sanitizer is split):
 * `memory.py`: device and pinned host buffers, each with a physical copy (what the simulated
   hardware holds at each simulated instant) and a logical copy (the values in program order, as if
   every op ran when it was issued); a view's cells are element offsets into its buffer.
+* `allocators.py`: PyTorch's caching device and host allocators, which decide when a freed
+  block is handed to a later allocation (the same cells again).
 * `streams.py`: streams, events and host waits on the SimPy model (ordering and time), and the
   stand-ins for the `torch.cuda` calls that schedulers make.
 * `dispatch.py` and `footprint.py`: a `TorchDispatchMode` that turns each aten call into reads and

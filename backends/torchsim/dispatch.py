@@ -29,9 +29,19 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from overlapcheck.backends.sim.device import SimDevice, Unit
+from overlapcheck.backends.torchsim.allocators import DeviceAllocator, HostAllocator
 from overlapcheck.backends.torchsim.footprint import Touch, arguments, touches
-from overlapcheck.backends.torchsim.memory import Buffer, Memory, poison, same_geometry, view_cells
-from overlapcheck.backends.torchsim.streams import StreamRuntime
+from overlapcheck.backends.torchsim.memory import (
+    Buffer,
+    Geometry,
+    Memory,
+    at,
+    geometry,
+    poison,
+    same_geometry,
+    view_cells,
+)
+from overlapcheck.backends.torchsim.streams import SimStream, StreamRuntime
 from overlapcheck.backends.torchsim.tensor import SimTensor, SimulatedCudaError
 from overlapcheck.core.trace import HOST, Access, Op
 
@@ -184,6 +194,15 @@ class _Written:
     clone: torch.Tensor | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class _Ref:
+    """A stream op's hold on a tensor argument: its buffer and where in it, not the tensor (the
+    program's tensors die when the program drops them, whatever is still queued)."""
+
+    buffer: Buffer
+    where: Geometry
+
+
 @dataclass
 class _Launch:
     """One stream op: its trace op, when it runs, what it computes."""
@@ -202,6 +221,9 @@ class Interceptor:
         self.runtime = runtime
         self.memory = memory
         self.cuda = runtime.torch_device
+        self.device_memory = DeviceAllocator(runtime, memory)
+        self.host_memory = HostAllocator(runtime, memory)
+        runtime.before_wait.append(self.device_memory.collect)
         self.handlers: dict[Any, Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]] = {
             aten._local_scalar_dense: self._scalar,
             aten.item: self._scalar,
@@ -211,7 +233,7 @@ class Interceptor:
             aten._to_copy: self._to_copy_op,
             aten.to: self._to,
             aten.copy_: self._copy_op,
-            aten.record_stream: lambda func, args, kwargs: None,
+            aten.record_stream: lambda func, args, kwargs: self.record_stream(*args[:2]),
         }
 
     # -- where tensors live ---------------------------------------------------------------------
@@ -243,7 +265,14 @@ class Interceptor:
 
     # -- entry ----------------------------------------------------------------------------------
 
+    def record_stream(self, tensor: torch.Tensor, stream: Any) -> None:
+        """`Tensor.record_stream`: the device allocator holds its block back for `stream`."""
+        if isinstance(tensor, SimTensor) and isinstance(stream, SimStream):
+            self.device_memory.record_stream(tensor.buffer, stream)
+
     def dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if self.device_memory.dead:  # frees since the last call: a safe point to see them
+            self.device_memory.collect()
         handler = self.handlers.get(func.overloadpacket)
         if handler is not None:
             return handler(func, args, kwargs)
@@ -266,7 +295,7 @@ class Interceptor:
         if func.overloadpacket in _EMPTY and isinstance(out, torch.Tensor):
             out.fill_(poison(out.dtype))
         if pin and isinstance(out, torch.Tensor):
-            self.memory.adopt_pinned(out, where()[1])
+            out = self.host_memory.allocate(out, where()[1])
         if found:
             here = where()[0]
             self._host_op(f"{func.overloadpacket.__name__} @{here}", found)
@@ -297,8 +326,7 @@ class Interceptor:
                 "cannot pin 'torch.cuda.IntTensor' only dense CPU tensors can be pinned"
             )
         found = touches(aten.clone.default, (t,), {}, self.locate, self.logical)
-        copy: torch.Tensor = t.clone()
-        self.memory.adopt_pinned(copy, where()[1])
+        copy = self.host_memory.allocate(t.clone(), where()[1])
         if found:
             self._host_op(f"pin_memory @{where()[0]}", found)
         return copy
@@ -327,10 +355,10 @@ class Interceptor:
         )
         seen: list[Any] = []
         duration, op.delay = self.device.timing.d2h()
+        pargs, pkwargs = _map(_physical, args, kwargs)
 
         def start() -> Callable[[], None]:
             with plain():
-                pargs, pkwargs = _map(_physical, args, kwargs)
                 seen.append(func(*pargs, **pkwargs))
             return lambda: None
 
@@ -390,6 +418,8 @@ class Interceptor:
         host_kwargs.pop("pin_memory", None)
         largs, lkwargs = _map(self.logical, args, host_kwargs)
         lout = func(*largs, **lkwargs)
+        if packet in _EMPTY and isinstance(lout, torch.Tensor):
+            lout.fill_(poison(lout.dtype))  # undefined, but the same in every process
         if not _tensors(lout) and lout is not None:  # a host value from device values
             return self._read_to_host(func, args, kwargs, packet.__name__)
         aliases = _write_returns(func)
@@ -402,7 +432,7 @@ class Interceptor:
             if not isinstance(value, torch.Tensor):
                 return value
             if out_device == "cuda":
-                buffer = self.memory.new_device(value, name_hint)
+                buffer = self.device_memory.allocate(value, name_hint)
                 self.device.trace.sizes[buffer.name] = buffer.numel
                 same_geometry(buffer.logical, value).copy_(value)
                 fresh.append((buffer, value))
@@ -414,8 +444,8 @@ class Interceptor:
             made = result(lout, aliases[0] if aliases else None)
         else:
             made = type(lout)(result(v, a) for v, a in zip(returns, aliases, strict=False))
-        for buffer, geometry in fresh:
-            found.append(Touch(buffer, view_cells(buffer, geometry), "w"))
+        for buffer, like in fresh:
+            found.append(Touch(buffer, view_cells(buffer, like), "w"))
         if packet in _EMPTY:
             return made  # no kernel: the memory is allocated, its contents undefined
         written = _written(found)
@@ -429,27 +459,32 @@ class Interceptor:
         timing = self.device.timing
         duration, op.delay = timing.cost("kernel", KERNEL)
 
+        def hold(x: Any) -> Any:
+            if isinstance(x, SimTensor):
+                return _Ref(x.buffer, geometry(x.phys))
+            if isinstance(x, torch.Tensor):
+                if id(x) in staged:
+                    return staged[id(x)]
+                buffer = self.memory.pinned_of(x)
+                if buffer is not None:
+                    return _Ref(buffer, geometry(x))
+            return x
+
+        held_args, held_kwargs = _map(hold, args, host_kwargs)
+
         def start() -> Callable[[], None]:
             with plain():
                 for w in written.values():
                     w.clone = w.buffer.physical.clone()
 
                 def phys(x: Any) -> Any:
-                    if isinstance(x, SimTensor):
+                    if isinstance(x, _Ref):
                         w = written.get(id(x.buffer))
-                        return (
-                            same_geometry(w.clone, x.phys) if w and w.clone is not None else x.phys
-                        )
-                    if isinstance(x, torch.Tensor):
-                        if id(x) in staged:
-                            return staged[id(x)]
-                        buffer = self.memory.pinned_of(x)
-                        w = written.get(id(buffer)) if buffer is not None else None
-                        if w is not None and w.clone is not None:
-                            return same_geometry(w.clone, x)
+                        base = w.clone if w is not None and w.clone is not None else None
+                        return at(x.buffer.physical if base is None else base, x.where)
                     return x
 
-                pargs, pkwargs = _map(phys, args, host_kwargs)
+                pargs, pkwargs = _map(phys, held_args, held_kwargs)
                 pout = func(*pargs, **pkwargs)
 
             def end() -> None:
@@ -471,6 +506,7 @@ class Interceptor:
             return end
 
         self._enqueue(_Launch(op, self.device.compute, duration, start))
+        self.host_memory.copied([t.buffer for t in found if t.buffer.pinned], runtime.current)
         return made
 
     def _enqueue(self, launch: _Launch) -> None:
@@ -531,7 +567,7 @@ class Interceptor:
         here, hint = where()
         if cuda_dst:  # host to device into a fresh buffer
             logical = self.logical(x).to(dtype)
-            buffer = self.memory.new_device(logical, hint)
+            buffer = self.device_memory.allocate(logical, hint)
             self.device.trace.sizes[buffer.name] = buffer.numel
             same_geometry(buffer.logical, logical).copy_(logical)
             out = self.wrap(buffer, logical)
@@ -542,7 +578,7 @@ class Interceptor:
         with plain():
             host = torch.full(x.shape, poison(dtype), dtype=dtype)
         if non_blocking:
-            self.memory.adopt_pinned(host, hint)
+            host = self.host_memory.allocate(host, hint)
         self._d2h(host, x, non_blocking, here)
         return host
 
@@ -564,12 +600,18 @@ class Interceptor:
         runtime = self.runtime
         src_buffer = self.memory.pinned_of(src)
         asynchronous = non_blocking and src_buffer is not None
+        # what the copy reads when it starts: the pinned source then (held by its buffer, not
+        # by the program's tensor), or pageable memory staged now
+        source: _Ref | torch.Tensor
         with plain():
             same_geometry(dst.buffer.logical, dst.logic).copy_(self.logical(src))
-            staged = None if asynchronous else src.clone()
+            if asynchronous and src_buffer is not None:
+                source = _Ref(src_buffer, geometry(src))
+            else:
+                source = src.clone()
         found = [Touch(dst.buffer, view_cells(dst.buffer, dst.logic), "w")]
-        if asynchronous and src_buffer is not None:
-            found.insert(0, Touch(src_buffer, view_cells(src_buffer, src), "r"))
+        if isinstance(source, _Ref):
+            found.insert(0, Touch(source.buffer, view_cells(source.buffer, src), "r"))
         op = runtime.op(
             runtime.current.name,
             "h2d",
@@ -578,18 +620,23 @@ class Interceptor:
         )
         timing = self.device.timing
         duration, op.delay = timing.h2d(dst.numel())
+        target = dst.phys
 
         def start() -> Callable[[], None]:
             with plain():
-                value = (src if staged is None else staged).clone()
+                value = (
+                    at(source.buffer.physical, source.where) if isinstance(source, _Ref) else source
+                ).clone()
 
             def end() -> None:
                 with plain():
-                    dst.phys.copy_(value)
+                    target.copy_(value)
 
             return end
 
         self._enqueue(_Launch(op, self.device.h2d_engine, duration, start))
+        if isinstance(source, _Ref):
+            self.host_memory.copied([source.buffer], runtime.current)
         if not non_blocking:
             runtime.sync_current("blocking h2d")
 
@@ -610,18 +657,26 @@ class Interceptor:
         )
         timing = self.device.timing
         duration, op.delay = timing.d2h()
+        source, dst_dtype = src.phys, dst.dtype
+        target = _Ref(dst_buffer, geometry(dst)) if dst_buffer is not None else None
+        pageable = dst if target is None else None  # the host waits for it below
 
         def start() -> Callable[[], None]:
             with plain():
-                value = src.phys.to(dst.dtype)
+                value = source.to(dst_dtype)
 
             def end() -> None:
                 with plain():
-                    dst.copy_(value)
+                    if target is not None:
+                        at(target.buffer.physical, target.where).copy_(value)
+                    elif pageable is not None:
+                        pageable.copy_(value)
 
             return end
 
         self._enqueue(_Launch(op, self.device.d2h_engine, duration, start))
+        if asynchronous and dst_buffer is not None:
+            self.host_memory.copied([dst_buffer], runtime.current)
         if not asynchronous:
             runtime.sync_current("blocking d2h")
 

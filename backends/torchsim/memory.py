@@ -8,20 +8,25 @@ Every buffer is a flat CPU tensor twice over:
   the cells an index op touches, and the books of a scheduler are read from it: it is what the
   program means, where `physical` is what the hardware did (the two differ only after a race).
 
-A buffer is never reused: each allocation is a fresh buffer with a fresh name, so PyTorch's caching
-allocators (which hand a block to another user only once the streams that used it are done) can
-never make a correct program look racy here. Names are given in allocation order, so the same
-program names its buffers the same way in any process.
+A buffer is a block of PyTorch's caching allocators (`allocators.py`): freed, it may be handed to a
+later allocation, which then uses the same cells under the same name, so the race checker sees a
+use of the old tensor and a use of the new one as two accesses of one buffer. Names are given in
+allocation order, so the same program names its buffers the same way in any process.
 """
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 HOST_PREFIX = "host:"
+# A view's sizes, strides and storage offset: what a stream op keeps of a tensor it will run on,
+# so that it holds its buffer but none of the program's tensors (their lifetimes are the frees).
+Geometry = tuple[tuple[int, ...], tuple[int, ...], int]
 
 
 def poison(dtype: torch.dtype) -> float | int | bool:
@@ -42,6 +47,20 @@ class Buffer:
     physical: torch.Tensor  # flat, `numel` elements
     logical: torch.Tensor  # flat, same dtype and size
     _ids: torch.Tensor | None = field(default=None, repr=False)
+    # Device buffers: the program's live tensors on it (weak), and what to call when the last
+    # one dies (its allocator's free).
+    holders: set[weakref.ref[torch.Tensor]] = field(default_factory=set, repr=False)
+    on_free: Callable[[Buffer], None] | None = field(default=None, repr=False)
+
+    def hold(self, tensor: torch.Tensor) -> None:
+        """`tensor` (a view of this buffer the program holds) keeps it allocated while it lives."""
+        if self.on_free is not None:
+            self.holders.add(weakref.ref(tensor, self._released))
+
+    def _released(self, ref: weakref.ref[torch.Tensor]) -> None:
+        self.holders.discard(ref)
+        if not self.holders and self.on_free is not None:
+            self.on_free(self)
 
     @property
     def numel(self) -> int:
@@ -57,6 +76,15 @@ class Buffer:
 def same_geometry(base: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """The view of flat `base` with `like`'s sizes, strides and storage offset."""
     return base.as_strided(like.size(), like.stride(), like.storage_offset())
+
+
+def geometry(view: torch.Tensor) -> Geometry:
+    return tuple(view.size()), tuple(view.stride()), int(view.storage_offset())
+
+
+def at(base: torch.Tensor, where: Geometry) -> torch.Tensor:
+    """The view of flat `base` at `where`."""
+    return base.as_strided(*where)
 
 
 def view_cells(buffer: Buffer, view: torch.Tensor) -> np.ndarray:
@@ -76,19 +104,17 @@ class Memory:
         self._pinned: dict[int, Buffer] = {}  # storage data pointer -> pinned buffer
         self._count = 0
 
-    def new_device(self, like: torch.Tensor, hint: str) -> Buffer:
-        """A device buffer big enough for `like`'s storage, filled with poison on both copies."""
-        numel = like.untyped_storage().nbytes() // like.element_size()
-        flat = torch.full((numel,), poison(like.dtype), dtype=like.dtype)
+    def new_device(self, numel: int, dtype: torch.dtype, hint: str) -> Buffer:
+        """A device buffer of `numel` elements, filled with poison on both copies."""
+        flat = torch.full((numel,), poison(dtype), dtype=dtype)
         return self._add(Buffer(self._name(hint), False, flat, flat.clone()))
 
-    def adopt_pinned(self, tensor: torch.Tensor, hint: str) -> Buffer:
-        """Make `tensor`'s storage (a plain CPU tensor the program will use) a pinned buffer; its
-        values now are both its physical and its logical contents."""
-        numel = tensor.untyped_storage().nbytes() // tensor.element_size()
-        flat = torch.empty(0, dtype=tensor.dtype).set_(tensor.untyped_storage(), 0, (numel,), (1,))
+    def new_pinned(self, numel: int, dtype: torch.dtype, hint: str) -> Buffer:
+        """A pinned host buffer of `numel` elements, filled with poison on both copies. Its
+        physical copy is the memory the program's tensors on it use (`pinned_tensor`)."""
+        flat = torch.full((numel,), poison(dtype), dtype=dtype)
         buffer = self._add(Buffer(HOST_PREFIX + self._name(hint), True, flat, flat.clone()))
-        self._pinned[tensor.untyped_storage().data_ptr()] = buffer
+        self._pinned[flat.untyped_storage().data_ptr()] = buffer
         return buffer
 
     def pinned_of(self, tensor: torch.Tensor) -> Buffer | None:
@@ -96,6 +122,12 @@ class Memory:
         if not self._pinned or tensor.device.type != "cpu":
             return None
         return self._pinned.get(tensor.untyped_storage().data_ptr())
+
+    @staticmethod
+    def pinned_tensor(buffer: Buffer, where: Geometry) -> torch.Tensor:
+        """A tensor of the program's on pinned `buffer` (not a view of ours: its own lifetime)."""
+        flat = buffer.physical
+        return torch.empty(0, dtype=flat.dtype).set_(flat.untyped_storage(), where[2], *where[:2])
 
     def rename(self, buffer: Buffer, name: str) -> str:
         """Give a well-known buffer (the token pool, the page table) its contract name."""

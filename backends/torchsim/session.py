@@ -56,7 +56,12 @@ class SimulatedCuda:
         for name, value in self._stand_ins().items():
             stack.enter_context(_patched(torch.cuda, name, value))
         stack.enter_context(_patched(torch.cuda.nvtx, "range", _no_range))
-        stack.enter_context(_patched(torch.Tensor, "record_stream", _record_stream))
+        interceptor = self.interceptor
+
+        def record_stream(tensor: torch.Tensor, stream: Any) -> None:
+            interceptor.record_stream(tensor, stream)
+
+        stack.enter_context(_patched(torch.Tensor, "record_stream", record_stream))
         stack.enter_context(_patched(torch.Tensor, "copy_", _copy))
         stack.enter_context(DispatchMode(self.interceptor))
         stack.enter_context(PinMode())
@@ -195,7 +200,3 @@ def _copy(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> 
     the binding's device guard (a build without CUDA has none)."""
     out: torch.Tensor = torch.ops.aten.copy_.default(self, src, non_blocking)
     return out
-
-
-def _record_stream(self: torch.Tensor, stream: Any) -> None:
-    """Buffers are never reused here (`memory.py`), so there is nothing to hold back."""

@@ -147,6 +147,9 @@ class StreamRuntime:
         self.default = self.new_stream("default")
         self.current = self.default
         self.fired_at: dict[int, float] = {}
+        # Run before the host blocks (a safe point between ops): the allocators see the frees
+        # the program made since its last op, as PyTorch's see them when they happen.
+        self.before_wait: list[Callable[[], None]] = []
 
     def new_stream(self, name: str | None = None) -> SimStream:
         """A stream named `name`, else the next of the names the run was given, else `streamN`."""
@@ -171,14 +174,12 @@ class StreamRuntime:
             yield env.timeout(start - env.now)
         return start
 
-    def record(self, stream: SimStream, traced: bool = True) -> Marker:
-        """A marker that fires once the work issued on `stream` so far has run."""
+    def record(self, stream: SimStream, traced: bool = True, why: str = "") -> Marker:
+        """A marker that fires once the work issued on `stream` so far has run (`why`: who
+        records it, when not the program: an allocator)."""
         marker = Marker(self, self.device.trace.new_event_id())
-        op = (
-            self.op(stream.name, "record", label=f"record e{marker.id}", records=marker.id)
-            if traced
-            else None
-        )
+        label = f"record e{marker.id}" + (f" ({why})" if why else "")
+        op = self.op(stream.name, "record", label=label, records=marker.id) if traced else None
 
         def body() -> Generator[simpy.Event, Any, None]:
             if op is not None:
@@ -203,6 +204,8 @@ class StreamRuntime:
 
     def host_wait(self, marker: Marker, why: str) -> None:
         """Block the host until `marker` fired (traced as a host wait)."""
+        for hook in self.before_wait:
+            hook()
         op = self.device.recorder.host_wait(marker.id, self.now())
         op.label = f"{why} e{marker.id}"
         self.run_until(marker, f"host waits on event e{marker.id} that can never fire")
@@ -217,11 +220,10 @@ class StreamRuntime:
                 raise
             raise DeadlockError(deadlock) from err
 
-    def observe(self, marker: Marker) -> None:
+    def observe(self, marker: Marker, why: str = "") -> None:
         """The host saw `marker` complete without blocking (a successful query)."""
-        op = self.device.recorder.host_wait(marker.id, self.now())
-        op.label = f"query e{marker.id}"
-        op.end = op.start
+        op = self.device.recorder.host_query(marker.id, self.now())
+        op.label += f" ({why})" if why else ""
 
     def sync_current(self, why: str) -> None:
         """The host waits for the current stream's work so far (an implicit sync)."""

@@ -39,6 +39,7 @@ class SimTensor(torch.Tensor):
         made.buffer = buffer
         made.phys = phys
         made.logic = logic
+        buffer.hold(made)
         return made
 
     __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]

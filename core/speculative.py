@@ -47,11 +47,18 @@ The contract of one verify sequence `s` of batch B (positions are columns of the
 
 A batch with verify sequences is a decode batch of verify sequences only, at most one per slot.
 Metadata with speculation on has `SPEC_FIELDS` (8) fields per sequence, for every batch.
+
+Drafters. How a scheduler drafts is its own business; one that drafts through a `Drafter` (a
+`DraftQuery` per step: the request, the batch the drafts are for, what the host knows and
+assumes) and takes another one (`TakesDrafter`, the optional capability) can be replayed on any
+engine with the recorded acceptance: a replay hands it drafts made to agree with that engine's
+own tokens exactly as far as the recorded step accepted (`orchestrate/replay_drafts.py`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -68,7 +75,47 @@ from overlapcheck.core.trace import DRAFT_POOL, SPEC_OUT
 
 SHIFT_FIELD = 6  # the metadata field `resolve` writes
 
-__all__ = ["DRAFT_POOL", "PLACEHOLDER", "SHIFT_FIELD", "SPEC_OUT", "accepted", "is_verify"]
+__all__ = [
+    "DRAFT_POOL",
+    "PLACEHOLDER",
+    "SHIFT_FIELD",
+    "SPEC_OUT",
+    "DraftQuery",
+    "Drafter",
+    "TakesDrafter",
+    "accepted",
+    "is_verify",
+]
+
+
+class DraftQuery(NamedTuple):
+    """What a scheduler asks its drafter for one verify step of one request.
+
+    The drafts are for the positions after `known` + `assumed` + `skip` tokens: `known` are the
+    prompt and the outputs the host has (its context), `assumed` tokens it takes to follow them
+    without knowing (the in-flight step's drafts, guessed accepted), `skip` tokens after those it
+    does not know at all (the in-flight step's own token). Up to `wanted` of them."""
+
+    uid: int
+    batch_id: int  # the batch the drafts are for
+    known: tuple[int, ...]
+    assumed: tuple[int, ...]
+    skip: int
+    wanted: int
+
+
+class Drafter(Protocol):
+    def draft(self, query: DraftQuery) -> list[int]:
+        """At most `query.wanted` draft tokens (fewer, or none, is always allowed)."""
+        ...
+
+
+@runtime_checkable
+class TakesDrafter(Protocol):
+    """The optional capability: the scheduler drafts with the drafter it is given (before its
+    first step) instead of its own."""
+
+    def use_drafter(self, drafter: Drafter) -> None: ...
 
 
 def metadata_fields(config: SchedulerConfig) -> int:

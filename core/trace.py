@@ -113,11 +113,29 @@ class Message:
     reason: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class Verified:
+    """What one verify sequence emitted, as the device computed it (`core/speculative.py`): a
+    record for tools (a replay reproduces acceptance from it), neither judged nor in the digest."""
+
+    batch: int
+    index: int  # the sequence's index in its batch
+    uid: int
+    first: int  # the row position of its first draft (start + resolved shift + 1); -1: unknown
+    drafts: int
+    emitted: int
+
+    @property
+    def accepted(self) -> int:
+        return self.emitted - 1
+
+
 class Trace:
     """Operations and messages of one run, in issue order."""
 
     def __init__(self) -> None:
         self.ops: list[Op] = []
+        self.verified: list[Verified] = []  # each verify sequence's result, as it ran
         self.messages: list[Message] = []  # sent by the scheduler
         self.received: list[Message] = []  # handed to the scheduler, with the iteration
         # Cells per buffer, as the recorder declares them (every access it records stays below):

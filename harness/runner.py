@@ -24,6 +24,7 @@ from overlapcheck.core.messages import UserMsg
 from overlapcheck.core.protocol import SchedulerFactory, SchedulerUnderTest
 from overlapcheck.core.rules import max_output, rejection
 from overlapcheck.core.scenario import RequestSpec, Scenario, user_msg
+from overlapcheck.core.speculative import Drafter, TakesDrafter
 from overlapcheck.core.trace import Trace
 from overlapcheck.harness.crash import CheckerBug
 from overlapcheck.harness.scheduler_spec import SchedulerSpec
@@ -99,6 +100,7 @@ def run_scenario(
     defer_checks: bool | None = None,
     hang_timeout: float | None = None,
     deadline: float | None = None,
+    drafter: Drafter | None = None,
 ) -> RunResult:
     """Run until idle (or the first violation; every violation with `keep_going`) and report.
 
@@ -111,7 +113,8 @@ def run_scenario(
     `hang_timeout`: wall-clock seconds one `step()` may take before it is the finding `no-hang`
     (default: `DEFAULT_HANG_TIMEOUT` on the simulator; off on a real engine, whose first forward
     compiles for tens of seconds; 0: off). `deadline` (`time.monotonic()`): a search's end, past
-    which a running step is stopped with `DeadlineReached`.
+    which a running step is stopped with `DeadlineReached`. `drafter`: the drafts a speculative
+    scheduler proposes, for one that takes a drafter (`TakesDrafter`; a replay's, say).
     """
     started = time.perf_counter()
     scenario = backend.prepare(scenario)
@@ -136,6 +139,14 @@ def run_scenario(
         harness.log = []
     sched = _build(factory, cfg, device, harness, scenario, ours=scheduler is None)
     ctx.scheduler = sched
+    if drafter is not None:
+        if isinstance(sched, TakesDrafter):
+            sched.use_drafter(drafter)
+        else:
+            ctx.notices.append(
+                "the scheduler takes no drafter (core/speculative.py, TakesDrafter): it drafts "
+                "its own way, so a speculative replay may leave the recorded schedule"
+            )
     for inv in checks.checks:
         inv.bind(ctx)
     skipped = [inv for inv in checks.checks if inv.needs_books and not ctx.has_books]

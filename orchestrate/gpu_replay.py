@@ -8,6 +8,12 @@ delayed gets the same delay before it: `torch.cuda._sleep` on its stream, a host
 phase. Every invariant is checked on the real run; `no-race` runs over the real footprints after
 the run, so that a race that corrupted data is also seen as what it did (a wrong token, say):
 that is "manifested". A fix is replayed under the same plan as the fault it fixes.
+
+A speculative counterexample's schedule follows how many drafts each step accepted, which the
+engine's model decides: the scheduler then drafts with `ReplayDrafts`, which proposes the
+engine's own tokens exactly as far as the simulator's step accepted
+(`orchestrate/replay_drafts.py`), so the replay takes the recorded steps and its gates find
+their ops.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from overlapcheck.formats.counterexample import Counterexample
 from overlapcheck.harness.runner import RunResult, run_scenario
 from overlapcheck.invariants.no_race import NoRace
 from overlapcheck.invariants.races import RaceDetector
+from overlapcheck.orchestrate.replay_drafts import ReplayDrafts, Rows, recorded_steps
 from overlapcheck.orchestrate.replay_plan import ReplayPlan, plan_replay
 from overlapcheck.orchestrate.sim_replay import replay_on_sim
 
@@ -35,6 +42,7 @@ class Verdict:
     applied: int  # planned sleeps that found their operation
     missed: int
     gates: list[GateOutcome]
+    drafts: str = ""  # speculative replays: how the drafts followed the record
 
     @property
     def clean(self) -> bool:
@@ -50,6 +58,7 @@ class Verdict:
             "applied": self.applied,
             "missed": self.missed,
             "gates": [g.to_json() for g in self.gates],
+            **({"drafts": self.drafts} if self.drafts else {}),
         }
 
     def gate_line(self) -> str:
@@ -62,13 +71,21 @@ def replay_once(
     plan: ReplayPlan,
     deliveries: list[tuple[int, int, str]],
     repeat: int,
+    drafts: Drafts | None = None,
 ) -> tuple[Verdict, RunResult]:
     planned = backend.planned(DevicePlan(tuple(plan.sleeps), plan.gates))
+    drafter = drafts.fresh() if drafts is not None else None
     # Every violation (keep going): the verdict asks whether the recorded one manifested.
     checks = [i for i in cex.invariants if i != NoRace.id]
     factory = None if cex.scheduler.is_reference else cex.scheduler.factory()
     result = run_scenario(
-        cex.scenario, planned, checks, deliveries=deliveries, scheduler=factory, keep_going=True
+        cex.scenario,
+        planned,
+        checks,
+        deliveries=deliveries,
+        scheduler=factory,
+        keep_going=True,
+        drafter=drafter,
     )
     gates: list[GateOutcome] = []
     if backend.device is not None:
@@ -87,7 +104,33 @@ def replay_once(
     injector = backend.device.injector if backend.device is not None else None
     applied = len(injector.applied) if injector is not None else 0
     missed = len(injector.missed) if injector is not None else len(plan.sleeps)
-    return Verdict(repeat, reproduced, failed, race_line, applied, missed, gates), result
+    said = drafter.summary() if drafter is not None else ""
+    return Verdict(repeat, reproduced, failed, race_line, applied, missed, gates, said), result
+
+
+class Drafts:
+    """A speculative replay's drafts: the recorded steps and the rows they draft from, a fresh
+    `ReplayDrafts` for each run."""
+
+    def __init__(self, recorded: RunResult, backend: TorchBackend, scenario_of: Counterexample):
+        greedy = backend.oracle.greedy if backend.oracle is not None else None
+        if greedy is None:
+            raise ValueError("a speculative replay drafts from the oracle: the backend has none")
+        prepared = backend.prepare(scenario_of.scenario)
+        self.steps = recorded_steps(recorded.trace.verified)
+        self.rows = Rows.of(prepared, greedy)
+        self.vocab = prepared.config.vocab_size
+
+    def rows_from(self, result: RunResult) -> None:
+        self.rows.learn(result)
+
+    def fresh(self) -> ReplayDrafts:
+        return ReplayDrafts(self.steps, self.rows, self.vocab)
+
+
+def speculative_drafts(cex: Counterexample, recorded: RunResult, backend: TorchBackend) -> Drafts:
+    """The drafts that reproduce `recorded`'s acceptance (a speculative counterexample's)."""
+    return Drafts(recorded, backend, cex)
 
 
 MARGINS = (3.0, 2.0, 1.5, 1.0)
@@ -123,13 +166,22 @@ def replay_verdicts(
     cex, margin = with_margin(cex)
     sim = replay_on_sim(cex)
     plan = plan_replay(sim.trace, backend.gates_unavailable() if backend.name == "cuda" else None)
-    run, deliveries = cex, sim.deliveries
+    run, recorded = cex, sim
     if under_test is not None:
         run = scaled(under_test, margin)
-        deliveries = replay_on_sim(run).deliveries  # the fix's own message iterations
+        recorded = replay_on_sim(run)  # the fix's own message iterations
+    drafts = None
+    if run.scenario.config.draft_tokens:
+        # the real run goes on past the first violation: so does the record of its steps
+        recorded = replay_on_sim(run, keep_going=True)
+        drafts = speculative_drafts(run, recorded, backend)
+    deliveries = recorded.deliveries
     # A warm-up run, not judged and without gates: a workload's first run compiles and caches
     # (new batch shapes, kernels loaded), so its host phases run long and move the very ordering
-    # a sleep sets up, and loading a kernel may wait for a spinning gate.
-    replay_once(run, backend, plan.without_gates(), deliveries, -1)
-    verdicts = [replay_once(run, backend, plan, deliveries, i)[0] for i in range(repeat)]
+    # a sleep sets up, and loading a kernel may wait for a spinning gate. A speculative replay
+    # takes the engine's own tokens from it where they differ from the reference's at a tie.
+    _, warm = replay_once(run, backend, plan.without_gates(), deliveries, -1, drafts)
+    if drafts is not None:
+        drafts.rows_from(warm)
+    verdicts = [replay_once(run, backend, plan, deliveries, i, drafts)[0] for i in range(repeat)]
     return plan, verdicts

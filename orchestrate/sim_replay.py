@@ -12,10 +12,14 @@ from overlapcheck.invariants.base import Violation
 
 
 def replay_on_sim(
-    cex: Counterexample, scheduler: SchedulerSpec | None = None, hang_timeout: float | None = None
+    cex: Counterexample,
+    scheduler: SchedulerSpec | None = None,
+    hang_timeout: float | None = None,
+    keep_going: bool = False,
 ) -> RunResult:
     """Run `cex` as recorded, with the recorded scheduler unless `scheduler` overrides it, and
-    the recorded watchdog timeout unless `hang_timeout` does (0: off)."""
+    the recorded watchdog timeout unless `hang_timeout` does (0: off); to the end of the run
+    with `keep_going` (the trace up to the first violation is the same)."""
     spec = scheduler or cex.scheduler
     factory = None if spec.is_reference else spec.factory()
     timeout = cex.hang_timeout if hang_timeout is None else hang_timeout
@@ -25,6 +29,7 @@ def replay_on_sim(
         cex.invariants,
         scheduler=factory,
         hang_timeout=0 if timeout is None else timeout,
+        keep_going=keep_going,
     )
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from overlapcheck.core.speculative import DraftQuery
+
 MAX_NGRAM = 3
 
 
@@ -29,3 +31,12 @@ def prompt_lookup(context: Sequence[int], count: int, max_ngram: int = MAX_NGRAM
                     pos += 1
                 return out
     return []
+
+
+class PromptLookup:
+    """The reference scheduler's drafter: prompt lookup over what the host knows and assumes,
+    proposing the unknown tokens too and dropping them."""
+
+    def draft(self, query: DraftQuery) -> list[int]:
+        context = [*query.known, *query.assumed]
+        return prompt_lookup(context, query.wanted + query.skip)[query.skip :]

@@ -22,7 +22,7 @@ from overlapcheck.core.errors import InvariantError
 from overlapcheck.core.messages import AbortMsg, OutMsg, RejectMsg, TokenMsg, UserMsg
 from overlapcheck.core.protocol import Books, Holding, MessageSource
 from overlapcheck.core.rules import max_output, rejection
-from overlapcheck.core.speculative import is_verify
+from overlapcheck.core.speculative import Drafter, is_verify
 from overlapcheck.core.trace import PAGE_TABLE, TOKEN_POOL
 from overlapcheck.reference import faults as F
 from overlapcheck.reference.cache.manager import CacheManager
@@ -117,6 +117,11 @@ class Scheduler:
             locked_pages=tuple(self.cache.prefix.locked_pages()),
             pending=tuple(r.uid for r in (*self.prefill.pending, *self.preemption.swapped)),
         )
+
+    def use_drafter(self, drafter: Drafter) -> None:
+        """Draft with `drafter` instead of prompt lookup (a replay's: `TakesDrafter`)."""
+        if self.spec is not None:
+            self.spec.drafter = drafter
 
     def check_integrity(self) -> None:
         """The scheduler's own books: pages conserved, slots owned once. Raises InvariantError."""

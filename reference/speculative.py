@@ -23,12 +23,12 @@ from typing import Protocol
 from overlapcheck.core.batch import BatchInput, RowWrite, SeqWork
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.device import Device, Event, ForwardOutput
-from overlapcheck.core.speculative import has_placeholders
+from overlapcheck.core.speculative import Drafter, DraftQuery, has_placeholders
 from overlapcheck.core.trace import DRAFT_POOL, PAGE_TABLE
 from overlapcheck.reference import faults as F
 from overlapcheck.reference.cache.manager import CacheManager
 from overlapcheck.reference.decode import DecodeManager
-from overlapcheck.reference.drafter import prompt_lookup
+from overlapcheck.reference.drafter import PromptLookup
 from overlapcheck.reference.req import Req
 
 
@@ -77,6 +77,7 @@ class SpecDecoder:
         self.s = scheduler
         self.k = scheduler.config.draft_tokens
         self.states: dict[Req, SpecState] = {}
+        self.drafter: Drafter = PromptLookup()
         self.reads_done: Event | None = None  # after the latest forward that read draft_pool
         self.stats = SpecStats()
 
@@ -175,8 +176,8 @@ class SpecDecoder:
             room = limit - (start + shift + 1)  # drafts that leave the last output in bounds
             if room >= 0:
                 source = self._source(req, batch_id, last)
-                guess = prompt_lookup([*known, *last.drafts], min(self.k, room) + 1)[1:]
-                return start, shift, source, tuple(guess)
+                ask = DraftQuery(req.uid, batch_id, tuple(known), last.drafts, 1, min(self.k, room))
+                return start, shift, source, self._draft(ask)
             if in_flight:
                 return None  # the step in flight may end the request: wait for its result
         committed = len(known)
@@ -186,12 +187,12 @@ class SpecDecoder:
         room = limit - committed
         if room < 0:
             return None
-        count = min(self.k, room)
-        if committed > len(known):
-            drafts = prompt_lookup(known, count + 1)[1:]
-        else:
-            drafts = prompt_lookup(known, count)
-        return start, 0, -1, tuple(drafts)
+        skip = committed - len(known)  # the in-flight step's one token
+        ask = DraftQuery(req.uid, batch_id, tuple(known), (), skip, min(self.k, room))
+        return start, 0, -1, self._draft(ask)
+
+    def _draft(self, ask: DraftQuery) -> tuple[int, ...]:
+        return tuple(self.drafter.draft(ask)[: ask.wanted])
 
     def _source(self, req: Req, batch_id: int, last: Round) -> int:
         """The request's sequence index in the previous batch, where its placeholder resolves."""

@@ -54,6 +54,7 @@ from overlapcheck.core.trace import (
     TOKEN_POOL,
     Op,
     Trace,
+    Verified,
 )
 
 
@@ -148,6 +149,7 @@ class TorchDevice(Device):
         self.scheduler_stream, self.engine_stream = Stream("scheduler"), Stream("engine")
         self.transfer_stream = Stream("transfer")  # KV offload and load: a copy stream of its own
         self.host_kv: dict[int, torch.Tensor] = {}  # pinned host buffers of KV copies
+        self._verify_outputs: list[TorchOutput] = []  # read into `trace.verified` at `finish`
         self._t0 = time.perf_counter()
         self.staging = torch.full(
             (self.recorder.metadata_width,), -1, dtype=torch.int32, pin_memory=self.cuda
@@ -397,7 +399,10 @@ class TorchDevice(Device):
         finally:
             if self.cuda:
                 torch.cuda.nvtx.range_pop()
-        return TorchOutput(self, batch, host)
+        output = TorchOutput(self, batch, host)
+        if is_verify(batch):
+            self._verify_outputs.append(output)
+        return output
 
     def resolve(self, batch: BatchInput, stream: Stream) -> None:
         op = self.recorder.resolve(batch, stream.name, self.now())
@@ -416,6 +421,19 @@ class TorchDevice(Device):
             torch.cuda.synchronize()
             assert self.clock is not None
             self.clock.resolve()
+        self._record_verified()
+
+    def _record_verified(self) -> None:
+        """Each verify sequence's emitted count, from the output buffers once the device has
+        finished (the first draft's position was resolved on the device: not known here)."""
+        for out in self._verify_outputs:
+            seqs = out.batch.seqs
+            counts = out.host_buffer[len(out.host_buffer) - len(seqs) :].tolist()
+            self.trace.verified += [
+                Verified(out.batch.batch_id, i, s.uid, -1, s.drafts, int(e))
+                for i, (s, e) in enumerate(zip(seqs, counts, strict=True))
+            ]
+        self._verify_outputs.clear()
 
     def __repr__(self) -> str:
         where = "cuda" if self.cuda else "cpu"

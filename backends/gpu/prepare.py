@@ -10,7 +10,11 @@
   of a request, the EOS id becomes a token of the reference's own greedy output: the candidate
   `greedy[k]` of some scripted request that makes the most scripted requests stop exactly where
   their script says (then the most stop early at all, then the fewest unscripted ones stop).
-  Without scripted EOS, the model's own EOS id is used.
+  Without scripted EOS, the model's own EOS id is used. Where no candidate makes every scripted
+  request stop exactly where its script says (the token at k also comes earlier in the model's
+  output), the prompts are mapped again with another offset, up to `OFFSETS` of them, and the
+  first mapping that does is taken (else the best): a replay whose requests stop elsewhere runs
+  another schedule.
 """
 
 from __future__ import annotations
@@ -26,12 +30,16 @@ Greedy = Callable[[tuple[int, ...], int], list[int]]
 
 
 POSITION_SHIFT = 37  # odd: coprime with a power-of-two vocabulary, so positions shift apart
+OFFSETS = 16  # prompt mappings tried for exact scripted stops
+OFFSET_STEP = 101  # between two tried mappings (prime: the offsets spread over the vocabulary)
 
 
-def map_prompt(prompt: tuple[int, ...], scenario_vocab: int, model_vocab: int) -> tuple[int, ...]:
+def map_prompt(
+    prompt: tuple[int, ...], scenario_vocab: int, model_vocab: int, offset: int = 0
+) -> tuple[int, ...]:
     def one(position: int, t: int) -> int:
         if 0 <= t < scenario_vocab:
-            return (t + POSITION_SHIFT * position) % model_vocab
+            return (t + offset + POSITION_SHIFT * position) % model_vocab
         return t if t < 0 else model_vocab + (t - scenario_vocab)  # still out of range
 
     return tuple(one(i, t) for i, t in enumerate(prompt))
@@ -39,45 +47,65 @@ def map_prompt(prompt: tuple[int, ...], scenario_vocab: int, model_vocab: int) -
 
 def fit_scenario(scenario: Scenario, model_vocab: int, model_eos: int, greedy: Greedy) -> Scenario:
     cfg = scenario.config
-    specs = tuple(
-        replace(s, prompt=map_prompt(s.prompt, cfg.vocab_size, model_vocab), continuation=())
-        for s in scenario.requests
-    )
-    fitted = replace(cfg, vocab_size=model_vocab, eos_token_id=model_eos % model_vocab)
     targets = {
         s.uid: s.continuation.index(cfg.eos_token_id)
         for s in scenario.requests
         if cfg.eos_token_id in s.continuation and not s.ignore_eos
     }
-    if targets:
-        eos = choose_eos(specs, targets, lambda s: _generate(fitted, s, greedy))
+    best: tuple[tuple[int, int, int], Scenario] | None = None
+    for k in range(OFFSETS if targets else 1):
+        specs = tuple(
+            replace(
+                s,
+                prompt=map_prompt(s.prompt, cfg.vocab_size, model_vocab, k * OFFSET_STEP),
+                continuation=(),
+            )
+            for s in scenario.requests
+        )
+        fitted = replace(cfg, vocab_size=model_vocab, eos_token_id=model_eos % model_vocab)
+        if not targets:
+            return replace(scenario, config=fitted, requests=specs)
+        outputs = _outputs(specs, fitted, greedy)
+        eos = choose_eos(outputs, targets)
         if eos is not None:
             fitted = replace(fitted, eos_token_id=eos)
-    return replace(scenario, config=fitted, requests=specs)
+        score = _score(fitted.eos_token_id, outputs, targets)
+        if best is None or score > best[0]:
+            best = (score, replace(scenario, config=fitted, requests=specs))
+        if score[0] == len(targets):
+            break
+    assert best is not None
+    return best[1]
 
 
-def choose_eos(
-    specs: tuple[RequestSpec, ...],
-    targets: dict[int, int],
-    generate: Callable[[RequestSpec], list[int] | None],
-) -> int | None:
-    outputs = {s.uid: out for s in specs if not s.ignore_eos and (out := generate(s)) is not None}
+def _outputs(
+    specs: tuple[RequestSpec, ...], config: SchedulerConfig, greedy: Greedy
+) -> dict[int, list[int]]:
+    return {s.uid: out for s in specs if not s.ignore_eos and (out := _generate(config, s, greedy))}
+
+
+def _score(
+    token: int, outputs: dict[int, list[int]], targets: dict[int, int]
+) -> tuple[int, int, int]:
+    """Scripted requests that stop exactly where their script says with `token` as EOS; then
+    those that stop early at all; then (negated) the unscripted ones that stop."""
+    exact = early = stray = 0
+    for uid, out in outputs.items():
+        first = out.index(token) if token in out else None
+        if uid in targets:
+            exact += first == targets[uid]
+            early += first is not None
+        else:
+            stray += first is not None
+    return exact, early, -stray
+
+
+def choose_eos(outputs: dict[int, list[int]], targets: dict[int, int]) -> int | None:
+    """The EOS id that scores best (`_score`) among the tokens at the scripted positions."""
     candidates = sorted(
         {outputs[u][k] for u, k in targets.items() if u in outputs and k < len(outputs[u])}
     )
-
-    def score(token: int) -> tuple[int, int, int]:
-        exact = early = stray = 0
-        for uid, out in outputs.items():
-            first = out.index(token) if token in out else None
-            if uid in targets:
-                exact += first == targets[uid]
-                early += first is not None
-            else:
-                stray += first is not None
-        return exact, early, -stray
-
-    return max(candidates, key=score) if candidates else None
+    return max(candidates, key=lambda t: _score(t, outputs, targets)) if candidates else None
 
 
 def _generate(config: SchedulerConfig, spec: RequestSpec, greedy: Greedy) -> list[int] | None:

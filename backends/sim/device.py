@@ -34,7 +34,15 @@ from overlapcheck.core.device import (
 from overlapcheck.core.errors import InvariantError
 from overlapcheck.core.footprints import FootprintRecorder
 from overlapcheck.core.speculative import is_verify, output_size, parse_output
-from overlapcheck.core.trace import DRAFT_POOL, KV_LOAD, KV_OFFLOAD, PAGE_TABLE, TOKEN_POOL, Trace
+from overlapcheck.core.trace import (
+    DRAFT_POOL,
+    KV_LOAD,
+    KV_OFFLOAD,
+    PAGE_TABLE,
+    TOKEN_POOL,
+    Trace,
+    Verified,
+)
 
 OpBody = Callable[[], Generator[simpy.Event, Any, None]]
 
@@ -406,6 +414,12 @@ class SimDevice(Device):
                 self.compute.free_at = max(self.compute.free_at, self.now())
             if spec:
                 verify.write(self._buffers(), vplan, parity, kernel.seq, self.kv_shadow)
+                self.trace.verified += [
+                    Verified(batch.batch_id, i, s.uid, first, drafts, int(e))
+                    for i, (s, first, drafts, e) in enumerate(
+                        zip(batch.seqs, vplan.firsts, vplan.drafts, vplan.counts, strict=True)
+                    )
+                ]
                 kernel.end = self.now()
                 return
             # One assignment per buffer; where two sequences write one cell, the later one wins,

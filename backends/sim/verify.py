@@ -41,6 +41,8 @@ class VerifyPlan:
     out_tokens: np.ndarray
     counts: np.ndarray
     emitted: tuple[tuple[int, ...], ...]
+    firsts: tuple[int, ...]  # each sequence's first draft position (start + resolved shift + 1)
+    drafts: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +149,8 @@ def read(
         np.array(out_tokens, dtype=DTYPE),
         np.array(counts, dtype=np.int64),
         tuple(emitted),
+        tuple(r.start + r.shift + 1 for r in seqs),
+        tuple(r.drafts for r in seqs),
     )
     return plan, unresolved
 

@@ -3,6 +3,7 @@
     python -m overlapcheck.bench.gpu_replay calibrate --out DIR      # profile.json + fidelity table
     python -m overlapcheck.bench.gpu_replay search --out DIR         # one counterexample per fault
     python -m overlapcheck.bench.gpu_replay replay --out DIR --repeat 20   # fault on / fault off
+    python -m overlapcheck.bench.gpu_replay replay --cex docs/gpu-replay --speculative  # those only
 
 `search` uses DIR/profile.json when it exists, so the delays it draws are on the GPU's own scale.
 Races are searched with `no-race` skipped, so that each counterexample is one where the race
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
     from overlapcheck.orchestrate.gpu_replay import Verdict
 
 RACE_FAULTS = {"chunk-sample-overwrite", "staging-buffer-reuse", "copy-done-wrong-stream"}
+# Speculative faults whose finding is a race (their counterexamples show `no-race` first).
+SPEC_RACE_FAULTS = {"resolve-unordered", "reads-done-early", "free-row-in-verify"}
 
 
 def gate_states(verdicts: list[Verdict]) -> str:
@@ -65,7 +68,9 @@ def phase_search(out: Path, budget: float, faults: list[str]) -> None:
         print(f"{name}: {v.line()}")
 
 
-def phase_replay(out: Path, repeat: int, backend_name: str, preset: str | None) -> None:
+def phase_replay(
+    cex_dir: Path, repeat: int, backend_name: str, preset: str | None, faults: list[str]
+) -> None:
     from overlapcheck.backends.gpu.backend import make_torch_backend
     from overlapcheck.orchestrate.gpu_replay import replay_verdicts
 
@@ -73,8 +78,8 @@ def phase_replay(out: Path, repeat: int, backend_name: str, preset: str | None) 
     if backend_name == "cuda":
         print(f"torch.cuda._sleep: {backend.sleep_rate / 1e9:.3f} G cycles/s")
     rows = []
-    for name in FAULTS:
-        path = out / "cex" / f"{name}.json"
+    for name in faults:
+        path = cex_dir / f"{name}.json"
         if not path.exists():
             continue
         cex = counterexample.load(path)
@@ -84,8 +89,13 @@ def phase_replay(out: Path, repeat: int, backend_name: str, preset: str | None) 
         hits = sum(v.reproduced for v in on)
         how = "gate" if plan.gates else f"{len(plan.sleeps)} sleeps"
         rows.append((name, cex.invariant, how, gate_states(on), hits, clean, gate_states(off)))
+        followed = ""
+        if cex.scenario.config.draft_tokens:
+            kept = sum(v.off_record == 0 for v in on)
+            followed = f", drafts on the recorded steps in {kept}/{repeat}"
         print(
-            f"{name}: {cex.invariant} reproduced {hits}/{repeat}, fault off clean {clean}/{repeat}",
+            f"{name}: {cex.invariant} reproduced {hits}/{repeat} {gate_states(on)}, fault off "
+            f"clean {clean}/{repeat} {gate_states(off)}{followed}",
             flush=True,
         )
         for v in on[:1] + off[:1]:
@@ -110,16 +120,22 @@ def main() -> None:
     parser.add_argument("--preset", default=None)
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--budget", type=float, default=60.0)
-    parser.add_argument("--fault", action="append", choices=FAULTS, help="search: only these")
+    parser.add_argument("--fault", action="append", choices=FAULTS, help="only these")
+    parser.add_argument("--cex", default=None, help="replay: the folder of files (DIR/cex)")
+    parser.add_argument(
+        "--speculative", action="store_true", help="only the speculative race faults"
+    )
     args = parser.parse_args()
+    faults = args.fault or (sorted(SPEC_RACE_FAULTS) if args.speculative else list(FAULTS))
     out = Path(args.out)
     (out / "cex").mkdir(parents=True, exist_ok=True)
     if args.phase == "calibrate":
         phase_calibrate(out, args.backend, args.preset)
     elif args.phase == "search":
-        phase_search(out, args.budget, args.fault or list(FAULTS))
+        phase_search(out, args.budget, faults)
     else:
-        phase_replay(out, args.repeat, args.backend, args.preset)
+        cex_dir = Path(args.cex) if args.cex else out / "cex"
+        phase_replay(cex_dir, args.repeat, args.backend, args.preset, faults)
 
 
 if __name__ == "__main__":

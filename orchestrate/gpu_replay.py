@@ -43,6 +43,7 @@ class Verdict:
     missed: int
     gates: list[GateOutcome]
     drafts: str = ""  # speculative replays: how the drafts followed the record
+    off_record: int = 0  # speculative replays: steps the record did not have
 
     @property
     def clean(self) -> bool:
@@ -105,7 +106,9 @@ def replay_once(
     applied = len(injector.applied) if injector is not None else 0
     missed = len(injector.missed) if injector is not None else len(plan.sleeps)
     said = drafter.summary() if drafter is not None else ""
-    return Verdict(repeat, reproduced, failed, race_line, applied, missed, gates, said), result
+    off = len(drafter.off_record) if drafter is not None else 0
+    verdict = Verdict(repeat, reproduced, failed, race_line, applied, missed, gates, said, off)
+    return verdict, result
 
 
 class Drafts:

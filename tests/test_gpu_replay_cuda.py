@@ -20,7 +20,7 @@ pytest.importorskip("flashinfer")
 
 from overlapcheck.backends.gpu.backend import TorchBackend, make_torch_backend  # noqa: E402
 from overlapcheck.backends.sim.timing import Profile  # noqa: E402
-from overlapcheck.bench.gpu_replay import RACE_FAULTS  # noqa: E402
+from overlapcheck.bench.gpu_replay import RACE_FAULTS, SPEC_RACE_FAULTS  # noqa: E402
 from overlapcheck.formats import counterexample  # noqa: E402
 from overlapcheck.orchestrate.calibrate_gpu import (  # noqa: E402
     calibrate,
@@ -66,7 +66,7 @@ def test_the_counterexample_reproduces_on_the_gpu_and_the_fix_holds(
     print(f"{fault}: " + "; ".join(plan.lines()))
     print(f"{fault}: fault on reproduced {hits}/{REPEATS}, gates {_states(on)}")
     print(f"{fault}: fault off clean {sum(v.clean for v in off)}/{REPEATS}, gates {_states(off)}")
-    if fault in RACE_FAULTS:
+    if fault in RACE_FAULTS or (fault in SPEC_RACE_FAULTS and plan.gates):
         assert plan.gates, plan.lines()  # the order is forced, not waited for
         assert all(g.forced for v in on for g in v.gates), [v.gate_line() for v in on][:3]
         assert hits == REPEATS, [v.to_json() for v in on if not v.reproduced][:3]

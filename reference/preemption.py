@@ -33,13 +33,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from overlapcheck.core.config import SchedulerConfig
-from overlapcheck.core.device import Device
 from overlapcheck.reference import faults as F
-from overlapcheck.reference.cache.manager import CacheManager
-from overlapcheck.reference.decode import DecodeManager
+from overlapcheck.reference.managers import Managers
 from overlapcheck.reference.req import Req, ReqState
 from overlapcheck.reference.swap import Swapper
-from overlapcheck.reference.table import TableManager
 
 
 def resume_if_ready(req: Req, config: SchedulerConfig) -> bool:
@@ -63,26 +60,14 @@ def resume(req: Req, config: SchedulerConfig) -> None:
 
 class Preemption:
     def __init__(
-        self,
-        config: SchedulerConfig,
-        device: Device,
-        cache: CacheManager,
-        table: TableManager,
-        decode: DecodeManager,
-        requeue: Callable[[Req], None],
-        held: Sequence[Req],
+        self, managers: Managers, requeue: Callable[[Req], None], held: Sequence[Req]
     ) -> None:
-        self.config = config
-        self.cache = cache
-        self.table = table
-        self.decode = decode
+        self.config, _, self.cache, self.table, self.decode = managers
         self.requeue = requeue  # back to the front of the pending list
         self.held = held
-        self.on_demand = config.page_alloc == "on-demand"
-        self.retract = config.preempt_policy == "retract-decode"
-        self.swapper = (
-            Swapper(config, device, cache, table, decode) if config.preemption == "swap" else None
-        )
+        self.on_demand = self.config.page_alloc == "on-demand"
+        self.retract = self.config.preempt_policy == "retract-decode"
+        self.swapper = Swapper(managers) if self.config.preemption == "swap" else None
         self.count = 0  # preemptions so far
 
     @property

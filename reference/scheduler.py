@@ -27,6 +27,7 @@ from overlapcheck.core.trace import PAGE_TABLE, TOKEN_POOL
 from overlapcheck.reference import faults as F
 from overlapcheck.reference.cache.manager import CacheManager
 from overlapcheck.reference.decode import DecodeManager
+from overlapcheck.reference.managers import Managers
 from overlapcheck.reference.preemption import Preemption
 from overlapcheck.reference.prefill import Chunk, PrefillManager
 from overlapcheck.reference.req import Req, ReqState
@@ -64,9 +65,8 @@ class Scheduler:
         # its in-flight batch before it is released).
         self.held: list[Req] = []
         self.live: dict[int, Req] = {}
-        self.preemption = Preemption(
-            config, device, self.cache, self.table, self.decode, self.prefill.requeue, self.held
-        )
+        managers = Managers(config, device, self.cache, self.table, self.decode)
+        self.preemption = Preemption(managers, self.prefill.requeue, self.held)
         self.step_no = 0
         self.inflight: Launched | None = None
         self._staged: Event | None = None

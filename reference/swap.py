@@ -18,14 +18,11 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from overlapcheck.core.batch import RowWrite
-from overlapcheck.core.config import SchedulerConfig
-from overlapcheck.core.device import Device, Event, KvCopy
+from overlapcheck.core.device import Event, KvCopy
 from overlapcheck.core.trace import TOKEN_POOL
 from overlapcheck.reference import faults as F
-from overlapcheck.reference.cache.manager import CacheManager
-from overlapcheck.reference.decode import DecodeManager
+from overlapcheck.reference.managers import Managers
 from overlapcheck.reference.req import Req, ReqState
-from overlapcheck.reference.table import TableManager
 
 
 class SwappedOut(NamedTuple):
@@ -34,19 +31,8 @@ class SwappedOut(NamedTuple):
 
 
 class Swapper:
-    def __init__(
-        self,
-        config: SchedulerConfig,
-        device: Device,
-        cache: CacheManager,
-        table: TableManager,
-        decode: DecodeManager,
-    ) -> None:
-        self.config = config
-        self.device = device
-        self.cache = cache
-        self.table = table
-        self.decode = decode
+    def __init__(self, managers: Managers) -> None:
+        self.config, self.device, self.cache, self.table, self.decode = managers
         self.queue: list[Req] = []  # swapped out, in preemption order
         self.out: dict[int, SwappedOut] = {}  # by uid, while its KV is on the host
 

@@ -3,6 +3,9 @@ reused uids, long outputs, iteration-keyed arrivals and aborts, model EOS, big s
 timings: how many examples ran, and every violation found (expected: none).
 
     python -m overlapcheck.bench.fixed_clean [COUNT] [SEED] [--speculative]
+
+A violating example is saved as a counterexample file (unshrunk) when `out` is given, so that a
+false alarm found in a long run replays with `overlapcheck replay FILE`.
 """
 
 from __future__ import annotations
@@ -10,17 +13,19 @@ from __future__ import annotations
 import sys
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
-from hypothesis import HealthCheck, Phase, given, settings
-from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
-from overlapcheck.backends.sim.backend import SimBackend
-from overlapcheck.backends.sim.timing import Timing
+from overlapcheck.bench.generated import Example, each_example
+from overlapcheck.bench.preemption_modes import PreemptionMode
 from overlapcheck.core.scenario import Scenario
-from overlapcheck.harness.runner import run_scenario
+from overlapcheck.formats import counterexample
+from overlapcheck.harness.revision import git_revision
 from overlapcheck.scenarios.speculative import speculating
-from overlapcheck.scenarios.strategies import HypothesisDelay, scenarios
+
+# A run that goes wrong everywhere saves a few files, not thousands.
+SAVED_AT_MOST = 5
 
 
 @dataclass
@@ -28,6 +33,8 @@ class CleanRun:
     examples: int = 0
     violations: list[str] = field(default_factory=list)
     kinds: Counter[str] = field(default_factory=Counter)  # how many examples had each kind
+    preempted: int = 0  # examples in which the scheduler preempted at least once
+    saved: list[str] = field(default_factory=list)  # counterexample files of violating examples
 
 
 def kinds_of(scenario: Scenario) -> list[str]:
@@ -49,31 +56,40 @@ def kinds_of(scenario: Scenario) -> list[str]:
     return [k for k, v in found.items() if v]
 
 
-def run(count: int, seed: int = 0, speculative: bool = False) -> CleanRun:
-    """`speculative`: speculation on in every example (else in the share the generator draws)."""
-    out = CleanRun()
+def save(example: Example, out: Path) -> Path:
+    """A violating example as a counterexample file in `out` (unshrunk: it was never searched)."""
+    timing = example.timing
+    data = counterexample.to_json(example.result, timing.profile, timing.draws, git=git_revision())
+    return counterexample.save_data(data, out, unshrunk=True)
 
-    @hypothesis_seed(seed)
-    @settings(
-        max_examples=count,
-        deadline=None,
-        database=None,
-        phases=[Phase.generate],
-        suppress_health_check=list(HealthCheck),
-    )
-    @given(st.data())
-    def example(data: st.DataObject) -> None:
-        scenario = data.draw(scenarios())
+
+def run(
+    count: int,
+    seed: int = 0,
+    speculative: bool = False,
+    mode: PreemptionMode | None = None,
+    out: Path | None = None,
+) -> CleanRun:
+    """`speculative`: speculation on in every example (else in the share the generator draws);
+    `mode`: every example in that preemption mode (else as the generator draws it)."""
+    clean = CleanRun()
+
+    def adjust(data: st.DataObject, scenario: Scenario) -> Scenario:
         if speculative and not scenario.config.draft_tokens:
             config, reqs = data.draw(speculating(scenario.config, scenario.requests))
             scenario = replace(scenario, config=config, requests=reqs)
-        result = run_scenario(scenario, SimBackend(Timing(source=HypothesisDelay(data))))
-        out.examples += 1
-        out.kinds.update(kinds_of(scenario))
-        out.violations.extend(v.line() for v in result.violations)
+        return scenario if mode is None else mode.pin(scenario)
 
-    example()
-    return out
+    def visit(example: Example) -> None:
+        result = example.result
+        clean.kinds.update(kinds_of(result.scenario))
+        clean.preempted += result.scheduler.preemptions > 0
+        clean.violations.extend(v.line() for v in result.violations)
+        if result.violations and out is not None and len(clean.saved) < SAVED_AT_MOST:
+            clean.saved.append(str(save(example, out)))
+
+    clean.examples = each_example(count, seed, visit, adjust=adjust)
+    return clean
 
 
 def main(argv: list[str]) -> int:

@@ -13,24 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from hypothesis import HealthCheck, Phase, given, settings
-from hypothesis import seed as hypothesis_seed
-from hypothesis import strategies as st
-
-from overlapcheck.backends.sim.backend import SimBackend
-from overlapcheck.backends.sim.timing import Timing
-from overlapcheck.core.config import SchedulerConfig
-from overlapcheck.core.device import Device
+from overlapcheck.bench.generated import Example, each_example
 from overlapcheck.core.errors import UserError
-from overlapcheck.core.protocol import (
-    MessageSink,
-    MessageSource,
-    SchedulerFactory,
-    SchedulerUnderTest,
-)
-from overlapcheck.harness.runner import run_scenario
 from overlapcheck.harness.scheduler_spec import SchedulerSpec
-from overlapcheck.scenarios.strategies import HypothesisDelay, scenarios
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ondemand_scheduler.py"
 DEFAULT_SCHEDULER = f"{EXAMPLE}:make_scheduler"
@@ -42,20 +27,6 @@ class CountsPreemptions(Protocol):
 
     @property
     def preemptions(self) -> int: ...
-
-
-class Kept:
-    """A factory that keeps the scheduler it built."""
-
-    def __init__(self, factory: SchedulerFactory) -> None:
-        self.factory = factory
-        self.built: SchedulerUnderTest | None = None
-
-    def __call__(
-        self, config: SchedulerConfig, device: Device, source: MessageSource, sink: MessageSink
-    ) -> SchedulerUnderTest:
-        self.built = self.factory(config, device, source, sink)
-        return self.built
 
 
 @dataclass
@@ -71,31 +42,17 @@ class Rate:
 
 
 def run(count: int, spec: str = DEFAULT_SCHEDULER, seed: int = 0) -> Rate:
-    factory = SchedulerSpec(spec).factory()
     out = Rate()
 
-    @hypothesis_seed(seed)
-    @settings(
-        max_examples=count,
-        deadline=None,
-        database=None,
-        phases=[Phase.generate],
-        suppress_health_check=list(HealthCheck),
-    )
-    @given(st.data())
-    def example(data: st.DataObject) -> None:
-        scenario = data.draw(scenarios())
-        kept = Kept(factory)
-        timing = Timing(source=HypothesisDelay(data))
-        result = run_scenario(scenario, SimBackend(timing), scheduler=kept)
-        if not isinstance(kept.built, CountsPreemptions):
+    def visit(example: Example) -> None:
+        scheduler = example.result.scheduler
+        if not isinstance(scheduler, CountsPreemptions):
             raise UserError(f"{spec}: the scheduler has no `preemptions` count to read")
-        out.examples += 1
-        out.preempted += kept.built.preemptions > 0
-        out.preemptions += kept.built.preemptions
-        out.violations.extend(v.line() for v in result.violations)
+        out.preempted += scheduler.preemptions > 0
+        out.preemptions += scheduler.preemptions
+        out.violations.extend(v.line() for v in example.result.violations)
 
-    example()
+    out.examples = each_example(count, seed, visit, SchedulerSpec(spec).factory())
     return out
 
 

@@ -14,7 +14,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from overlapcheck.bench.preemption_modes import NAMES as MODE_NAMES
 from overlapcheck.commands.common import finite_positive_float, nonneg_int, positive_int
+from overlapcheck.core.errors import UserError
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -93,18 +95,35 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "1-4; default: in one in four)",
     )
     p.add_argument(
+        "--mode",
+        action="append",
+        choices=[*MODE_NAMES, "all"],
+        help="--reliability: --examples generated examples in this preemption mode (repeatable; "
+        "all: each of them; default: the mode each example draws), one mode after the other, "
+        "each with its examples per second",
+    )
+    p.add_argument(
         "--examples",
         type=positive_int,
         default=2000,
         metavar="N",
-        help="--reliability: generated examples of the fixed scheduler (default 2000)",
+        help="--reliability: generated examples of the fixed scheduler, per --mode (default "
+        "2000); --preemption-rate: examples of the on-demand example",
     )
     p.add_argument(
         "--replays",
-        type=positive_int,
+        type=nonneg_int,
         default=100,
         metavar="N",
-        help="--reliability: replays in all, round-robin over the counterexamples (default 100)",
+        help="--reliability: replays in all, round-robin over the counterexamples (0: none, "
+        "and no counterexamples searched for; default 100)",
+    )
+    p.add_argument(
+        "--out",
+        default="counterexamples",
+        metavar="DIR",
+        help="--reliability: where a violating example is saved as a counterexample file, "
+        "unshrunk, to replay (default counterexamples)",
     )
     p.add_argument(
         "--counterexamples",
@@ -195,10 +214,35 @@ def main(args: argparse.Namespace) -> int:
             code = max(code, 1 if rate.violations else 0)
         if args.reliability:
             from overlapcheck.bench import reliability
+            from overlapcheck.bench.preemption_modes import parse_modes
 
             folder = Path(args.counterexamples) if args.counterexamples else None
+            from overlapcheck.commands.paths import output_folder
+            from overlapcheck.explore.parallel import available_cores
+
+            modes = parse_modes(args.mode) if args.mode else None
+            if args.speculative and modes and any(m.preemption != "none" for m in modes):
+                raise UserError(
+                    "--speculative goes with --mode none only: the reference does not preempt "
+                    "a speculating request"
+                )
+            out = output_folder(args.out, "--out")  # before the run: a violation needs a home
+            workers = args.workers or available_cores()
+            per_mode = " per mode" if modes else ""
+            print(
+                f"reliability: the fixed scheduler over {args.examples} generated "
+                f"examples{per_mode} on {workers} worker(s)",
+                flush=True,
+            )
             result = reliability.run(
-                args.examples, args.workers, args.replays, folder, args.speculative
+                args.examples,
+                workers,
+                args.replays,
+                folder,
+                args.speculative,
+                modes,
+                out,
+                reliability.print_mode,
             )
             reliability.print_report(result)
             report["reliability"] = result.to_json()

@@ -226,7 +226,9 @@ def test_the_reliability_bench_reports_no_violation_and_identical_replays(
 ) -> None:
     saved_counterexample(tmp_path)
     argv = ["bench", "--reliability", "--examples", "50", "--replays", "4", "--workers", "2"]
-    rc = main([*argv, "--counterexamples", str(tmp_path), "--json"])
+    rc = main(
+        [*argv, "--counterexamples", str(tmp_path), "--out", str(tmp_path / "found"), "--json"]
+    )
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     report = json.loads(captured.out)["reliability"]
@@ -243,7 +245,7 @@ def test_the_reliability_bench_reports_a_tampered_counterexample(
     data["trace_hash"] = "0" * len(data["trace_hash"])
     path.write_text(json.dumps(data))
     argv = ["bench", "--reliability", "--examples", "10", "--replays", "2", "--workers", "2"]
-    rc = main([*argv, "--counterexamples", str(tmp_path)])
+    rc = main([*argv, "--counterexamples", str(tmp_path), "--out", str(tmp_path / "found")])
     out = capsys.readouterr().out
     assert rc == 1
     assert "0 identical" in out and "2 differ" in out and "reliability: FAILED" in out

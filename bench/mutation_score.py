@@ -16,7 +16,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,21 +129,91 @@ def _score_alone(job: tuple[Mutant, float, int]) -> Score:
 
 
 def scores_in_fresh_processes(
-    mutants: list[Mutant], budget: float, seed: int, workers: int
-) -> Iterator[Score]:
-    """Each mutant searched in a process of its own, `workers` at a time (one core each), in
-    order: a mutant's package, its caches and whatever state a broken scheduler leaves behind
-    stay out of the next one's search, and a table of 28 mutants takes a fraction of the time on
-    a machine with cores to spare."""
+    jobs: list[tuple[Mutant, int]], budget: float, workers: int
+) -> Iterator[tuple[Mutant, int, Score]]:
+    """Each (mutant, seed) searched in a process of its own, `workers` at a time (one core
+    each), yielded as each finishes: a mutant's package, its caches and whatever state a broken
+    scheduler leaves behind stay out of the next one's search, and the table of every mutant at
+    three seeds takes a fraction of the time on a machine with cores to spare."""
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(workers, mp_context=context, max_tasks_per_child=1) as pool:
-        yield from pool.map(_score_alone, [(m, budget, seed) for m in mutants])
+        running = {pool.submit(_score_alone, (m, budget, seed)): (m, seed) for m, seed in jobs}
+        for done in as_completed(running):
+            mutant, seed = running[done]
+            yield mutant, seed, done.result()
+
+
+def _row(s: Score, seed: int) -> str:
+    mutant = s.mutant
+    kind = "equiv" if mutant.equivalent else "bug"
+    head = f"{mutant.id:<28}{kind:<7}{seed:>5}"
+    if s.found:
+        return (
+            f"{head}{'yes':>6}{s.first_failure or 0:>9.2f}{s.examples:>9}"
+            f"{s.shrink or 0:>9.2f}{s.requests:>9}{s.iterations:>11}  {s.invariant}"
+            + (f" (shrink cut short: {s.cut})" if s.cut else "")
+            + ("" if s.ok else "  <- an equivalent mutant must stay silent")
+        )
+    if s.error:
+        return f"{head}{'error':>6}  checker failed: {s.error}"
+    return f"{head}{'no':>6}{'':>9}{s.examples:>9}" + (
+        "" if s.ok else f"  <- missed; needs {mutant.needs or '?'}"
+    )
+
+
+def _cell(s: Score) -> str:
+    """One seed's result in the summary table: examples to the failure / shrink seconds."""
+    if s.error:
+        return "error"
+    if not s.found:
+        return "silent" if s.mutant.equivalent else "MISSED"
+    cell = f"{s.examples} / {s.shrink or 0:.1f}"
+    if s.cut:
+        cell += " cut"
+    return cell + ("" if s.ok else " FALSE")
+
+
+def summary(scores: dict[tuple[str, int], Score], seeds: list[int]) -> list[str]:
+    """The table by mutant, a column per seed (examples to the first failure / shrink seconds),
+    then one score line per seed and one over all of them."""
+    ids = list(dict.fromkeys(m for m, _ in scores))
+    lines = [f"{'mutant':<28}{'kind':<7}" + "".join(f"{f'seed {seed}':>18}" for seed in seeds)]
+    for mid in ids:
+        first = scores[(mid, seeds[0])]
+        kind = "equiv" if first.mutant.equivalent else "bug"
+        lines.append(
+            f"{mid:<28}{kind:<7}" + "".join(f"{_cell(scores[(mid, seed)]):>18}" for seed in seeds)
+        )
+    for label, chosen in [*((f"seed {seed}", [seed]) for seed in seeds), ("all seeds", seeds)]:
+        group = [s for (_, seed), s in scores.items() if seed in chosen]
+        lines.append(f"{label}: {score_line(group)}")
+    return lines
+
+
+def score_line(scores: list[Score]) -> str:
+    bugs = [s for s in scores if not s.mutant.equivalent]
+    equivalent = [s for s in scores if s.mutant.equivalent]
+    shrinks = [s.shrink for s in bugs if s.shrink is not None]
+    return (
+        f"{sum(s.found for s in bugs)}/{len(bugs)} mutants found, "
+        f"{sum(not s.found for s in equivalent)}/{len(equivalent)} equivalent ones silent; "
+        f"median shrink {statistics.median(shrinks) if shrinks else 0:.2f} s, "
+        f"longest {max(shrinks) if shrinks else 0:.2f} s, "
+        f"{sum(s.cut is not None for s in bugs)} cut short"
+    )
 
 
 def main(
-    ids: Iterable[str] | None = None, budget: float = BUDGET, seed: int = 0, workers: int = 1
-) -> list[Score]:
+    ids: Iterable[str] | None = None,
+    budget: float = BUDGET,
+    seeds: Iterable[int] = (0,),
+    workers: int = 1,
+) -> list[tuple[int, Score]]:
+    """Score each chosen mutant at each seed, `workers` searches at once; print a row per
+    search as it finishes, then the table by mutant and the score per seed. Returns
+    (seed, score) pairs in table order."""
     ids = list(ids or ())
+    seeds = list(dict.fromkeys(seeds)) or [0]
     unknown = [i for i in ids if i not in BY_ID]
     if unknown:
         raise UserError(f"unknown mutant {', '.join(unknown)} (known: {', '.join(BY_ID)})")
@@ -158,55 +228,37 @@ def main(
             stale.append(str(err))
     if stale:
         raise UserError("; ".join(stale))
+    # Seed-major order: with fewer workers than jobs, every seed's table fills at the same pace.
+    jobs = [(m, seed) for seed in seeds for m in chosen]
     print(
-        f"mutation score: {len(chosen)} one-spot mutants of the reference scheduler, "
-        f"explore from an empty database, all invariants on, seed {seed}, {budget:.0f} s each "
-        f"on one core, each in a fresh process, {workers} at a time"
+        f"mutation score: {len(chosen)} one-spot mutants of the reference scheduler at seed(s) "
+        f"{', '.join(map(str, seeds))}, explore from an empty database, all invariants on, "
+        f"{budget:.0f} s each on one core, each in a fresh process, {workers} at a time"
     )
     print(
-        f"{'mutant':<28}{'kind':<7}{'found':>6}{'first s':>9}{'examples':>9}{'shrink s':>9}"
-        f"{'requests':>9}{'iterations':>11}  invariant"
+        f"{'mutant':<28}{'kind':<7}{'seed':>5}{'found':>6}{'first s':>9}{'examples':>9}"
+        f"{'shrink s':>9}{'requests':>9}{'iterations':>11}  invariant"
     )
-    scores = []
+    scores: dict[tuple[str, int], Score] = {}
     started = time.perf_counter()
-    for s in scores_in_fresh_processes(chosen, budget, seed, workers):
-        mutant = s.mutant
-        scores.append(s)
-        kind = "equiv" if mutant.equivalent else "bug"
-        if s.found:
-            print(
-                f"{mutant.id:<28}{kind:<7}{'yes':>6}{s.first_failure or 0:>9.2f}{s.examples:>9}"
-                f"{s.shrink or 0:>9.2f}{s.requests:>9}{s.iterations:>11}  {s.invariant}"
-                + (f" (shrink cut short: {s.cut})" if s.cut else "")
-                + ("" if s.ok else "  <- an equivalent mutant must stay silent"),
-                flush=True,
-            )
-        elif s.error:
-            print(f"{mutant.id:<28}{kind:<7}{'error':>6}  checker failed: {s.error}", flush=True)
-        else:
-            print(
-                f"{mutant.id:<28}{kind:<7}{'no':>6}{'':>9}{s.examples:>9}"
-                + ("" if s.ok else f"  <- missed; needs {mutant.needs or '?'}"),
-                flush=True,
-            )
-    bugs = [s for s in scores if not s.mutant.equivalent]
-    equivalent = [s for s in scores if s.mutant.equivalent]
-    shrinks = [s.shrink for s in bugs if s.shrink is not None]
-    print(
-        f"score: {sum(s.found for s in bugs)}/{len(bugs)} mutants found, "
-        f"{sum(not s.found for s in equivalent)}/{len(equivalent)} equivalent ones silent; "
-        f"median shrink {statistics.median(shrinks) if shrinks else 0:.2f} s, "
-        f"{sum(s.cut is not None for s in bugs)} cut short; "
-        f"{time.perf_counter() - started:.0f} s in all"
-    )
-    return scores
+    for mutant, seed, s in scores_in_fresh_processes(jobs, budget, workers):
+        scores[(mutant.id, seed)] = s
+        print(_row(s, seed), flush=True)
+    print()
+    print("by mutant: examples to the first failure / shrink seconds, per seed")
+    for line in summary(scores, seeds):
+        print(line)
+    print(f"{time.perf_counter() - started:.0f} s in all")
+    return [(seed, scores[(m.id, seed)]) for seed in seeds for m in chosen]
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("ids", nargs="*", help="mutant ids (default: all)")
     parser.add_argument("--budget", type=float, default=BUDGET)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--workers", type=int, default=1, help="mutants searched at once")
+    parser.add_argument(
+        "--seed", type=int, action="append", help="the search's seed (repeatable; default 0)"
+    )
+    parser.add_argument("--workers", type=int, default=1, help="searches at once")
     args = parser.parse_args()
-    main(args.ids, args.budget, args.seed, args.workers)
+    main(args.ids, args.budget, args.seed or [0], args.workers)

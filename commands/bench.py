@@ -45,9 +45,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         type=positive_int,
         metavar="N",
         help="--faults: each search as N streams in processes, like explore --workers "
-        "(default 1); --mutants: mutants searched at once, each on one core in a process of "
-        "its own (default 1); --reliability: processes for the examples and the replays "
-        "(default: every available core)",
+        "(default 1); --mutants: searches at once (one mutant at one seed each), each on one "
+        "core in a process of its own (default 1); --reliability: processes for the examples "
+        "and the replays (default: every available core)",
     )
     p.add_argument(
         "--policies",
@@ -73,7 +73,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         type=nonneg_int,
         action="append",
         metavar="N",
-        help="--mutants: the search's seed (repeatable: the whole table once per seed; default 0)",
+        help="--mutants: the search's seed (repeatable: every mutant at every seed, the "
+        "searches spread over --workers; default 0)",
     )
     p.add_argument(
         "--preemption-rate",
@@ -183,22 +184,20 @@ def main(args: argparse.Namespace) -> int:
         if args.mutants is not None:
             from overlapcheck.bench import mutation_score
 
-            workers = args.workers or 1
-            report["mutants"] = []
-            for seed in args.mutant_seed or [0]:
-                scores = mutation_score.main(
-                    args.mutants, args.mutant_budget, seed=seed, workers=workers
-                )
-                report["mutants"] += [
-                    {k: v for k, v in vars(s).items() if k != "mutant"}
-                    | {
-                        "mutant": s.mutant.id,
-                        "seed": seed,
-                        "equivalent": s.mutant.equivalent,
-                        "ok": s.ok,
-                    }
-                    for s in scores
-                ]
+            pairs = mutation_score.main(
+                args.mutants, args.mutant_budget, args.mutant_seed or [0], args.workers or 1
+            )
+            report["mutants"] = [
+                {k: v for k, v in vars(s).items() if k != "mutant"}
+                | {
+                    "mutant": s.mutant.id,
+                    "seed": seed,
+                    "equivalent": s.mutant.equivalent,
+                    "ok": s.ok,
+                }
+                for seed, s in pairs
+            ]
+            code = max(code, 0 if all(s.ok for _, s in pairs) else 1)
         if args.preemption_rate:
             from overlapcheck.bench import preemption_rate
 

@@ -13,9 +13,11 @@ from overlapcheck.bench.mutants import BY_ID, MUTANTS, Mutant
 from overlapcheck.bench.mutation_score import (
     REFERENCE,
     PatchError,
+    Score,
     materialize,
     patched_source,
     score,
+    summary,
 )
 from overlapcheck.harness.runner import run_scenario
 from overlapcheck.scenarios.named import NAMED
@@ -89,3 +91,20 @@ def test_each_mutant_is_found_within_a_minute_or_is_equivalent(mutant: Mutant) -
         assert not s.found, f"equivalent mutant {mutant.id} reported: {s.line}"
     else:
         assert s.found, f"mutant {mutant.id} not found in 60 s"
+
+
+def test_the_table_has_a_column_per_seed_and_a_score_per_seed() -> None:
+    bug, equivalent = BY_ID["no-wait-stream"], EQUIVALENT[0]
+    scores = {
+        (bug.id, 0): Score(bug, True, examples=3, shrink=1.25),
+        (bug.id, 1): Score(bug, False, examples=900),
+        (equivalent.id, 0): Score(equivalent, False, examples=700),
+        (equivalent.id, 1): Score(equivalent, True, examples=5, shrink=0.5, cut="budget"),
+    }
+    lines = summary(scores, [0, 1])
+    assert lines[0].split()[-4:] == ["seed", "0", "seed", "1"]
+    assert lines[1].split()[2:] == ["3", "/", "1.2", "MISSED"]
+    assert lines[2].split()[2:] == ["silent", "5", "/", "0.5", "cut", "FALSE"]
+    assert lines[3].startswith("seed 0: 1/1 mutants found, 1/1 equivalent ones silent")
+    assert lines[4].startswith("seed 1: 0/1 mutants found, 0/1 equivalent ones silent")
+    assert lines[5].startswith("all seeds: 1/2 mutants found, 1/2 equivalent ones silent")

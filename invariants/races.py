@@ -155,6 +155,12 @@ class RaceDetector:
         self.sizes: dict[str, int] = {}  # the trace's declared buffer sizes
         self.shadow = _Shadow()
         self.checked = 0
+        # Per agent, the clock of its latest write (read) in the shadow: every cell's last write
+        # by that agent (read clock of that agent) is at most this. An op whose clocks cover every
+        # agent's latest write cannot race with a write; one whose clocks cover every other
+        # agent's latest read cannot overwrite an unordered read.
+        self.wrote = [0] * MAX_AGENTS
+        self.read = [0] * MAX_AGENTS
 
     @property
     def hb(self) -> HappensBefore:
@@ -211,6 +217,9 @@ class RaceDetector:
             parts = [
                 acc.cells + shadow.regions[acc.buffer][0] for acc in op.accesses if len(acc.cells)
             ]
+        clocks = vc.tolist()
+        if all(w <= c for w, c in zip(self.wrote, clocks, strict=True)):
+            return self._after_every_write(op, a, vc, clocks, parts, split)
         cells = parts[0] if len(parts) == 1 else np.concatenate(parts)
         # The last write races unless this agent's clock covers it: with writes kept as
         # clock * MAX_AGENTS + agent, unless its clock is at most vc[its agent].
@@ -227,12 +236,48 @@ class RaceDetector:
                 return self._one_by_one(op, a, vc, op.accesses)
             if split:
                 shadow.reads[a][cells[:split]] = vc[a]
+                self.read[a] = clocks[a]
             # The reads before this write stay: each is ordered before it (or that was the race
             # above), so before any later op ordered after it, and a later op not ordered after
             # it races with the write itself, which the writer check finds first.
             shadow.writer[written] = vc[a] * MAX_AGENTS + a
+            self.wrote[a] = clocks[a]
         else:
             shadow.reads[a][cells] = vc[a]
+            self.read[a] = clocks[a]
+        return None
+
+    def _after_every_write(
+        self, op: Op, a: int, vc: np.ndarray, clocks: list[int], parts: list[np.ndarray], split: int
+    ) -> Race | None:
+        """`_op` for an op ordered after every write so far: only its writes against other
+        agents' reads can race, and not even those when it is ordered after every such read."""
+        shadow = self.shadow
+        reads: list[np.ndarray] = []
+        writes: list[np.ndarray] = []
+        count = 0
+        for cells in parts:  # its reads come first: `split` cells of them
+            (reads if count < split else writes).append(cells)
+            count += len(cells)
+        if writes and not all(
+            r <= c for b, (r, c) in enumerate(zip(self.read, clocks, strict=True)) if b != a
+        ):
+            n = len(self.hb.agents)
+            written = writes[0] if len(writes) == 1 else np.concatenate(writes)
+            late = shadow.reads[:n, written] > vc[:n, None]
+            late[a] = False
+            if _count(late):
+                return self._one_by_one(op, a, vc, op.accesses)
+        clock = clocks[a]
+        if reads:
+            read_clocks = shadow.reads[a]
+            for cells in reads:
+                read_clocks[cells] = clock
+            self.read[a] = clock
+        if writes:
+            for cells in writes:
+                shadow.writer[cells] = clock * MAX_AGENTS + a  # the reads stay: see `_op`
+            self.wrote[a] = clock
         return None
 
     def _one_by_one(self, op: Op, a: int, vc: np.ndarray, accesses: list[Access]) -> Race | None:
@@ -258,6 +303,7 @@ class RaceDetector:
             return self._race(kind, acc, cells[unordered], first, op)
         if acc.mode == "r":
             shadow.reads[a][at] = vc[a]
+            self.read[a] = int(vc[a])
             return None
         n = len(self.hb.agents)
         reads = shadow.reads[:n, at] > vc[:n, None]
@@ -268,6 +314,7 @@ class RaceDetector:
             first = self.hb.op_of(int(agent), int(shadow.reads[agent, at[idx]]))
             return self._race("WAR", acc, conflicting, first, op)
         shadow.writer[at] = vc[a] * MAX_AGENTS + a  # the reads stay: see `_op`
+        self.wrote[a] = int(vc[a])
         return None
 
     @staticmethod

@@ -16,6 +16,7 @@ import numpy as np
 from overlapcheck.core.protocol import Books
 from overlapcheck.core.trace import HOST, PAGE_TABLE, TOKEN_POOL, Op
 from overlapcheck.invariants.base import Invariant
+from overlapcheck.invariants.page_arrays import PageArrays
 
 _ROW_BUFFERS = (TOKEN_POOL, PAGE_TABLE)  # the buffers a slot is a row of
 
@@ -131,6 +132,7 @@ class PagesConserved(Invariant):
 
     def __init__(self) -> None:
         self._all: set[int] | None = None
+        self._arrays = PageArrays()  # the books' lists as arrays, from one step to the next
 
     def on_step_end(self) -> None:
         books = self.run.books()  # the reference raises its own InvariantError here
@@ -157,8 +159,7 @@ class PagesConserved(Invariant):
         for h in books.live:
             total += len(h.pages)
         if total == n:
-            listed = chain(books.free_pages, books.cached_pages, *(h.pages for h in books.live))
-            pages = np.fromiter(listed, np.int64, n)
+            pages = self._listed(books)
             if n and pages.min() >= 0 and pages.max() < n and np.bincount(pages, minlength=n).min():
                 return not books.locked_pages or set(books.cached_pages).issuperset(
                     books.locked_pages
@@ -180,6 +181,19 @@ class PagesConserved(Invariant):
             and (free | cached | held) == self._all
             and cached.issuperset(books.locked_pages)
         )
+
+    def _listed(self, books: Books) -> np.ndarray:
+        """Every page the books list (free, cached, held), as one array."""
+        arrays = self._arrays
+        parts = [arrays.array("free", books.free_pages), arrays.array("cached", books.cached_pages)]
+        seen: set[int] = set()
+        for i, h in enumerate(books.live):
+            # By uid (a request's pages from one step to the next); a second holding of one uid
+            # (a broken scheduler's) is another list.
+            parts.append(arrays.array(h.uid if h.uid not in seen else (h.uid, i), h.pages))
+            seen.add(h.uid)
+        arrays.done()
+        return np.concatenate(parts)
 
     def _explain(self, books: Books) -> None:
         """Name what is wrong (or pass: pages shared between requests through the cache)."""

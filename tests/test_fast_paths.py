@@ -23,6 +23,7 @@ from overlapcheck.core.protocol import Books, Holding
 from overlapcheck.core.trace import HOST, Access, Op, Trace
 from overlapcheck.harness.runner import run_scenario
 from overlapcheck.invariants.base import InvariantViolated
+from overlapcheck.invariants.page_arrays import PageArrays
 from overlapcheck.invariants.races import Race, RaceDetector
 from overlapcheck.invariants.resources import PagesConserved
 from overlapcheck.reference.cache.manager import page_fault, pages_add_up
@@ -215,3 +216,68 @@ def test_the_cache_managers_page_count_agrees_with_naming_the_page_at_fault(
     n, free, cached, held = case
     busy = cached + [p for _, p in held]
     assert pages_add_up(n, free, busy) == (page_fault(n, free, cached, held) is None)
+
+
+@st.composite
+def page_list_edits(draw: st.DrawFn) -> list[tuple[int, ...]]:
+    """Successive snapshots of one page list: each the last one grown at its end, cut at its
+    head or tail, unchanged, or anything else."""
+    pages = tuple(draw(st.lists(st.integers(-2, 40), max_size=8)))
+    out = [pages]
+    for _ in range(draw(st.integers(1, 8))):
+        edit = draw(st.sampled_from(("grow", "head", "tail", "same", "other")))
+        k = draw(st.integers(0, len(pages)))
+        if edit == "grow":
+            pages = pages + tuple(draw(st.lists(st.integers(-2, 40), max_size=4)))
+        elif edit == "head":
+            pages = pages[k:]
+        elif edit == "tail":
+            pages = pages[:k]
+        elif edit == "other":
+            pages = tuple(draw(st.lists(st.integers(-2, 40), max_size=8)))
+        out.append(tuple(list(pages)))  # a new tuple of the same ints, as a fresh snapshot is
+    return out
+
+
+@FAST
+@given(st.lists(page_list_edits(), min_size=1, max_size=3))
+def test_page_arrays_are_always_exactly_the_snapshot(lists: list[list[tuple[int, ...]]]) -> None:
+    arrays = PageArrays()
+    for step in range(max(len(snapshots) for snapshots in lists)):
+        for key, snapshots in enumerate(lists):
+            if step < len(snapshots):
+                got = arrays.array(key, snapshots[step])
+                assert got.dtype == np.int64 and got.tolist() == list(snapshots[step])
+        arrays.done()
+
+
+@st.composite
+def books_over_steps(draw: st.DrawFn) -> tuple[int, list[Books]]:
+    """Books of one pool over a few steps: pages taken from the free list's tail onto a
+    holding's end (an allocation), or the books replaced by any others of the pool."""
+    n, books = draw(legal_books())
+    steps = [books]
+    for _ in range(draw(st.integers(1, 5))):
+        free, live = list(books.free_pages), list(books.live)
+        k = draw(st.integers(0, len(free)))
+        if live and draw(st.booleans()):
+            i = draw(st.integers(0, len(live) - 1))
+            taken = tuple(free[len(free) - k :])
+            live[i] = Holding(live[i].uid, live[i].slot, live[i].pages + taken)
+            books = Books(tuple(live), (), tuple(free[: len(free) - k]), books.cached_pages)
+        else:
+            pages = st.lists(st.integers(-1, n + 1), max_size=n + 2)
+            books = Books(books.live, (), tuple(draw(pages)), tuple(draw(pages)))
+        steps.append(books)
+    return n, steps
+
+
+@FAST
+@given(books_over_steps())
+def test_pages_conserved_judges_each_step_as_a_fresh_check_would(
+    case: tuple[int, list[Books]],
+) -> None:
+    n, steps = case
+    check = pages_conserved(n)
+    for books in steps:  # one check across steps: its page arrays carry over
+        assert check._fast_ok(books) == pages_conserved(n)._fast_ok(books)

@@ -8,20 +8,44 @@ from overlapcheck.invariants.context import Request
 
 
 class NoPostEos(Invariant):
-    """No token message for a request after its finished message."""
+    """No token message for a request after its output ended.
+
+    The output ends at EOS (unless `ignore_eos`) or with its `max_tokens`-th token. A finished
+    message there ends the request; any token after it is after the end. A finished message
+    before either ends nothing the contract knows of: the flag came too early, which is
+    `exact-length`'s finding, and tokens after it carry the rest of the output that flag cut
+    short. They are after the end only past `max_tokens` or after an EOS among them. So one
+    defect is one finding: a stale round after EOS is this one, a finish flag one token early
+    is `exact-length` (and skipping that does not make it this one).
+    """
 
     id = "no-post-eos"
+
+    def __init__(self) -> None:
+        self.rest: dict[int, tuple[int, bool]] = {}  # request index -> (tokens, ended at EOS)
 
     def on_message(self, msg: OutMsg, req: Request | None) -> None:
         if not isinstance(msg, TokenMsg):
             return
         if req is None:
             self.fail(f"token {msg.token} sent for uid {msg.uid}, which never arrived", (msg.uid,))
-        elif req.late and req.finished_step is not None:
+            return
+        if not req.late or req.finished_step is None:
+            return
+        eos = self.run.config.eos_token_id
+        ignore_eos = req.msg.sampling_params.ignore_eos
+        n, ended = self.rest.get(req.index, (len(req.tokens), False))
+        at_eos = bool(req.tokens) and req.tokens[-1] == eos and not ignore_eos
+        ended = ended or n >= req.max_output or at_eos
+        if ended:
             self.fail(
-                f"token {msg.token} sent after the finished message (step {req.finished_step})",
+                f"token {msg.token} sent after the finished message (step {req.finished_step}), "
+                f"past the end of its output ({n} of {req.max_output} tokens"
+                + (", the last EOS)" if n < req.max_output else ")"),
                 (msg.uid,),
             )
+            return
+        self.rest[req.index] = (n + 1, msg.token == eos and not ignore_eos)
 
 
 class ExactLength(Invariant):

@@ -128,7 +128,7 @@ FAULTS: dict[str, Fault] = {
             "mini-sglang e7d4f65 to 20fcd7f, scheduler.py `_process_last_data`: `finished = not "
             "req.can_decode` (the engine's `complete_one` advances `device_len` at launch), and "
             "every non-chunked result replied; `finished_reqs` only skips the second free",
-            ("exact-length", "no-post-eos"),
+            ("exact-length",),
         ),
         Fault(
             REPLY_AFTER_FINISH,

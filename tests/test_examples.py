@@ -12,7 +12,9 @@ import pytest
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.cli import main
 from overlapcheck.core.config import LoopKind, SchedulerConfig
-from overlapcheck.core.protocol import SchedulerFactory
+from overlapcheck.core.device import Device
+from overlapcheck.core.messages import TokenMsg
+from overlapcheck.core.protocol import MessageSink, MessageSource, SchedulerFactory
 from overlapcheck.core.scenario import RequestSpec, Scenario
 from overlapcheck.harness.runner import RunResult, run_scenario
 from overlapcheck.harness.scheduler_spec import SchedulerSpec
@@ -102,7 +104,6 @@ ABORT_PREFILL_LONGER = hand_picked(RequestSpec(0, (3, 4, 5), max_tokens=4, abort
 
 CASES = [
     ("finish-by-can-decode", FINISH_EARLY, (), "exact-length", "finished after 3 of 4 tokens"),
-    ("... then the last token", FINISH_EARLY, ("exact-length",), "no-post-eos", "after the"),
     ("stale token", STALE_TOKEN, (), "no-post-eos", "after the finished message"),
     ("free early: slot", FREE_EARLY, (), "slot-not-in-flight", "flight"),
     ("free early: race", FREE_EARLY, ("slot-not-in-flight",), "no-race", "page_table"),
@@ -123,6 +124,58 @@ def test_each_upstream_bug_is_found(
     result = run(UPSTREAM, scenario, skip)
     assert first(result) == invariant, [v.line() for v in result.violations]
     assert words in result.violations[0].line()
+
+
+def test_the_rest_of_an_output_after_an_early_finish_is_exact_lengths_finding_only() -> None:
+    # one defect, one finding: `finished` on token 3 of 4, then token 4; skipping exact-length
+    # does not make it a no-post-eos (the message after the flag is the output's own last token)
+    assert run(UPSTREAM, FINISH_EARLY, ("exact-length",)).ok
+
+
+class Scripted:
+    """Sends `script` ((token, finished) per iteration) for the first request it receives."""
+
+    script: tuple[tuple[int, bool], ...] = ()
+
+    def __init__(
+        self, config: SchedulerConfig, device: Device, source: MessageSource, sink: MessageSink
+    ) -> None:
+        self.device, self.source, self.sink = device, source, sink
+        self.uid: int | None = None
+        self.sent = 0
+
+    def step(self) -> bool:
+        for msg in self.source.poll(self.device.now()):
+            self.uid = msg.uid if self.uid is None else self.uid
+        if self.uid is None or self.sent == len(self.script):
+            return self.uid is None and self.source.next_arrival() is not None
+        token, finished = self.script[self.sent]
+        self.sent += 1
+        self.sink(TokenMsg(self.uid, token, finished))
+        return True
+
+
+@pytest.mark.parametrize(
+    ("script", "fires"),
+    [  # max_tokens 4
+        (((40, False), (41, False), (42, True), (43, True)), False),  # early, then the last
+        (((40, False), (41, True), (42, False), (43, True)), False),  # the rest, in two
+        (((40, False), (41, False), (42, True), (43, True), (44, False)), True),  # past max
+        (((40, False), (41, True), (EOS, False), (45, False)), True),  # after an EOS in the rest
+        (((40, False), (EOS, True), (46, False)), True),  # a stale round after EOS
+        (((40, False), (41, False), (42, False), (43, True), (47, False)), True),  # after the last
+    ],
+    ids=["last", "rest", "past-max", "after-eos-in-rest", "after-eos", "after-last"],
+)
+def test_no_post_eos_judges_tokens_past_the_end_of_the_output(
+    script: tuple[tuple[int, bool], ...], fires: bool
+) -> None:
+    scheduler = type("Script", (Scripted,), {"script": script})
+    scenario = hand_picked(RequestSpec(0, (5, 6, 7), max_tokens=4))
+    result = run_scenario(scenario, SimBackend(), ["no-post-eos"], scheduler=scheduler)
+    assert first(result) == ("no-post-eos" if fires else "ok")
+    if fires:
+        assert "past the end of its output" in result.violations[0].message
 
 
 HAND_PICKED = [FINISH_EARLY, STALE_TOKEN, FREE_EARLY, ABORT_PREFILL, ABORT_PREFILL_LONGER]

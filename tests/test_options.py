@@ -47,11 +47,29 @@ def test_a_scenario_file_switches_faults_on(tmp_path: Path) -> None:
     assert main(["run", "--scenario", str(path), "--fault", "free-slot-early"]) == 1
 
 
+# Two bugs, two findings: a length-limited request finished one token early (exact-length), and
+# one stopped at EOS whose launched round's token is still sent (no-post-eos).
+TWO_BUGS_TOML = """name = "two-bugs"
+[config]
+faults = ["finish-by-can-decode", "reply-after-finish"]
+[[requests]]
+uid = 0
+prompt = [5, 6, 7]
+max_tokens = 4
+ignore_eos = true
+[[requests]]
+uid = 1
+prompt = [8, 9]
+max_tokens = 4
+continuation = [41, 2, 43]
+"""
+
+
 def test_run_skip_looks_past_a_known_bug(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = tmp_path / "faulty.toml"
-    path.write_text(FAULTY_TOML)
+    path.write_text(TWO_BUGS_TOML)
     assert main(["run", "--scenario", str(path), "--json"]) == 1
     first = json.loads(capsys.readouterr().out)["violations"][0]["invariant"]
     assert first == "exact-length"

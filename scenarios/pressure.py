@@ -19,13 +19,18 @@ from overlapcheck.core.config import PREEMPT_POLICIES, PreemptionKind, Scheduler
 from overlapcheck.core.scenario import RequestSpec, Scenario
 from overlapcheck.reference.faults import PREEMPTION_FAULT_CONFIG
 from overlapcheck.scenarios.draws import EOS, US, rarely, tokens
+from overlapcheck.scenarios.windows import AnchorDraw, linked, maybe_anchor
 
 # CONCURRENT_IN_EIGHTHS eighths of the generated scenarios not already under memory pressure get
 # a workload of requests that run at once, in a pool that holds their prompts and CONCURRENT_EIGHTHS
 # (low, high) eighths of their outputs (and two slots or more).
 CONCURRENT_IN_EIGHTHS = 7
-CONCURRENT_EIGHTHS = (0, 3)
+CONCURRENT_EIGHTHS = (0, 2)
 DRAWN_MODES: tuple[PreemptionKind, ...] = ("none", "recompute", "swap")
+# One request in ABORT_ONE_IN of a concurrent workload is aborted (by time or iteration), one in
+# EOS_ONE_IN stops at a scripted EOS: both end requests before they outgrow the pool.
+ABORT_ONE_IN = 6
+EOS_ONE_IN = 4
 
 
 def preempts(faults: frozenset[str]) -> bool:
@@ -70,8 +75,9 @@ def concurrent_pool(config: SchedulerConfig, reqs: Sequence[RequestSpec], eighth
 
 
 def _arrival(spec: RequestSpec) -> float:
-    """When a request arrives, as far as the workload says up front (follow-ups: last)."""
-    if spec.after is not None:
+    """When a request arrives, as far as the workload says up front (follow-ups and anchored
+    arrivals: last)."""
+    if spec.after is not None or spec.arrival_after is not None:
         return float("inf")
     return spec.arrival if spec.arrival_iteration is None else spec.arrival_iteration * 1e-5
 
@@ -79,24 +85,32 @@ def _arrival(spec: RequestSpec) -> float:
 @st.composite
 def _concurrent_request(
     draw: st.DrawFn, width: int, shared: tuple[int, ...], share: int
-) -> RequestSpec:
+) -> tuple[RequestSpec, AnchorDraw | None]:
     own = tuple(draw(st.lists(tokens, min_size=1, max_size=12)))
     prompt = ((shared if draw(st.booleans()) else ()) + own)[: width - 1]
     room = width - len(prompt)
     max_tokens = max(1, room * (share + draw(st.integers(0, 2))) // 16)
     continuation: tuple[int, ...] = ()
-    if draw(st.booleans()):  # stop at a scripted EOS after k tokens
+    if rarely(draw, EOS_ONE_IN):  # stop at a scripted EOS after k tokens
         k = draw(st.integers(0, min(max_tokens, 8) - 1))
         continuation = tuple(draw(st.lists(tokens, min_size=k, max_size=k))) + (EOS,)
-    return RequestSpec(
+    abort_at, abort_iteration = None, None
+    if rarely(draw, ABORT_ONE_IN):  # by time or by iteration, as in a plain workload
+        if draw(st.booleans()):
+            abort_iteration = draw(st.integers(0, 40))
+        else:
+            abort_at = draw(st.integers(0, 800)) * US
+    spec = RequestSpec(
         0,
         prompt,
         max_tokens=max_tokens,
         arrival=draw(st.integers(0, 20)) * US,
         ignore_eos=draw(st.booleans()),
         continuation=continuation,
-        abort_iteration=draw(st.integers(0, 40)) if rarely(draw, 8) else None,
+        abort_at=abort_at,
+        abort_iteration=abort_iteration,
     )
+    return spec, maybe_anchor(draw)
 
 
 @st.composite
@@ -105,17 +119,18 @@ def concurrent_workloads(
 ) -> tuple[RequestSpec, ...]:
     """Requests that arrive close together and decode long enough to outgrow what their prompts
     took (a similar share of the row each), now and then sharing a prefix, stopping at a scripted
-    EOS (or ignoring it) or aborted. Two or more as drawn; a list, so that shrinking can delete
-    any of them (down to the one a failure needs). `pair`: never fewer than two."""
+    EOS (or ignoring it) or aborted, with lifecycle windows and reused uids as in a plain
+    workload (`windows.linked`). Two or more as drawn; a list, so that shrinking can delete any
+    of them (down to the one a failure needs). `pair`: never fewer than two."""
     width = config.max_seq_len
     shared = tuple(draw(st.lists(tokens, max_size=8)))
     # One output share for all (so no single request outgrows the rest), jittered per request.
     share = draw(st.integers(3, 8))
     request = _concurrent_request(width, shared, share)
-    specs = draw(st.lists(request, min_size=1, max_size=config.num_slots + 2))
+    drawn = draw(st.lists(request, min_size=1, max_size=config.num_slots + 2))
     if pair or draw(st.booleans()):  # one more up front: fewer lone requests (shrinks away)
-        specs = [draw(request), *specs]
-    return tuple(replace(spec, uid=uid) for uid, spec in enumerate(specs))
+        drawn = [draw(request), *drawn]
+    return linked(draw, drawn, width)
 
 
 @st.composite

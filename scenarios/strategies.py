@@ -14,7 +14,7 @@ from dataclasses import replace
 from hypothesis import strategies as st
 
 from overlapcheck.core.config import POLICIES, PolicyKind, SchedulerConfig
-from overlapcheck.core.scenario import Anchor, RequestSpec, Scenario
+from overlapcheck.core.scenario import RequestSpec, Scenario
 from overlapcheck.reference.faults import FAULTS
 from overlapcheck.scenarios.draws import EOS, US, often, rarely, tokens
 from overlapcheck.scenarios.named import NAMED
@@ -25,6 +25,7 @@ from overlapcheck.scenarios.pressure import (
     under_concurrent_pressure,
 )
 from overlapcheck.scenarios.speculative import speculating
+from overlapcheck.scenarios.windows import AnchorDraw, linked, maybe_anchor
 
 TIMED_KINDS = ("schedule", "launch", "process", "h2d", "forward", "d2h")
 # A conversation tree (see `workloads`): one workload in BRANCHING_ONE_IN, up to TREE_REQUESTS
@@ -36,10 +37,6 @@ LONG_SHARES = 64  # a long output is drawn in 64ths of the room its row leaves
 # PRESSURE_ONE_IN; its pool holds PRESSURE_EIGHTHS (low, high) eighths of its workload's demand.
 PRESSURE_ONE_IN = 4
 PRESSURE_EIGHTHS = (2, 5)
-# Lifecycle windows (see `anchored`): one request in ANCHOR_ONE_IN arrives, or is aborted, at a
-# lifecycle point of a request plus up to ANCHOR_ITERATIONS iterations.
-ANCHOR_ONE_IN = 4
-ANCHOR_ITERATIONS = 2
 SPECULATION_ONE_IN = 4  # speculative decoding on (draft_tokens > 0) in one generated scenario in 4
 
 
@@ -91,7 +88,7 @@ def _anchorable_requests(
     drawn with it (deleting the request while shrinking deletes its anchor too), last (the
     shrinker's first move on the gate keeps the request as it was)."""
     spec = _request(draw, prefixes, 0, max_seq_len, branching)
-    return spec, draw(_anchor_draws) if rarely(draw, ANCHOR_ONE_IN) else None
+    return spec, maybe_anchor(draw)
 
 
 def _request(
@@ -208,83 +205,7 @@ def _workloads(
             max_size=max_requests,
         )
     )
-    specs = [spec for spec, _ in drawn]
-    reuse: list[int] = []  # i-th entry: request i + 1 takes the uid of an earlier one (0: fresh)
-    if rarely(draw, 4):
-        reuse = draw(st.lists(st.integers(0, 7), max_size=len(specs)))
-    out: list[RequestSpec] = []
-    for i, spec in enumerate(specs):
-        after = None if spec.after is None or i == 0 else spec.after % i
-        uid = i
-        if 0 < i <= len(reuse) and reuse[i - 1]:  # 0 (the shrink target): a fresh uid
-            uid = out[reuse[i - 1] % i].uid
-        if after is None and spec.after is not None:  # the first request cannot follow one
-            spec = replace(spec, think=0.0)
-        out.append(replace(spec, uid=uid, after=after))
-    for i, (_, raw) in enumerate(drawn):
-        if raw is None:
-            continue
-        out[i] = anchored(out, i, raw)
-        anchor = out[i].arrival_after or out[i].abort_after
-        if raw[5] and anchor is not None:
-            out[anchor.request] = ends_early(out[anchor.request], max_seq_len)
-    return tuple(out)
-
-
-# (kind: 1 arrival / 2 abort, the anchor's request as a raw draw, point, iterations,
-# whether an anchored arrival takes its anchor's uid, whether the anchor's request stops at a
-# scripted EOS): mapped by `anchored` and `ends_early`. Weighted toward what opens a window (an
-# arrival, at a finish or an abort, no offset); each shrinks to its first value.
-AnchorDraw = tuple[int, int, str, int, bool, bool]
-_anchor_draws = st.tuples(
-    st.sampled_from((1, 1, 2)),
-    st.integers(0, 7),
-    st.sampled_from(
-        ("finished", "abort", "extra-round", "last-launch", "first-chunk", "finished", "abort")
-    ),
-    st.integers(0, 2 * ANCHOR_ITERATIONS + 1).map(lambda k: max(0, k - ANCHOR_ITERATIONS - 1)),
-    st.booleans(),
-    st.booleans(),
-)
-
-
-def ends_early(spec: RequestSpec, max_seq_len: int) -> RequestSpec:
-    """`spec` stopping at a scripted EOS within its output: under overlap its extra round is
-    then in flight after its finish, the window an anchored message aims at. A follow-up's
-    prompt is not known in advance, so it cannot be scripted: it stays as it is."""
-    if spec.after is not None:
-        return spec
-    room = max(1, min(spec.max_tokens, max_seq_len - len(spec.prompt)))
-    kept = tuple(t for t in spec.continuation if t != EOS)[: room - 1]
-    return replace(spec, continuation=(*kept, EOS), ignore_eos=False)
-
-
-def anchored(out: Sequence[RequestSpec], i: int, draw: AnchorDraw) -> RequestSpec:
-    """Request `i` of `out` with its arrival or its abort anchored to a lifecycle point of an
-    earlier request (an abort: of itself too). An anchored arrival that takes its anchor's uid
-    is a reused uid inside the window (a duplicate while that one is live, which must be
-    rejected); a follow-up's arrival is anchored to the turn it follows."""
-    kind, raw, point, iterations, same_uid, _ = draw
-    spec = out[i]
-    if kind == 1 and i > 0:
-        target = spec.after if spec.after is not None else raw % i
-        uid = out[target].uid if same_uid else spec.uid
-        return replace(
-            spec,
-            uid=uid,
-            arrival=0.0,
-            arrival_iteration=None,
-            think=0.0,
-            arrival_after=Anchor(target, point, iterations),
-        )
-    if kind == 2:
-        target = raw % (i + 1)
-        if target == i and point == "abort":  # its own abort cannot anchor its abort
-            point = "last-launch"
-        return replace(
-            spec, abort_at=None, abort_iteration=None, abort_after=Anchor(target, point, iterations)
-        )
-    return spec
+    return linked(draw, drawn, max_seq_len)
 
 
 @st.composite

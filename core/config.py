@@ -143,11 +143,6 @@ class SchedulerConfig:
             raise ConfigError(
                 f"draft_tokens must be <= {MAX_DRAFT_TOKENS}, got {self.draft_tokens}"
             )
-        if self.draft_tokens and (self.preemption != "none" or self.page_alloc != "reserve"):
-            raise ConfigError(
-                "draft_tokens > 0 needs preemption 'none' and page_alloc 'reserve': the reference "
-                "does not preempt a speculating request yet"
-            )
 
     @property
     def num_cells(self) -> int:

@@ -42,6 +42,7 @@ FREE_ROW_IN_VERIFY = "free-row-in-verify"
 RESOLVE_UNORDERED = "resolve-unordered"
 READS_DONE_EARLY = "reads-done-early"
 PLACEHOLDER_UNDERFLOW = "placeholder-underflow"
+PREEMPT_PLACEHOLDER_RESET = "preempt-placeholder-reset"
 
 SPEC_FAULTS = (
     Fault(
@@ -109,6 +110,23 @@ SPEC_FAULTS = (
         "vLLM #57562 (AsyncScheduler `num_output_placeholders` driven below zero with chunked "
         "prefill under concurrency; its assertion killed the engine core), cf. #50692",
         ("oracle", "kv-provenance"),
+        speculative=True,
+    ),
+    Fault(
+        PREEMPT_PLACEHOLDER_RESET,
+        "A request is preempted (pages on demand ran out) while its verify step is in flight, "
+        "and its speculative books (the steps whose results it still waits for, its last step) "
+        "are reset at preemption. The step's result still comes back and is drained against "
+        "the reset books: the count goes below zero. Admitted again after the recompute, the "
+        "request's next step in flight then counts as resolved, so the step after it starts "
+        "where the host last knew, one step behind: the user gets repeated tokens whenever a "
+        "draft was accepted. The fix resets the books once the launched steps were drained. "
+        "Needs the overlap loop (the normal loop has nothing in flight at a preemption).",
+        "vLLM #48245 (`num_output_placeholders` preemption underflow: a decode step reserved "
+        "`1 + spec tokens` placeholders, `_preempt_request` rolled the request back, the stale "
+        "in-flight output drained against the reset counters; an assertion killed the engine "
+        "core), reworking #47900; cf. #49620 (the discard budget in placeholder units)",
+        ("oracle", "exact-length"),
         speculative=True,
     ),
 )
@@ -264,6 +282,7 @@ PREEMPTION_FAULT_CONFIG: dict[str, Needs] = {
     PREEMPT_RESET_EARLY: Needs("recompute", "allocation-failure"),
     PREEMPT_CASCADE: Needs("recompute", "retract-decode"),
     SWAP_FREE_BEFORE_OFFLOAD: Needs("swap", "allocation-failure"),
+    PREEMPT_PLACEHOLDER_RESET: Needs("recompute", "allocation-failure"),
 }
 
 

@@ -30,7 +30,7 @@ cascade. Requests that cannot get a page now sit this decode out and get it afte
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.reference import faults as F
@@ -69,6 +69,12 @@ class Preemption:
         self.retract = self.config.preempt_policy == "retract-decode"
         self.swapper = Swapper(managers) if self.config.preemption == "swap" else None
         self.count = 0  # preemptions so far
+        # Set by the speculative steps (reference/speculative.py): how far a victim's KV will be
+        # computed once its launched batches ran (a verify step's accepted count is not known
+        # yet), and what they do when a request is preempted.
+        self.kv_end: Callable[[Req], int] = lambda req: req.kv_len
+        self._ends: Mapping[Req, int] = {}
+        self.on_preempt: Callable[[Req], None] = lambda req: None
 
     @property
     def swapped(self) -> list[Req]:
@@ -86,17 +92,22 @@ class Preemption:
 
     # -- making room --------------------------------------------------------------------------
 
-    def decode_batch(self, candidates: list[Req]) -> list[Req]:
-        """The requests of the next decode batch that get their pages; preempts to make room."""
+    def decode_batch(
+        self, candidates: list[Req], ends: Mapping[Req, int] | None = None
+    ) -> list[Req]:
+        """The requests of the next decode batch that get their pages; preempts to make room.
+        `ends`: the positions each one's step covers (default: its `device_len`, one decode)."""
         if not self.on_demand or not candidates:
             return candidates
+        self._ends = ends or {}
         if self.retract:
             return self._retract(candidates)
         return self._on_failure(candidates)
 
     def _need(self, req: Req) -> int:
-        """Pages `req`'s next decode (context `device_len`) allocates."""
-        return self.config.pages_for(req.device_len) - len(req.cells) // self.config.page_size
+        """Pages `req`'s next step (context `device_len`, or its planned end) allocates."""
+        end = self._ends.get(req, req.device_len)
+        return max(0, self.config.pages_for(end) - len(req.cells) // self.config.page_size)
 
     def _coming_back(self) -> int:
         """Pages of preempted or finished requests that the in-flight batch still pins."""
@@ -151,8 +162,9 @@ class Preemption:
         victim.preempted = True
         victim.resume_at = len(victim.outputs)
         self.decode.remove(victim)
+        self.on_preempt(victim)
         if self.swapper is not None:  # its in-flight result is kept: nothing to recompute
-            self.swapper.swap_out(victim)
+            self.swapper.swap_out(victim, self.kv_end(victim))
         else:
             if self.retract:
                 victim.drop = victim.inflight  # SGLang: `if req.is_retracted: continue`

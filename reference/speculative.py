@@ -29,6 +29,7 @@ from overlapcheck.reference import faults as F
 from overlapcheck.reference.cache.manager import CacheManager
 from overlapcheck.reference.decode import DecodeManager
 from overlapcheck.reference.drafter import PromptLookup
+from overlapcheck.reference.preemption import Preemption
 from overlapcheck.reference.req import Req
 
 
@@ -39,6 +40,7 @@ class Host(Protocol):
     device: Device
     cache: CacheManager
     decode: DecodeManager
+    preemption: Preemption
     _next_batch_id: int
 
     def _stage(self, batch: BatchInput) -> None: ...
@@ -62,6 +64,7 @@ class SpecState:
     last: Round | None = None
     unresolved: int = 0  # verify steps launched whose results are not processed
     processed_start: int = -1  # where the latest processed step really started
+    preempted: bool = False  # preempted: reset once its launched steps are drained
 
 
 @dataclass(slots=True)
@@ -80,12 +83,24 @@ class SpecDecoder:
         self.drafter: Drafter = PromptLookup()
         self.reads_done: Event | None = None  # after the latest forward that read draft_pool
         self.stats = SpecStats()
+        # A victim's in-flight verify step computes KV as far as its end: a swap copies all of it.
+        scheduler.preemption.kv_end = lambda req: max(req.kv_len, req.table_len)
+        scheduler.preemption.on_preempt = self.preempted
 
     def state(self, req: Req) -> SpecState:
         st = self.states.get(req)
-        if st is None:
+        if st is None or (st.preempted and st.unresolved == 0):
+            # NOTE: a preempted request's books start afresh only after its launched steps
+            # were drained against them (their placeholders were reserved there).
             st = self.states[req] = SpecState()
         return st
+
+    def preempted(self, req: Req) -> None:
+        """`req` was preempted: its steps in flight still come back (kept or dropped)."""
+        if self._fault(F.PREEMPT_PLACEHOLDER_RESET):
+            self.states[req] = SpecState()  # upstream: rolled back now, drained later
+        else:
+            self.state(req).preempted = True
 
     def _fault(self, name: str) -> bool:
         return name in self.s.config.faults
@@ -103,11 +118,17 @@ class SpecDecoder:
         rounds: list[Round] = []
         table_writes: list[RowWrite] = []
         draft_writes: list[RowWrite] = []
+        plans: dict[Req, tuple[int, int, int, tuple[int, ...]]] = {}
         for req in s.decode.batch():
             planned = self._plan(req, batch_id)
             if planned is None:
                 self.stats.waits += 1
                 continue
+            plans[req] = planned
+        # pages on demand: who gets the pages their step covers (preempting to make room)
+        ends = {r: p[0] + p[1] + len(p[3]) + 1 for r, p in plans.items()}
+        for req in s.preemption.decode_batch(list(plans), ends):
+            planned = plans[req]
             start, shift, source, drafts = planned
             end = start + shift + len(drafts) + 1
             s.cache.grow(req, end)
@@ -235,7 +256,11 @@ class SpecDecoder:
                 self.state(req).unresolved -= 1
                 self.stats.emitted += len(tokens)
                 early = False
-                if not req.done:  # else: aborted, or a step past its finish: dropped
+                if req.drop:
+                    req.drop -= 1  # retracted while in flight: sampled again after recompute
+                    if self._fault(F.RETRACT_SKIPS_INFLIGHT):
+                        req.outputs += tokens  # upstream: kept for the context, never sent
+                elif not req.done:  # else: aborted, or a step past its finish: dropped
                     self.state(req).processed_start = req.prompt_len + len(req.outputs) - 1
                     # committed, less the last token (its KV comes with the next step); never
                     # past the row the host has mapped (a fault's confused count stays a finding

@@ -36,10 +36,12 @@ class Swapper:
         self.queue: list[Req] = []  # swapped out, in preemption order
         self.out: dict[int, SwappedOut] = {}  # by uid, while its KV is on the host
 
-    def swap_out(self, victim: Req) -> None:
+    def swap_out(self, victim: Req, length: int) -> None:
+        """Offload the KV of `victim`'s first `length` positions (what its launched batches
+        compute: a verify step's rejected positions too; they are recomputed before read)."""
         dev = self.device
         dev.wait_stream(dev.transfer_stream, dev.engine_stream)
-        saved = dev.offload_kv(victim.uid, victim.cells[: victim.kv_len], dev.transfer_stream)
+        saved = dev.offload_kv(victim.uid, victim.cells[:length], dev.transfer_stream)
         self.out[victim.uid] = SwappedOut(saved, dev.record(dev.transfer_stream))
         self.queue.append(victim)
 
@@ -72,9 +74,10 @@ class Swapper:
             self.cache.grow(req, saved.length)
             dev.load_kv(saved, req.cells[: saved.length], dev.transfer_stream)
             dev.wait_event(dev.engine_stream, dev.record(dev.transfer_stream))
-            known = (*req.prompt, *req.outputs)[: req.device_len]
+            known = (*req.prompt, *req.outputs)
             dev.copy_to_device(TOKEN_POOL, [RowWrite(req.slot, 0, known)], dev.scheduler_stream)
-            req.kv_len = saved.length
+            # computed: every position but the last token's (its KV comes with the next step)
+            req.kv_len = min(saved.length, len(known) - 1)
             req.table_len = 0  # the decode copies the whole page-table row
             req.state = ReqState.RUNNING
             req.preempted = False

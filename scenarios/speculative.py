@@ -64,10 +64,7 @@ def speculating(
     (a period of their own first tokens, the scripted continuation repeating it, a scripted EOS
     kept where it was), so acceptance runs from none to whole steps. Lengths stay as drawn, so
     the workload stays valid for the config. Shrinks toward one draft, nothing repetitive."""
-    # (the reference does not preempt a speculating request: speculation turns preemption off)
-    config = replace(
-        config, preemption="none", page_alloc="reserve", draft_tokens=draw(st.integers(1, 4))
-    )
+    config = replace(config, draft_tokens=draw(st.integers(1, 4)))  # preemption as drawn
     out = []
     for spec in reqs:
         if spec.after is not None or not draw(st.booleans()):

@@ -276,13 +276,9 @@ def variations(draw: st.DrawFn, base: Scenario, faults: frozenset[str] = frozens
         max_extend_tokens=draw(st.sampled_from((cfg.max_extend_tokens, 16, 4))),
         faults=faults,
     )
-    # (preemption is drawn on the config without speculation: the two do not combine yet)
-    config = draw(preemption_modes(replace(config, draft_tokens=0), faults))
-    drafts = cfg.draft_tokens
-    if speculative(faults) and not drafts:  # (a draw only where a fault needs it)
-        drafts = draw(st.integers(1, 4))
-    if drafts:
-        config = replace(config, preemption="none", page_alloc="reserve", draft_tokens=drafts)
+    config = draw(preemption_modes(config, faults))
+    if speculative(faults) and not cfg.draft_tokens:  # (a draw only where a fault needs it)
+        config = replace(config, draft_tokens=draw(st.integers(1, 4)))
     jitter = draw(
         st.lists(st.integers(0, 200), min_size=len(base.requests), max_size=len(base.requests))
     )

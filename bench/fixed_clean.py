@@ -53,6 +53,16 @@ def kinds_of(scenario: Scenario) -> list[str]:
         f"preemption-{cfg.preemption}": cfg.preemption != "none",
         "speculative": cfg.draft_tokens > 0,
     }
+    if cfg.draft_tokens:  # speculation together with the other kinds
+        found |= {
+            f"speculative+preemption-{cfg.preemption}": cfg.preemption != "none",
+            "speculative+chunked": any(len(r.prompt) > cfg.max_extend_tokens for r in reqs),
+            "speculative+abort": any(
+                r.abort_at is not None or r.abort_iteration is not None or r.abort_after
+                for r in reqs
+            ),
+            "speculative+uid-reuse": found["uid-reuse"],
+        }
     return [k for k, v in found.items() if v]
 
 

@@ -28,9 +28,16 @@ from overlapcheck.formats.counterexample import Counterexample
 from overlapcheck.harness.runner import RunResult, run_scenario
 from overlapcheck.invariants.no_race import NoRace
 from overlapcheck.invariants.races import RaceDetector
-from overlapcheck.orchestrate.replay_drafts import ReplayDrafts, Rows, recorded_steps
+from overlapcheck.orchestrate.replay_drafts import (
+    DraftLog,
+    ReplayDrafts,
+    Rows,
+    compare,
+    recorded_steps,
+)
 from overlapcheck.orchestrate.replay_plan import ReplayPlan, plan_replay
 from overlapcheck.orchestrate.sim_replay import replay_on_sim
+from overlapcheck.reference.drafter import PromptLookup
 
 
 @dataclass
@@ -42,8 +49,8 @@ class Verdict:
     applied: int  # planned sleeps that found their operation
     missed: int
     gates: list[GateOutcome]
-    drafts: str = ""  # speculative replays: how the drafts followed the record
-    off_record: int = 0  # speculative replays: steps the record did not have
+    drafts: str = ""  # speculative replays: how the verify steps followed the record
+    off_record: int = 0  # speculative replays: verify steps unlike the recorded ones
 
     @property
     def clean(self) -> bool:
@@ -105,8 +112,10 @@ def replay_once(
     injector = backend.device.injector if backend.device is not None else None
     applied = len(injector.applied) if injector is not None else 0
     missed = len(injector.missed) if injector is not None else len(plan.sleeps)
-    said = drafter.summary() if drafter is not None else ""
-    off = len(drafter.off_record) if drafter is not None else 0
+    said, off = "", 0
+    if drafts is not None:
+        match = compare(drafts.steps, result.trace.verified)
+        said, off = match.line(), match.differ
     verdict = Verdict(repeat, reproduced, failed, race_line, applied, missed, gates, said, off)
     return verdict, result
 
@@ -115,7 +124,13 @@ class Drafts:
     """A speculative replay's drafts: the recorded steps and the rows they draft from, a fresh
     `ReplayDrafts` for each run."""
 
-    def __init__(self, recorded: RunResult, backend: TorchBackend, scenario_of: Counterexample):
+    def __init__(
+        self,
+        recorded: RunResult,
+        backend: TorchBackend,
+        scenario_of: Counterexample,
+        planned: dict[tuple[int, int], int],
+    ) -> None:
         greedy = backend.oracle.greedy if backend.oracle is not None else None
         if greedy is None:
             raise ValueError("a speculative replay drafts from the oracle: the backend has none")
@@ -123,17 +138,22 @@ class Drafts:
         self.steps = recorded_steps(recorded.trace.verified)
         self.rows = Rows.of(prepared, greedy)
         self.vocab = prepared.config.vocab_size
+        self.planned = planned
 
     def rows_from(self, result: RunResult) -> None:
         self.rows.learn(result)
 
     def fresh(self) -> ReplayDrafts:
-        return ReplayDrafts(self.steps, self.rows, self.vocab)
+        return ReplayDrafts(self.steps, self.rows, self.vocab, self.planned)
 
 
-def speculative_drafts(cex: Counterexample, recorded: RunResult, backend: TorchBackend) -> Drafts:
-    """The drafts that reproduce `recorded`'s acceptance (a speculative counterexample's)."""
-    return Drafts(recorded, backend, cex)
+def speculative_record(cex: Counterexample, backend: TorchBackend) -> tuple[RunResult, Drafts]:
+    """The simulator's whole run of a speculative counterexample (past its first violation, as
+    the real run goes on) and the drafts that reproduce its acceptance. The reference's drafts
+    are logged too: a step planned and not launched still decided the pages it would take."""
+    log = DraftLog(PromptLookup()) if cex.scheduler.is_reference else None
+    recorded = replay_on_sim(cex, keep_going=True, drafter=log)
+    return recorded, Drafts(recorded, backend, cex, log.drafted if log is not None else {})
 
 
 MARGINS = (3.0, 2.0, 1.5, 1.0)
@@ -175,9 +195,7 @@ def replay_verdicts(
         recorded = replay_on_sim(run)  # the fix's own message iterations
     drafts = None
     if run.scenario.config.draft_tokens:
-        # the real run goes on past the first violation: so does the record of its steps
-        recorded = replay_on_sim(run, keep_going=True)
-        drafts = speculative_drafts(run, recorded, backend)
+        recorded, drafts = speculative_record(run, backend)
     deliveries = recorded.deliveries
     # A warm-up run, not judged and without gates: a workload's first run compiles and caches
     # (new batch shapes, kernels loaded), so its host phases run long and move the very ordering

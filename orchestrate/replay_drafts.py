@@ -17,8 +17,9 @@ much a step emits), so the oracle judges them as in any run.
 The engine's continuation is the sequential reference's greedy output (what the CPU engine emits,
 exactly); where a bf16 engine's own tokens differ from it at a near-tie, `Rows.learn` takes them
 from a run in which the oracle found them right. A step the record does not have (the run left the
-recorded schedule: a forced race corrupted something, or the scheduler drafts differently) gets
-prompt lookup's drafts and is counted in `off_record`.
+recorded schedule: a forced race corrupted something; or a request planned but not launched, as
+when preemption took it) gets prompt lookup's drafts. `compare` tells, after a run, which verify
+steps took the recorded acceptance.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 
 from overlapcheck.core.rules import max_output, rejection
 from overlapcheck.core.scenario import Scenario, user_msg
-from overlapcheck.core.speculative import DraftQuery
+from overlapcheck.core.speculative import Drafter, DraftQuery
 from overlapcheck.core.trace import Verified
 from overlapcheck.harness.runner import RunResult
 from overlapcheck.reference.drafter import PromptLookup
@@ -101,22 +102,46 @@ class Rows:
         return None if best is None else best[0] + tuple(best[1])
 
 
-class ReplayDrafts:
-    """A `Drafter` that reproduces recorded acceptance (see the module docstring)."""
+class DraftLog:
+    """A drafter that notes how many drafts `inner` proposed for each (batch, request): also
+    for steps planned and then not launched (preemption took the request), whose drafts still
+    decided how many pages the step would have needed."""
 
-    def __init__(self, steps: dict[tuple[int, int], Step], rows: Rows, vocab_size: int) -> None:
-        self.steps, self.rows, self.vocab = steps, rows, vocab_size
-        self.fallback = PromptLookup()
-        self.on_record = 0
-        self.off_record: list[tuple[int, int]] = []  # (batch, uid) of steps not in the record
+    def __init__(self, inner: Drafter) -> None:
+        self.inner = inner
+        self.drafted: dict[tuple[int, int], int] = {}
 
     def draft(self, query: DraftQuery) -> list[int]:
-        step = self.steps.get((query.batch_id, query.uid))
+        out = self.inner.draft(query)
+        self.drafted[(query.batch_id, query.uid)] = min(len(out), query.wanted)
+        return out
+
+
+class ReplayDrafts:
+    """A `Drafter` that reproduces recorded acceptance (see the module docstring). `planned`:
+    how many drafts each query of the recorded run got (`DraftLog`), for the steps that were
+    planned but not launched."""
+
+    def __init__(
+        self,
+        steps: dict[tuple[int, int], Step],
+        rows: Rows,
+        vocab_size: int,
+        planned: dict[tuple[int, int], int] | None = None,
+    ) -> None:
+        self.steps, self.rows, self.vocab = steps, rows, vocab_size
+        self.planned = planned or {}
+        self.fallback = PromptLookup()
+
+    def draft(self, query: DraftQuery) -> list[int]:
+        key = (query.batch_id, query.uid)
+        step = self.steps.get(key)
         row = self.rows.row(query.uid, query.known)
+        if step is None and key in self.planned:
+            # planned, not launched: as many drafts, so that the step needs as many pages
+            return [self._wrong(query.known[-1])] * min(self.planned[key], query.wanted)
         if step is None or row is None or step.drafts > query.wanted:
-            self.off_record.append((query.batch_id, query.uid))
             return self.fallback.draft(query)
-        self.on_record += 1
         out = []
         for t in range(step.drafts):
             at = step.first + t
@@ -131,10 +156,40 @@ class ReplayDrafts:
         """A token that is not `right` (the engine's token there)."""
         return 0 if right is None else (right + 1) % self.vocab
 
-    def summary(self) -> str:
-        """One line: how many steps drafted from the record, and the first that did not."""
-        line = f"{self.on_record} steps drafted to the recorded acceptance"
-        if self.off_record:
-            batch, uid = self.off_record[0]
-            line += f"; {len(self.off_record)} off the record (first: batch {batch}, request {uid})"
-        return line
+
+@dataclass(frozen=True, slots=True)
+class StepMatch:
+    """How a run's verify steps compare with the record: as many drafts, as many accepted."""
+
+    same: int
+    differ: int
+    first: str  # the first step that differs ("" when none)
+
+    def line(self) -> str:
+        line = f"{self.same} verify steps as recorded, {self.differ} not"
+        return line + (f" (first: {self.first})" if self.first else "")
+
+
+def compare(steps: dict[tuple[int, int], Step], verified: Iterable[Verified]) -> StepMatch:
+    """The run's verify steps (`Trace.verified`, any backend) against the recorded ones; a
+    recorded step the run did not take counts as one that differs."""
+    same, differ, firsts = 0, 0, []
+    ran = set()
+    for v in verified:
+        ran.add((v.batch, v.uid))
+        step = steps.get((v.batch, v.uid))
+        if step is not None and (step.drafts, step.accepted) == (v.drafts, v.accepted):
+            same += 1
+            continue
+        differ += 1
+        was = "not recorded" if step is None else f"recorded {step.drafts}/{step.accepted}"
+        firsts.append(
+            (
+                v.batch,
+                f"batch {v.batch} request {v.uid}: drafts/accepted {v.drafts}/{v.accepted}, {was}",
+            )
+        )
+    for batch, uid in steps.keys() - ran:
+        differ += 1
+        firsts.append((batch, f"batch {batch} request {uid}: recorded, not run"))
+    return StepMatch(same, differ, min(firsts)[1] if firsts else "")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Literal, NamedTuple
 
 from overlapcheck.backends.sim.backend import SimBackend
+from overlapcheck.core.speculative import Drafter
 from overlapcheck.formats.counterexample import Counterexample
 from overlapcheck.harness.runner import RunResult, run_scenario
 from overlapcheck.harness.scheduler_spec import SchedulerSpec
@@ -16,10 +17,12 @@ def replay_on_sim(
     scheduler: SchedulerSpec | None = None,
     hang_timeout: float | None = None,
     keep_going: bool = False,
+    drafter: Drafter | None = None,
 ) -> RunResult:
     """Run `cex` as recorded, with the recorded scheduler unless `scheduler` overrides it, and
     the recorded watchdog timeout unless `hang_timeout` does (0: off); to the end of the run
-    with `keep_going` (the trace up to the first violation is the same)."""
+    with `keep_going` (the trace up to the first violation is the same); `drafter`: the
+    speculative scheduler's, where it takes one (to log what it drafted)."""
     spec = scheduler or cex.scheduler
     factory = None if spec.is_reference else spec.factory()
     timeout = cex.hang_timeout if hang_timeout is None else hang_timeout
@@ -30,6 +33,7 @@ def replay_on_sim(
         scheduler=factory,
         hang_timeout=0 if timeout is None else timeout,
         keep_going=keep_going,
+        drafter=drafter,
     )
 
 

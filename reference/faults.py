@@ -126,7 +126,7 @@ SPEC_FAULTS = (
         "`1 + spec tokens` placeholders, `_preempt_request` rolled the request back, the stale "
         "in-flight output drained against the reset counters; an assertion killed the engine "
         "core), reworking #47900; cf. #49620 (the discard budget in placeholder units)",
-        ("oracle", "exact-length"),
+        ("oracle", "kv-provenance", "exact-length"),
         speculative=True,
     ),
 )

@@ -20,8 +20,15 @@ from overlapcheck.reference.faults import FAULTS, PREEMPTION_FAULT_CONFIG
 from overlapcheck.scenarios.loader import load_scenario_file
 from overlapcheck.scenarios.named import NAMED
 
+# Needs speculation, a pool that runs out and a verify step in flight at a preemption: found
+# after 200-280 examples (a minute on a loaded 2-core machine), so it runs with the slow tests.
+SLOW_TO_FIND = {"preempt-placeholder-reset"}
 
-@pytest.mark.parametrize("fault", sorted(FAULTS))
+
+@pytest.mark.parametrize(
+    "fault",
+    [pytest.param(f, marks=pytest.mark.slow) if f in SLOW_TO_FIND else f for f in sorted(FAULTS)],
+)
 def test_search_finds_shrinks_and_replays_each_fault(fault: str, tmp_path: Path) -> None:
     result = search(SearchSpec(faults=frozenset([fault]), budget=3600, max_examples=5000, seed=1))
     assert result.found is not None, f"{fault} not found in {result.stats.examples} examples"

@@ -15,16 +15,21 @@ pytest.importorskip("transformers")
 from overlapcheck.backends.gpu.backend import TorchBackend, make_torch_backend  # noqa: E402
 from overlapcheck.bench.gpu_replay import SPEC_RACE_FAULTS  # noqa: E402
 from overlapcheck.core.speculative import DraftQuery  # noqa: E402
-from overlapcheck.core.trace import Trace  # noqa: E402
+from overlapcheck.core.trace import Trace, Verified  # noqa: E402
 from overlapcheck.formats import counterexample  # noqa: E402
 from overlapcheck.orchestrate.gpu_replay import (  # noqa: E402
     Verdict,
     replay_once,
     replay_verdicts,
-    speculative_drafts,
+    speculative_record,
     with_margin,
 )
-from overlapcheck.orchestrate.replay_drafts import ReplayDrafts, Rows, Step  # noqa: E402
+from overlapcheck.orchestrate.replay_drafts import (  # noqa: E402
+    ReplayDrafts,
+    Rows,
+    Step,
+    compare,
+)
 from overlapcheck.orchestrate.replay_plan import plan_replay  # noqa: E402
 from overlapcheck.orchestrate.sim_replay import replay_on_sim  # noqa: E402
 from overlapcheck.reference.drafter import PromptLookup, prompt_lookup  # noqa: E402
@@ -54,13 +59,18 @@ def test_prompt_lookup_as_a_drafter_skips_what_the_host_does_not_know() -> None:
 
 def test_replay_drafts_agree_exactly_as_far_as_the_step_accepted() -> None:
     rows = Rows({1: [((7, 8), [9, 7, 8, 50, 60])]})
-    drafts = ReplayDrafts({(5, 1): Step(first=3, drafts=3, accepted=1)}, rows, vocab_size=100)
+    steps = {(5, 1): Step(first=3, drafts=3, accepted=1)}
+    drafts = ReplayDrafts(steps, rows, vocab_size=100)
     out = drafts.draft(_query())
     assert out[0] == 7  # the row's token at position 3
     assert out[1] != 8 and len(out) == 3  # then certainly wrong, as many as recorded
-    assert drafts.draft(_query(batch=6)) == PromptLookup().draft(_query(batch=6))
-    assert drafts.off_record == [(6, 1)]
-    assert "1 off the record (first: batch 6, request 1)" in drafts.summary()
+    assert drafts.draft(_query(batch=6)) == PromptLookup().draft(_query(batch=6))  # no record
+    as_recorded = [Verified(5, 0, 1, -1, 3, 2)]
+    assert compare(steps, as_recorded).differ == 0
+    other = compare(steps, [Verified(5, 0, 1, -1, 3, 3), Verified(6, 0, 1, -1, 0, 1)])
+    assert (other.same, other.differ) == (0, 2)
+    assert other.first == "batch 5 request 1: drafts/accepted 3/2, recorded 3/1"
+    assert compare(steps, []).first == "batch 5 request 1: recorded, not run"
 
 
 def _acceptance(trace: Trace) -> list[tuple[int, int, int, int]]:
@@ -69,10 +79,11 @@ def _acceptance(trace: Trace) -> list[tuple[int, int, int, int]]:
 
 def _replay(cpu: TorchBackend, fault: str, recorded_drafts: bool) -> tuple[Verdict, Trace, Trace]:
     cex, _ = with_margin(counterexample.load(COUNTEREXAMPLES / f"{fault}.json"))
-    record = replay_on_sim(cex, keep_going=True)
+    record, drafts = speculative_record(cex, cpu)
     plan = plan_replay(replay_on_sim(cex).trace)
-    drafts = speculative_drafts(cex, record, cpu) if recorded_drafts else None
-    verdict, result = replay_once(cex, cpu, plan, record.deliveries, 0, drafts)
+    verdict, result = replay_once(
+        cex, cpu, plan, record.deliveries, 0, drafts if recorded_drafts else None
+    )
     assert cpu.device is not None
     cpu.device.finish()
     return verdict, record.trace, result.trace

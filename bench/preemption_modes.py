@@ -21,15 +21,11 @@ class PreemptionMode(NamedTuple):
         return "none" if self.preemption == "none" else f"{self.preemption}/{self.policy}"
 
     def pin(self, scenario: Scenario) -> Scenario:
-        """`scenario` with this mode, whatever the generator drew. Speculation stays only without
-        preemption (the reference does not preempt a speculating request)."""
+        """`scenario` with this mode, whatever the generator drew (speculation stays as drawn)."""
         if self.preemption == "none":
             return scenario.with_config(preemption="none", page_alloc="reserve")
         return scenario.with_config(
-            preemption=self.preemption,
-            page_alloc="on-demand",
-            preempt_policy=self.policy,
-            draft_tokens=0,
+            preemption=self.preemption, page_alloc="on-demand", preempt_policy=self.policy
         )
 
 

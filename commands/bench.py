@@ -16,7 +16,6 @@ from typing import Any
 
 from overlapcheck.bench.preemption_modes import NAMES as MODE_NAMES
 from overlapcheck.commands.common import finite_positive_float, nonneg_int, positive_int
-from overlapcheck.core.errors import UserError
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -220,11 +219,6 @@ def main(args: argparse.Namespace) -> int:
             from overlapcheck.explore.parallel import available_cores
 
             modes = parse_modes(args.mode) if args.mode else None
-            if args.speculative and modes and any(m.preemption != "none" for m in modes):
-                raise UserError(
-                    "--speculative goes with --mode none only: the reference does not preempt "
-                    "a speculating request"
-                )
             out = output_folder(args.out, "--out")  # before the run: a violation needs a home
             workers = args.workers or available_cores()
             per_mode = " per mode" if modes else ""

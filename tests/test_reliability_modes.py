@@ -41,7 +41,7 @@ def test_every_mode_is_named_once_and_pins_a_valid_config() -> None:
             mode.policy if mode.preemption != "none" else "-",
         )
         assert config.page_alloc == ("reserve" if mode.preemption == "none" else "on-demand")
-        assert bool(config.draft_tokens) == (mode.preemption == "none")
+        assert config.draft_tokens == speculative.config.draft_tokens  # speculation stays
 
 
 def test_each_mode_runs_its_examples_and_reports_its_rate(
@@ -64,13 +64,14 @@ def test_each_mode_runs_its_examples_and_reports_its_rate(
     assert "replays: none asked" in captured.err
 
 
-def test_speculation_with_a_preemption_mode_is_one_error_line(
-    capsys: pytest.CaptureFixture[str],
+def test_speculation_runs_in_a_preemption_mode(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = ["bench", "--reliability", "--speculative", "--mode", "recompute/retract-decode"]
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--speculative goes with --mode none only" in err[0]
+    argv = ["bench", "--reliability", "--speculative", "--mode", "recompute/allocation-failure"]
+    rest = ["--examples", "6", "--replays", "0", "--workers", "1", "--out", str(tmp_path)]
+    assert main([*argv, *rest, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)["reliability"]
+    assert report["kinds"]["speculative+preemption-recompute"] == 6 and report["ok"]
 
 
 def test_a_violating_example_is_saved_and_replays(tmp_path: Path) -> None:

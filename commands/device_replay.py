@@ -58,9 +58,10 @@ def replay_on_device(
         for v in verdicts:
             what = ", ".join(v.manifested) or "clean"
             how = v.gate_line() or f"sleeps applied {v.applied}/{v.applied + v.missed}"
+            drafts = f"  drafts: {v.drafts}" if v.drafts else ""
             print(
                 f"repeat {v.repeat + 1:>2}: {'REPRODUCED' if v.reproduced else 'not reproduced'}"
-                f"  invariants: {what}  race: {v.race or 'none'}  {how}"
+                f"  invariants: {what}  race: {v.race or 'none'}  {how}{drafts}"
             )
         print(f"{cex.invariant}: reproduced in {hits}/{repeat} repeats on {backend_name}")
     return 1 if hits else 0

@@ -72,6 +72,23 @@ def test_swap_preemption_moves_real_kv_and_matches_hf(cpu: TorchBackend) -> None
     assert kinds.count("kv_offload") == kinds.count("kv_load") > 0
 
 
+@pytest.mark.parametrize(
+    ("mode", "policy"), [("swap", "allocation-failure"), ("recompute", "retract-decode")]
+)
+def test_speculation_with_preemption_matches_hf(cpu: TorchBackend, mode: str, policy: str) -> None:
+    # Verify steps on a pool that runs out: victims with a verify step in flight, swapped (their
+    # real KV offloaded past the committed positions) or retracted (the step's tokens dropped and
+    # sampled again); the tokens still equal HF greedy outputs.
+    scenario = named_scenario("speculative").with_config(
+        preemption=mode, page_alloc="on-demand", preempt_policy=policy, num_pages=56
+    )
+    result = run_scenario(scenario, cpu)
+    ok(result)
+    sched = result.scheduler
+    assert sched.preemptions > 0
+    assert sched.spec.stats.drafted > 0  # (a random model rejects them: their KV is junk)
+
+
 def test_mixed_batches_of_an_on_demand_scheduler_match_hf(cpu: TorchBackend) -> None:
     # Recompute chunks and decodes in one forward (phase "mixed"), on the general attention path.
     example = Path(__file__).resolve().parents[1] / "examples" / "ondemand_scheduler.py"

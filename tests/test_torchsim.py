@@ -208,6 +208,26 @@ def test_a_pinned_block_is_reused_only_after_its_copy_ran(sync: bool) -> None:
     assert len(set(staged)) == (1 if sync else 3)
 
 
+def test_a_pinned_output_read_after_its_event_is_reused_for_the_next_output_cleanly() -> None:
+    # an overlap loop's result buffer: D2H into fresh pinned memory, event, host reads, drops it
+    device = _device()
+    got = []
+    with SimulatedCuda(device, ("engine",)), torch.inference_mode():
+        torch.cuda.set_stream(torch.cuda.Stream())
+        for step in range(3):
+            tokens = torch.full((2,), 7 + step, dtype=torch.int32, device="cuda")
+            out = tokens.to("cpu", non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+            done.synchronize()
+            got.append(out.tolist())
+            del out
+    assert _race(device) is None
+    assert got == [[7, 7], [8, 8], [9, 9]]
+    written = [a.buffer for op in device.trace.ops if op.kind == "d2h" for a in op.accesses]
+    assert len({b for b in written if b.startswith("host:")}) == 1
+
+
 def test_overwriting_a_pinned_buffer_before_its_copy_ran_is_a_race() -> None:
     device, values = _staged_copies(sync=False, overwrite=True)
     race = _race(device)

@@ -10,6 +10,7 @@ unordered by happens-before, are a race even when this run's timing made them ha
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,6 +22,7 @@ _AGENT_BITS = 3  # MAX_AGENTS == 1 << _AGENT_BITS
 # The hot path's reductions, without numpy's Python wrappers around them.
 _max = np.maximum.reduce
 _count = np.count_nonzero
+_le = operator.le
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,12 +157,12 @@ class RaceDetector:
         self.sizes: dict[str, int] = {}  # the trace's declared buffer sizes
         self.shadow = _Shadow()
         self.checked = 0
-        # Per agent, the clock of its latest write (read) in the shadow: every cell's last write
-        # by that agent (read clock of that agent) is at most this. An op whose clocks cover every
-        # agent's latest write cannot race with a write; one whose clocks cover every other
-        # agent's latest read cannot overwrite an unordered read.
-        self.wrote = [0] * MAX_AGENTS
-        self.read = [0] * MAX_AGENTS
+        # Per buffer and agent, the clock of the agent's latest write (read) of the buffer: every
+        # cell's last write by that agent (its read clock of that agent) is at most this. An
+        # access ordered after every agent's latest write of its buffer cannot race with a write;
+        # a write ordered after every agent's latest read of its buffer, with no read. (An
+        # agent's own accesses are in its past, so they never stand in the way.)
+        self.marks: dict[str, tuple[list[int], list[int]]] = {}
 
     @property
     def hb(self) -> HappensBefore:
@@ -190,12 +192,16 @@ class RaceDetector:
         """All of an op's accesses in one vectorised check and one update, when its reads come
         before its writes (as in every op the recorder makes): then its reads see the state before
         the op, as do its writes but for its own reads, which never race with them. Otherwise, or
-        on a race, access by access as issued, which names the first racing access."""
+        on a race, access by access as issued, which names the first racing access. Accesses
+        that the buffers' watermarks (`marks`) show ordered are not looked at cell by cell."""
         shadow = self.shadow
         fixed = shadow.fixed
         moves = shadow.moves
         parts: list[np.ndarray] = []
         split, writing, reads_first = 0, False, True  # split: how many of the cells are read
+        clocks = vc.tolist()
+        ordered = True  # every access after the last writes of its buffer
+        unsure: list[int] = []  # the writes (indices into parts) that may overwrite a read
         for acc in op.accesses:
             cells = acc.cells
             if not len(cells):
@@ -204,11 +210,15 @@ class RaceDetector:
             if start is None:
                 start = shadow.base(acc.buffer, cells, self.sizes.get(acc.buffer))
             parts.append(cells + start)
+            marks = self._marks(acc.buffer)
+            ordered = ordered and all(map(_le, marks[0], clocks))
             if acc.mode == "r":
                 split += len(cells)
                 reads_first = reads_first and not writing
             else:
                 writing = True
+                if not all(map(_le, marks[1], clocks)):
+                    unsure.append(len(parts) - 1)
         if not reads_first:
             return self._one_by_one(op, a, vc, op.accesses)
         if not parts:
@@ -217,9 +227,8 @@ class RaceDetector:
             parts = [
                 acc.cells + shadow.regions[acc.buffer][0] for acc in op.accesses if len(acc.cells)
             ]
-        clocks = vc.tolist()
-        if all(w <= c for w, c in zip(self.wrote, clocks, strict=True)):
-            return self._after_every_write(op, a, vc, clocks, parts, split)
+        if ordered:
+            return self._ordered(op, a, vc, parts, [parts[i] for i in unsure])
         cells = parts[0] if len(parts) == 1 else np.concatenate(parts)
         # The last write races unless this agent's clock covers it: with writes kept as
         # clock * MAX_AGENTS + agent, unless its clock is at most vc[its agent].
@@ -236,49 +245,49 @@ class RaceDetector:
                 return self._one_by_one(op, a, vc, op.accesses)
             if split:
                 shadow.reads[a][cells[:split]] = vc[a]
-                self.read[a] = clocks[a]
             # The reads before this write stay: each is ordered before it (or that was the race
             # above), so before any later op ordered after it, and a later op not ordered after
             # it races with the write itself, which the writer check finds first.
             shadow.writer[written] = vc[a] * MAX_AGENTS + a
-            self.wrote[a] = clocks[a]
         else:
             shadow.reads[a][cells] = vc[a]
-            self.read[a] = clocks[a]
+        self._mark(op, a, clocks[a])
         return None
 
-    def _after_every_write(
-        self, op: Op, a: int, vc: np.ndarray, clocks: list[int], parts: list[np.ndarray], split: int
+    def _ordered(
+        self, op: Op, a: int, vc: np.ndarray, parts: list[np.ndarray], unsure: list[np.ndarray]
     ) -> Race | None:
-        """`_op` for an op ordered after every write so far: only its writes against other
-        agents' reads can race, and not even those when it is ordered after every such read."""
+        """`_op` for an op whose accesses are all ordered after the last writes of their
+        buffers: only its `unsure` writes can race, with an unordered read."""
         shadow = self.shadow
-        reads: list[np.ndarray] = []
-        writes: list[np.ndarray] = []
-        count = 0
-        for cells in parts:  # its reads come first: `split` cells of them
-            (reads if count < split else writes).append(cells)
-            count += len(cells)
-        if writes and not all(
-            r <= c for b, (r, c) in enumerate(zip(self.read, clocks, strict=True)) if b != a
-        ):
+        if unsure:
             n = len(self.hb.agents)
-            written = writes[0] if len(writes) == 1 else np.concatenate(writes)
+            written = unsure[0] if len(unsure) == 1 else np.concatenate(unsure)
             late = shadow.reads[:n, written] > vc[:n, None]
             late[a] = False
             if _count(late):
                 return self._one_by_one(op, a, vc, op.accesses)
-        clock = clocks[a]
-        if reads:
-            read_clocks = shadow.reads[a]
-            for cells in reads:
+        clock = int(vc[a])
+        read_clocks, writer, value = shadow.reads[a], shadow.writer, clock * MAX_AGENTS + a
+        for acc, cells in zip((acc for acc in op.accesses if len(acc.cells)), parts, strict=True):
+            if acc.mode == "r":
                 read_clocks[cells] = clock
-            self.read[a] = clock
-        if writes:
-            for cells in writes:
-                shadow.writer[cells] = clock * MAX_AGENTS + a  # the reads stay: see `_op`
-            self.wrote[a] = clock
+            else:
+                writer[cells] = value  # the reads stay: see `_op`
+        self._mark(op, a, clock)
         return None
+
+    def _marks(self, buffer: str) -> tuple[list[int], list[int]]:
+        marks = self.marks.get(buffer)
+        if marks is None:
+            marks = self.marks[buffer] = ([0] * MAX_AGENTS, [0] * MAX_AGENTS)
+        return marks
+
+    def _mark(self, op: Op, a: int, clock: int) -> None:
+        """Raise the watermarks of every buffer the op touched (all its accesses recorded)."""
+        for acc in op.accesses:
+            if len(acc.cells):
+                self._marks(acc.buffer)[acc.mode == "r"][a] = clock
 
     def _one_by_one(self, op: Op, a: int, vc: np.ndarray, accesses: list[Access]) -> Race | None:
         for acc in accesses:
@@ -303,7 +312,7 @@ class RaceDetector:
             return self._race(kind, acc, cells[unordered], first, op)
         if acc.mode == "r":
             shadow.reads[a][at] = vc[a]
-            self.read[a] = int(vc[a])
+            self._marks(acc.buffer)[1][a] = int(vc[a])
             return None
         n = len(self.hb.agents)
         reads = shadow.reads[:n, at] > vc[:n, None]
@@ -314,7 +323,7 @@ class RaceDetector:
             first = self.hb.op_of(int(agent), int(shadow.reads[agent, at[idx]]))
             return self._race("WAR", acc, conflicting, first, op)
         shadow.writer[at] = vc[a] * MAX_AGENTS + a  # the reads stay: see `_op`
-        self.wrote[a] = int(vc[a])
+        self._marks(acc.buffer)[0][a] = int(vc[a])
         return None
 
     @staticmethod

@@ -65,11 +65,13 @@ class Swapper:
             req = self.queue[0]
             if req.slot >= 0 or req.inflight or self.table.num_free == 0:
                 return  # its in-flight round is still out, or no slot
-            need = self.config.pages_for(req.device_len + 1)
+            saved = self.out[req.uid].saved
+            # a verify step's offload covers its rejected positions too: they come back as well
+            need = self.config.pages_for(max(req.device_len + 1, saved.length))
             if need + reserved > self.cache.available_pages:
                 return
             self.queue.pop(0)
-            saved = self.out.pop(req.uid).saved
+            del self.out[req.uid]
             req.slot = self.table.allocate()
             self.cache.grow(req, saved.length)
             dev.load_kv(saved, req.cells[: saved.length], dev.transfer_stream)

@@ -86,3 +86,32 @@ def test_books_reset_before_the_in_flight_step_drained_repeat_tokens() -> None:
 def test_speculation_with_preemption_is_no_longer_a_config_error() -> None:
     cfg = SchedulerConfig(draft_tokens=2, preemption="swap", page_alloc="on-demand")
     assert cfg.draft_tokens == 2
+
+
+# Found by a 16-core `explore` of the shipped scheduler (seed 5), shrunk: request 0 is swapped
+# out with a verify step of three drafts in flight, so its offload covers the rejected drafts'
+# cells too; swapping it back in must count those pages, or the pool runs dry mid swap-in.
+SWAP_IN = Scenario(
+    "swap-in-counts-offloaded-drafts",
+    SchedulerConfig(
+        num_slots=2,
+        num_pages=15,
+        page_size=1,
+        max_seq_len=48,
+        cache="radix",
+        preemption="swap",
+        page_alloc="on-demand",
+        preempt_policy="allocation-failure",
+        draft_tokens=3,
+    ),
+    (
+        RequestSpec(0, (3,), max_tokens=11, arrival=US, continuation=(3,) * 11),
+        RequestSpec(1, (3,), max_tokens=14, arrival=US),
+    ),
+)
+
+
+def test_a_swap_in_takes_the_pages_of_everything_its_offload_saved() -> None:
+    result, sched = run(SWAP_IN)
+    assert result.ok, result.violations[0].line()
+    assert sched.preemptions > 0

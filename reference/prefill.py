@@ -62,7 +62,9 @@ class PrefillManager:
         if self.config.page_alloc == "on-demand":
             if F.PREEMPT_CASCADE in self.config.faults:  # upstream: the prefill's pages only
                 return max(0, self.config.pages_for(req.fill_len) - held)
-            return max(0, self.config.pages_for(max(req.fill_len, req.device_len) + 1) - held)
+            # speculating, the next step also covers the positions a step in flight may add
+            ahead = max(req.fill_len, req.device_len) + 1 + self.config.draft_tokens
+            return max(0, self.config.pages_for(ahead) - held)
         return max(0, self.config.pages_for(req.prompt_len + req.max_output) - held)
 
     def schedule(self, reserved_pages: int, step: int) -> tuple[list[Chunk], list[Req]]:

@@ -125,9 +125,13 @@ class SpecDecoder:
                 self.stats.waits += 1
                 continue
             plans[req] = planned
-        # pages on demand: who gets the pages their step covers (preempting to make room)
-        ends = {r: p[0] + p[1] + len(p[3]) + 1 for r, p in plans.items()}
-        for req in s.preemption.decode_batch(list(plans), ends):
+        # Pages on demand: who gets the pages of a step without drafts (preempting to make room,
+        # as for a decode: drafts are worth no preemption), then drafts cut to what is left.
+        ends = {r: p[0] + p[1] + 1 for r, p in plans.items()}
+        chosen = s.preemption.decode_batch(list(plans), ends)
+        if s.preemption.on_demand:
+            self._fit_drafts(chosen, plans, ends)
+        for req in chosen:
             planned = plans[req]
             start, shift, source, drafts = planned
             end = start + shift + len(drafts) + 1
@@ -179,6 +183,26 @@ class SpecDecoder:
             self.stats.steps += 1
             self.stats.drafted += seq.drafts
         return batch, tuple(reqs)
+
+    def _fit_drafts(
+        self,
+        chosen: list[Req],
+        plans: dict[Req, tuple[int, int, int, tuple[int, ...]]],
+        ends: dict[Req, int],
+    ) -> None:
+        """Cut the drafts of the chosen steps, in order, to the pages left once every chosen
+        step has the pages of its positions without drafts."""
+        size = self.s.config.page_size
+        held = {r: len(r.cells) // size for r in chosen}
+        needs = {r: max(0, self.s.config.pages_for(ends[r]) - held[r]) for r in chosen}
+        left = self.s.cache.available_pages - sum(needs.values())
+        for req in chosen:
+            start, shift, source, drafts = plans[req]
+            room = (held[req] + needs[req] + max(left, 0)) * size - ends[req]  # cells past end
+            keep = drafts[: max(0, room)]
+            used = max(0, self.s.config.pages_for(ends[req] + len(keep)) - held[req])
+            left -= used - needs[req]
+            plans[req] = (start, shift, source, keep)
 
     def _plan(self, req: Req, batch_id: int) -> tuple[int, int, int, tuple[int, ...]] | None:
         """Start, shift, placeholder source and drafts of the request's next step (None: it

@@ -62,8 +62,10 @@ class PrefillManager:
         if self.config.page_alloc == "on-demand":
             if F.PREEMPT_CASCADE in self.config.faults:  # upstream: the prefill's pages only
                 return max(0, self.config.pages_for(req.fill_len) - held)
-            # speculating, the next step also covers the positions a step in flight may add
-            ahead = max(req.fill_len, req.device_len) + 1 + self.config.draft_tokens
+            # speculating, the next step also covers the positions a step in flight may add (never
+            # past the request's last position: a short request must still fit the pool alone)
+            nxt = max(req.fill_len, req.device_len) + 1
+            ahead = max(nxt, min(nxt + self.config.draft_tokens, req.prompt_len + req.max_output))
             return max(0, self.config.pages_for(ahead) - held)
         return max(0, self.config.pages_for(req.prompt_len + req.max_output) - held)
 

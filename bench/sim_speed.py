@@ -1,5 +1,10 @@
 """Simulated scheduler iterations per wall second: decode batch of 8, overlap loop, footprints
-on."""
+on; and what the checks cost on top, as a ratio of CPU times from the same run.
+
+The check sets run in turn, round after round, so that a load that comes and goes on a shared
+machine weighs on each of them alike; the ratio is the median over the rounds of each round's
+all-invariants CPU time over its footprints-only one (process time: time spent waiting for a
+core does not count)."""
 
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ from dataclasses import dataclass
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.scenario import RequestSpec, Scenario
-from overlapcheck.harness.runner import run_scenario
+from overlapcheck.harness.runner import RunResult, run_scenario
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +25,10 @@ class SpeedResult:
     wall_seconds: float  # the fastest of the repeats
     simulated_seconds: float
     median_wall_seconds: float  # the middle one: what a noisy machine gives most of the time
+    cpu_seconds: float = 0.0  # the fastest of the repeats, in process time
+    median_cpu_seconds: float = 0.0
+    # this check set's CPU time over footprints-only's, round by round: the median
+    cost_ratio: float = 1.0
 
     @property
     def iterations_per_second(self) -> float:
@@ -51,36 +60,61 @@ def decode_workload(batch: int = 8, max_tokens: int = 256, prompt: int = 32) -> 
     return Scenario("decode-8", config, reqs, "a steady decode batch")
 
 
-def measure(invariants: list[str] | None, label: str, repeats: int = 5) -> SpeedResult:
+CHECK_SETS: tuple[tuple[str, list[str] | None], ...] = (
+    ("footprints only", []),
+    ("no-race", ["no-race"]),
+    ("all invariants", None),
+)
+
+
+def measure(rounds: int = 5) -> list[SpeedResult]:
+    """Each check set of `CHECK_SETS`, once per round, in turn."""
     scenario = decode_workload()
-    walls: list[float] = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        result = run_scenario(scenario, SimBackend(), invariants)
-        walls.append(time.perf_counter() - start)
-        assert result.ok, result.violations
-    walls.sort()
-    return SpeedResult(
-        label, result.iterations, walls[0], result.simulated_seconds, walls[len(walls) // 2]
-    )
+    walls: list[list[float]] = [[] for _ in CHECK_SETS]
+    cpus: list[list[float]] = [[] for _ in CHECK_SETS]
+    results: list[RunResult] = []
+    for _ in range(rounds):
+        results = []
+        for i, (_, invariants) in enumerate(CHECK_SETS):
+            start, cpu = time.perf_counter(), time.process_time()
+            result = run_scenario(scenario, SimBackend(), invariants)
+            cpus[i].append(time.process_time() - cpu)
+            walls[i].append(time.perf_counter() - start)
+            assert result.ok, result.violations
+            results.append(result)
+    rows = []
+    for i, (label, _) in enumerate(CHECK_SETS):
+        ratios = sorted(c / base for c, base in zip(cpus[i], cpus[0], strict=True))
+        wall, cpu_time = sorted(walls[i]), sorted(cpus[i])
+        rows.append(
+            SpeedResult(
+                label,
+                results[i].iterations,
+                wall[0],
+                results[i].simulated_seconds,
+                wall[len(wall) // 2],
+                cpu_time[0],
+                cpu_time[len(cpu_time) // 2],
+                ratios[len(ratios) // 2],
+            )
+        )
+    return rows
 
 
 def main() -> list[SpeedResult]:
-    rows = [
-        measure([], "footprints only"),
-        measure(["no-race"], "no-race"),
-        measure(None, "all invariants"),
-    ]
-    print("simulator speed: decode batch 8, overlap loop, 256 tokens per request (5 runs)")
+    rows = measure()
+    print("simulator speed: decode batch 8, overlap loop, 256 tokens per request (5 rounds)")
     print(
         f"{'checks':<18}{'iterations':>11}{'best s':>9}{'iter/s':>10}{'median':>10}{'sim/wall':>10}"
+        f"{'cost':>7}"
     )
     for r in rows:
         print(
             f"{r.invariants:<18}{r.iterations:>11}{r.wall_seconds:>9.3f}"
             f"{r.iterations_per_second:>10.0f}{r.median_iterations_per_second:>10.0f}"
-            f"{r.sim_to_wall:>10.4f}"
+            f"{r.sim_to_wall:>10.4f}{r.cost_ratio:>6.2f}x"
         )
+    print("cost: CPU time over footprints only's, the median of the rounds' ratios")
     return rows
 
 

@@ -18,7 +18,7 @@ from typing import Any
 from overlapcheck.core.config import POLICIES
 from overlapcheck.core.errors import UserError
 from overlapcheck.core.scenario import Scenario
-from overlapcheck.explore.search import SearchSpec
+from overlapcheck.explore.search import UNBOUNDED, SearchSpec
 from overlapcheck.formats import counterexample
 from overlapcheck.scenarios.loader import ScenarioError, scenario_from_dict
 from overlapcheck.scenarios.named import NAMED
@@ -65,4 +65,6 @@ def resumed_spec(path: str | Path, spec: SearchSpec) -> SearchSpec:
         extra_checks=cex.extra_checks,
         scheduler=cex.scheduler,
         resume=choices,
+        # Resumed to go further: Hypothesis's own shrinker runs to its end before the passes.
+        shrink_examples=UNBOUNDED,
     )

@@ -23,16 +23,17 @@ from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 
 from overlapcheck.backends.sim.backend import SimBackend
-from overlapcheck.backends.sim.timing import Profile, ReplayDelay, Timing
+from overlapcheck.backends.sim.timing import Profile, Timing
 from overlapcheck.core.config import LoopKind, PolicyKind
 from overlapcheck.core.scenario import Scenario
+from overlapcheck.explore.reduce import reduce_failure, replay_runner
 from overlapcheck.harness.crash import CheckerBug
 from overlapcheck.harness.runner import DEFAULT_HANG_TIMEOUT, RunResult, run_scenario
 from overlapcheck.harness.scheduler_spec import SchedulerSpec
 from overlapcheck.harness.watchdog import DeadlineReached
 from overlapcheck.invariants.registry import check_specs
 from overlapcheck.scenarios.named import named_scenario
-from overlapcheck.scenarios.strategies import HypothesisDelay, kept, scenarios, variations
+from overlapcheck.scenarios.strategies import HypothesisDelay, scenarios, variations
 
 _choice_order: Callable[[Any], tuple[Any, ...]] | None
 try:  # Hypothesis's own order on examples; internal, hence the fallback below
@@ -112,6 +113,12 @@ class _BudgetCut(KeyboardInterrupt):
     example nor saves it to the database."""
 
 
+class _ShrinkHandedOver(KeyboardInterrupt):
+    """Raised at the end of an example once Hypothesis's shrinker has run `shrink_examples`
+    examples: the workload passes (`explore/reduce.py`) finish the shrink. A KeyboardInterrupt,
+    as `_BudgetCut`: Hypothesis lets it through untouched."""
+
+
 class _Stopped(BaseException):
     """Raised at the end of an example to end the search: Hypothesis lets a BaseException through
     without shrinking or replaying it. (Raised any earlier, or an example cut short, the run
@@ -127,7 +134,20 @@ class SearchStats:
     first_failure: float | None = None  # seconds to the first violating example (before shrinking)
     examples_to_failure: int | None = None
     smaller: int = 0  # failures found while shrinking that were smaller than the best so far
+    reduce_runs: int = 0  # runs of the workload passes that finished the shrink
 
+
+# NOTE: Hypothesis's shrinker works on the choices an example was drawn from; on a failure that
+# needs several requests under memory pressure it ran a thousand examples and more (evict-locked-
+# node at seed 0: 968, 30 s of CPU), finding a smaller one now and then to the end. A generated
+# workload's failure goes to the workload passes (`explore/reduce.py`) at once: they cut requests
+# and fields directly, in at most REDUCE_RUNS runs (evict-locked-node: 53 runs, to the same three
+# requests). A resumed search gives Hypothesis's shrinker its whole run first (UNBOUNDED), for
+# a counterexample polished as far as it goes; so does a named or a user's scenario, whose
+# variations only Hypothesis can shrink.
+SHRINK_EXAMPLES = 0
+UNBOUNDED = 1 << 62
+REDUCE_RUNS = 150
 
 CUT_INTERRUPTED = "interrupted"  # Ctrl-C while shrinking
 CUT_BUDGET = "budget"  # the time budget ran out while shrinking
@@ -199,33 +219,6 @@ class ResumeDatabase(ExampleDatabase):
             self.inner.move(src, dest, value)
 
 
-def drop_requests(
-    found: Found, profile: Profile, checks: list[str], scheduler: SchedulerSpec
-) -> Found:
-    """`found` with every request it can do without: each request in turn, last first, is
-    dropped (with the follow-ups and anchored arrivals that need it) and kept out if the run,
-    with the same delays by site, still breaks the same invariant. Hypothesis's shrinker works
-    on choices and can settle where deleting one request moves the others' draws; this pass
-    deletes requests as requests, a few runs per request."""
-    invariant = found.result.violations[0].invariant
-    best = found
-    i = len(best.result.scenario.requests) - 1
-    while i >= 0 and len(best.result.scenario.requests) > 1:
-        scenario = best.result.scenario
-        keep = [j != i for j in range(len(scenario.requests))]
-        fewer = kept(scenario.requests, keep)
-        i -= 1
-        if len(fewer) >= len(scenario.requests):
-            continue
-        timing = Timing(profile, ReplayDelay(best.draws))
-        candidate = replace(scenario, requests=fewer)
-        result = run_example(candidate, SimBackend(timing), checks, scheduler)
-        if result.violations and result.violations[0].invariant == invariant:
-            best = type(found)(result, dict(timing.draws), found.choices)
-            i = min(i, len(fewer) - 1)
-    return best
-
-
 class FailureDatabase(ExampleDatabase):
     """A directory example database that keeps failures (Hypothesis's primary and secondary
     corpora) and drops any pareto front of `target()` scores (the search observes none now; a
@@ -293,6 +286,10 @@ class SearchSpec:
     # A saved example (`Found.choices`) to replay first and shrink from: `explore --resume`.
     resume: bytes = b""
     loop: LoopKind | None = None
+    # Examples Hypothesis's shrinker may run on a generated workload's failure before the
+    # workload passes (`explore/reduce.py`) take it over, and the runs those passes may take.
+    shrink_examples: int = SHRINK_EXAMPLES
+    reduce_runs: int = REDUCE_RUNS
 
     @property
     def checks(self) -> list[str]:
@@ -429,18 +426,33 @@ def search(
     best: Found | None = None
     best_order: tuple[Any, ...] = ()
 
-    def finished(found: Found) -> Found:
-        """The failure to report, less the requests a generated workload can do without (a
-        smaller one is reported like any smaller failure found while shrinking)."""
-        full = found
-        if spec.scenario != "all":  # a named or a user's scenario keeps its requests
-            return full
-        fewer = drop_requests(full, prof, checks, spec.scheduler)
-        if fewer is not full:
+    def finished(found: Found) -> tuple[Found, bool]:
+        """The failure to report, cut further by the workload passes (each smaller one is
+        reported like any smaller failure found while shrinking), and whether the budget ended
+        them. A named or a user's scenario keeps its requests and fields: its variations are
+        what was asked for."""
+        if spec.scenario != "all":
+            return found, False
+        run = replay_runner(
+            prof,
+            lambda sc, backend: run_example(sc, backend, checks, spec.scheduler, spec.hang_timeout),
+        )
+
+        def smaller(result: RunResult, draws: dict[int, float]) -> None:
             stats.smaller += 1
             if on_smaller is not None:
-                on_smaller(fewer)
-        return fewer
+                on_smaller(type(found)(result, draws, found.choices))
+
+        def over_budget() -> bool:
+            return time.perf_counter() - started >= spec.budget
+
+        reduced = reduce_failure(
+            found.result, found.draws, run, spec.reduce_runs, smaller, over_budget
+        )
+        stats.reduce_runs = reduced.runs
+        if reduced.result is found.result:
+            return found, reduced.stopped
+        return type(found)(reduced.result, reduced.draws, found.choices), reduced.stopped
 
     def stopped() -> bool:
         return dropped or (should_stop is not None and should_stop())
@@ -481,6 +493,15 @@ def search(
         # NOTE: checked here, at the end of an example, so a cut never leaves one half drawn.
         if best is not None and time.perf_counter() - started >= spec.budget:
             raise _BudgetCut
+        # (at least one example after the failure: Hypothesis records a failure, and saves it
+        # to the database, only once the example that found it has raised)
+        if (
+            best is not None
+            and spec.scenario == "all"
+            and stats.examples_to_failure is not None
+            and stats.examples - stats.examples_to_failure >= max(1, spec.shrink_examples)
+        ):
+            raise _ShrinkHandedOver
         if found is not None:
             raise found
 
@@ -517,14 +538,19 @@ def search(
                 with _examples_from_the_seed_alone():
                     test()
             except Found as found:
-                result_found = finished(found)
+                result_found, over = finished(found)
                 stats.seconds = time.perf_counter() - started
-                return SearchResult(stats, result_found)
+                return SearchResult(stats, result_found, cut=CUT_BUDGET if over else None)
             except _Stopped:
                 break
             except _BudgetCut:
                 assert best is not None
-                return SearchResult(stats, finished(best), cut=CUT_BUDGET)
+                return SearchResult(stats, best, cut=CUT_BUDGET)
+            except _ShrinkHandedOver:
+                assert best is not None
+                result_found, over = finished(best)
+                stats.seconds = time.perf_counter() - started
+                return SearchResult(stats, result_found, cut=CUT_BUDGET if over else None)
             except DeadlineReached:  # inside a long step: the example is not judged
                 return SearchResult(stats, best, cut=CUT_BUDGET if best is not None else None)
             finally:

@@ -225,7 +225,16 @@ def generated_scenarios(
     # NOTE: drawn last, as the other kinds: shrinking the gate to 0 keeps the rest of the example.
     if rarely(draw, SPECULATION_ONE_IN) or speculative(faults):
         config, reqs = draw(speculating(config, reqs))
+        config = spec_fault_pool(config, faults)
     return Scenario("generated", config, reqs, eos_probability=eos_probability)
+
+
+def spec_fault_pool(config: SchedulerConfig, faults: frozenset[str]) -> SchedulerConfig:
+    """Speculation goes with any preemption mode, except in a search for a speculative fault
+    that needs none: there pages are reserved, as preemption only dilutes that search."""
+    if speculative(faults) and not preempts(faults):
+        return replace(config, preemption="none", page_alloc="reserve")
+    return config
 
 
 @st.composite
@@ -279,6 +288,8 @@ def variations(draw: st.DrawFn, base: Scenario, faults: frozenset[str] = frozens
     config = draw(preemption_modes(config, faults))
     if speculative(faults) and not cfg.draft_tokens:  # (a draw only where a fault needs it)
         config = replace(config, draft_tokens=draw(st.integers(1, 4)))
+    if config.draft_tokens:
+        config = spec_fault_pool(config, faults)
     jitter = draw(
         st.lists(st.integers(0, 200), min_size=len(base.requests), max_size=len(base.requests))
     )

@@ -54,7 +54,7 @@ def test_a_mutant_is_a_plugged_in_scheduler_that_breaks(tmp_path: Path) -> None:
     assert [v.invariant for v in result.violations][:1] == ["no-race"]
 
 
-@pytest.mark.parametrize("mutant_id", ["read-before-synchronize", "ignore-eos-ignored"])
+@pytest.mark.parametrize("mutant_id", ["read-before-synchronize", "launch-past-max-tokens"])
 def test_a_quick_mutant_is_found_and_shrunk_by_a_short_search(mutant_id: str) -> None:
     s = score(BY_ID[mutant_id], budget=3600, max_examples=500)
     assert s.found, f"{mutant_id} not found"

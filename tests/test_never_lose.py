@@ -225,14 +225,14 @@ def test_the_reliability_bench_reports_no_violation_and_identical_replays(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     saved_counterexample(tmp_path)
-    argv = ["bench", "--reliability", "--examples", "50", "--replays", "4", "--workers", "2"]
+    argv = ["bench", "--reliability", "--examples", "20", "--replays", "4", "--workers", "2"]
     rc = main(
         [*argv, "--counterexamples", str(tmp_path), "--out", str(tmp_path / "found"), "--json"]
     )
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     report = json.loads(captured.out)["reliability"]
-    assert report["examples"] == 50 and report["violations"] == 0
+    assert report["examples"] == 20 and report["violations"] == 0
     assert report["replays"] == report["identical"] == 4 and report["ok"]
     assert "4 identical" in captured.err  # the table went to stderr
 
@@ -244,7 +244,7 @@ def test_the_reliability_bench_reports_a_tampered_counterexample(
     data = json.loads(path.read_text())
     data["trace_hash"] = "0" * len(data["trace_hash"])
     path.write_text(json.dumps(data))
-    argv = ["bench", "--reliability", "--examples", "10", "--replays", "2", "--workers", "2"]
+    argv = ["bench", "--reliability", "--examples", "4", "--replays", "2", "--workers", "2"]
     rc = main([*argv, "--counterexamples", str(tmp_path), "--out", str(tmp_path / "found")])
     out = capsys.readouterr().out
     assert rc == 1

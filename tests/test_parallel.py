@@ -44,7 +44,7 @@ def test_streams_get_their_own_seeds_and_a_share_of_the_examples() -> None:
 def test_the_first_violation_stops_the_others_and_its_counterexample_replays(
     tmp_path: Path,
 ) -> None:
-    spec = SearchSpec(faults=frozenset(["free-slot-early"]), budget=3600, seed=1)
+    spec = SearchSpec(faults=frozenset(["chunk-sample-overwrite"]), budget=3600, seed=1)
     unshrunk: list[dict[str, Any]] = []
     outcome = search_processes(spec, 2, Listener(unshrunk=unshrunk.append))
     assert outcome.found is not None and outcome.winner in (0, 1)
@@ -62,7 +62,7 @@ def test_the_first_violation_stops_the_others_and_its_counterexample_replays(
 def test_a_killed_worker_is_reported_and_the_others_carry_on() -> None:
     # Bounded by examples: progress (and so the kill) comes after a round, however loaded the
     # machine is, and worker 0 then searches on to the end of its share.
-    spec = SearchSpec(budget=3600, max_examples=200, seed=2, round_size=5)
+    spec = SearchSpec(budget=3600, max_examples=60, seed=2, round_size=5)
     notices: list[str] = []
     with shared_database(spec) as shared:
         pool = ProcessPool(shared, 2)
@@ -95,7 +95,7 @@ def test_explore_workers_saves_one_shrunk_counterexample_that_replays(tmp_path: 
     proc = cli(
         "explore",
         "--fault",
-        "reply-after-finish",
+        "chunk-sample-overwrite",
         "--workers",
         "2",
         "--budget",
@@ -120,7 +120,7 @@ def test_explore_workers_saves_one_shrunk_counterexample_that_replays(tmp_path: 
 
 def test_the_unshrunk_counterexample_is_on_disk_before_shrinking(tmp_path: Path) -> None:
     """What a kill during shrinking leaves behind: a counterexample that replays."""
-    spec = SearchSpec(faults=frozenset(["abort-inflight-prefill"]), budget=3600, seed=0)
+    spec = SearchSpec(faults=frozenset(["staging-buffer-reuse"]), budget=3600, seed=0)
     seen: list[Path] = []
 
     def on_unshrunk(data: dict[str, Any]) -> None:

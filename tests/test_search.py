@@ -21,7 +21,7 @@ from overlapcheck.scenarios.loader import load_scenario_file
 from overlapcheck.scenarios.named import NAMED
 
 # Needs speculation, a pool that runs out and a verify step in flight at a preemption: found
-# after 200-280 examples (a minute on a loaded 2-core machine), so it runs with the slow tests.
+# after 24-58 examples, but shrinking takes up to a minute on a loaded 2-core machine.
 SLOW_TO_FIND = {"preempt-placeholder-reset"}
 
 

@@ -1,6 +1,9 @@
 """Resume a search from its saved counterexample: the same search, its saved example replayed
-first, so that a shrink cut short (by the budget, Ctrl-C or a killed worker) goes on from the
-smallest failure it had reached.
+first, so that a shrink cut short (by the budget, Ctrl-C or a killed worker) is finished. A
+generated workload's file holds the example that first failed: the workload passes
+(`explore/reduce.py`) run on it again, deterministically, with the new budget. A named or a
+user's scenario's file holds the smallest example Hypothesis had reached: it is replayed as it
+is (Hypothesis does not shrink again an example its database replays exactly).
 
 A counterexample file written by `explore` records the search that found it (`search`: the
 scenario argument, the policy, and the failing example's choices as Hypothesis saves them); with
@@ -18,7 +21,7 @@ from typing import Any
 from overlapcheck.core.config import POLICIES
 from overlapcheck.core.errors import UserError
 from overlapcheck.core.scenario import Scenario
-from overlapcheck.explore.search import UNBOUNDED, SearchSpec
+from overlapcheck.explore.search import SearchSpec
 from overlapcheck.formats import counterexample
 from overlapcheck.scenarios.loader import ScenarioError, scenario_from_dict
 from overlapcheck.scenarios.named import NAMED
@@ -65,6 +68,4 @@ def resumed_spec(path: str | Path, spec: SearchSpec) -> SearchSpec:
         extra_checks=cex.extra_checks,
         scheduler=cex.scheduler,
         resume=choices,
-        # Resumed to go further: Hypothesis's own shrinker runs to its end before the passes.
-        shrink_examples=UNBOUNDED,
     )

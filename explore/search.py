@@ -142,11 +142,8 @@ class SearchStats:
 # node at seed 0: 968, 30 s of CPU), finding a smaller one now and then to the end. A generated
 # workload's failure goes to the workload passes (`explore/reduce.py`) at once: they cut requests
 # and fields directly, in at most REDUCE_RUNS runs (evict-locked-node: 53 runs, to the same three
-# requests). A resumed search gives Hypothesis's shrinker its whole run first (UNBOUNDED), for
-# a counterexample polished as far as it goes; so does a named or a user's scenario, whose
-# variations only Hypothesis can shrink.
+# requests). A named or a user's scenario shrinks with Hypothesis: only it can shrink variations.
 SHRINK_EXAMPLES = 0
-UNBOUNDED = 1 << 62
 REDUCE_RUNS = 150
 
 CUT_INTERRUPTED = "interrupted"  # Ctrl-C while shrinking

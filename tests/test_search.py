@@ -20,11 +20,11 @@ from overlapcheck.reference.faults import FAULTS, PREEMPTION_FAULT_CONFIG
 from overlapcheck.scenarios.loader import load_scenario_file
 from overlapcheck.scenarios.named import NAMED
 
-# Found after more examples than the default run can afford (each 10-60 s on a loaded 2-core
-# machine; preempt-placeholder-reset needs speculation, a pool that runs out and a verify step in
-# flight at a preemption, and shrinking it takes up to a minute), so they run with the slow tests. Every fault's own
-# scenario still fires in the default run (test_upstream_faults, test_speculative,
-# test_preemption, test_spec_preemption).
+# Found or shrunk after more examples than the default run can afford (each 10-60 s on a loaded
+# 2-core machine; preempt-placeholder-reset needs speculation, a pool that runs out and a verify
+# step in flight at a preemption), so they run with the slow tests. Every fault's own scenario
+# still fires in the default run (test_upstream_faults, test_speculative, test_preemption,
+# test_spec_preemption).
 SLOW_TO_FIND = {
     "abort-inflight-prefill",
     "free-row-in-verify",

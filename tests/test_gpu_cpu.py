@@ -4,6 +4,7 @@ pool, and its tokens equal Hugging Face greedy exactly, with every invariant on.
 from __future__ import annotations
 
 import re
+import statistics
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -266,8 +267,16 @@ def test_calibration_measures_a_real_backend(cpu: TorchBackend) -> None:
     # A real transformer on a CPU is far slower than the default (GPU-scale) profile.
     assert p.launch > 10 * base.launch and p.forward > 10 * base.forward
     assert set(got.phases) == {"schedule", "launch", "process"} and got.leads
-    # Inline stream work: each forward ends inside its launch phase, not after it.
-    assert p.forward_tail < 0 and got.queued and p.d2h_queued < 0
+    # Inline stream work: each forward ends inside its launch phase, not after it. Which
+    # forwards count as launch-bound depends on the fitted forward time, so on a loaded machine
+    # there may be none: then the profile keeps the base's offsets.
+    assert all(t < 0 for t in got.tails) and all(q < 0 for q in got.queued)
+    assert p.forward_tail == pytest.approx(
+        statistics.median(got.tails) if got.tails else base.forward_tail
+    )
+    assert p.d2h_queued == pytest.approx(
+        statistics.median(got.queued) if got.queued else base.d2h_queued
+    )
 
 
 def test_calibration_check_compares_every_named_scenario(

@@ -18,7 +18,7 @@ from overlapcheck.scenarios.strategies import (
 )
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_default_scheduler_holds_every_invariant(data: st.DataObject) -> None:
     scenario = data.draw(scenarios())
@@ -26,7 +26,7 @@ def test_default_scheduler_holds_every_invariant(data: st.DataObject) -> None:
     assert result.ok, result.violations[0].line()
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_default_scheduler_holds_every_invariant_on_conversation_trees(
     data: st.DataObject,

@@ -214,8 +214,8 @@ def test_another_fault_set_neither_replays_nor_deletes_saved_failures(tmp_path: 
 
 
 def saved_counterexample(folder: Path) -> Path:
-    # Seed 2: it finds and shrinks in the fewest examples (about 100).
-    spec = SearchSpec(faults=frozenset([FAULT]), budget=3600, seed=2)
+    # Any counterexample will do: this fault is found and shrunk in a few examples.
+    spec = SearchSpec(faults=frozenset(["copy-done-wrong-stream"]), budget=3600, seed=0)
     outcome = search_streams(spec, 1)
     assert outcome.found is not None
     return counterexample.save_data(outcome.found, folder)

@@ -87,6 +87,7 @@ def test_replay_repeats_split_evenly_over_engines() -> None:
     assert split(5, 1) == [5]
 
 
+@pytest.mark.slow  # a minute: Ray engines in processes of their own, each loading the model
 def test_replay_spreads_device_repeats_over_ray_engines(tmp_path: Path) -> None:
     """The `replay --backend cuda --ray` path, run with the CPU engine: two tasks, one engine
     each, verdicts collected per repeat with the engine that ran them."""

@@ -267,9 +267,6 @@ MUTANTS: tuple[Mutant, ...] = (
         "        match = self.prefix.match(req.fill)",
         "attach prefix: the whole prompt may match, so no position is left to compute the first "
         "sample from (SGLang's `input_ids[:-1]` in match_prefix; vLLM's 'full hit' fix)",
-        needs="a device check that every sequence computes at least one position (the toy "
-        "model samples from cached KV alone, so the output stays right), plus multi-turn "
-        "workloads that resend a whole earlier prompt more often",
     ),
     Mutant(
         "insert-uncomputed-kv",
@@ -302,9 +299,6 @@ MUTANTS: tuple[Mutant, ...] = (
         "        return node is not self.root and not node.children",
         "eviction: locked leaves are evictable, so a running request's prefix pages are freed "
         "under it (mini-sglang PR #52: `lock_handle` skipped the matched node itself)",
-        needs="eviction pressure on prefixes in use: a live request's locked prefix older in "
-        "LRU order than an unlocked leaf (requests sharing prefixes finish while it runs, in a "
-        "pool drawn below the workload's demand), then pages-conserved or kv-provenance fires",
     ),
     Mutant(
         "split-drops-lock",
@@ -313,9 +307,6 @@ MUTANTS: tuple[Mutant, ...] = (
         "",
         "radix split: the new upper node does not inherit the lock count, so a locked prefix "
         "becomes evictable (split accounting: SGLang `_split_node`, mllm PR #656)",
-        needs="more splits of locked nodes: multi-turn sessions (a follow-up extends an "
-        "earlier prompt while a third request matches part of it); pages-conserved then "
-        "fires on the lock counts",
     ),
     Mutant(
         "detach-no-unlock",
@@ -325,9 +316,6 @@ MUTANTS: tuple[Mutant, ...] = (
         "admission: a request that does not fit keeps its prefix match locked, and is locked "
         "again on the next pass (lock leaks on the not-admitted path, SGLang `inc_lock_ref` "
         "without `dec_lock_ref`)",
-        needs="admission failures under a tight pool with a prefix hit (eviction-pressure "
-        "workloads), and an idle check that no cached page is still locked (books could list "
-        "locked pages): the leak then shows at once, not only as later starvation",
     ),
     # -- equivalent: no observable difference ----------------------------------------------------
     Mutant(

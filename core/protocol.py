@@ -58,7 +58,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.device import Device
@@ -90,8 +90,7 @@ SchedulerFactory = Callable[
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class Holding:
+class Holding(NamedTuple):
     """What one live request holds: its slot (None while it waits for admission) and KV pages.
 
     `finished`: finished or aborted, its resources not all given back yet (a launched batch
@@ -99,6 +98,9 @@ class Holding:
     `Books.pending`); it may still hold its slot and pages until the launched batch that holds it
     is processed (the release rule above), or hold nothing (recompute: re-prefilled when admitted
     again), or hold pages whose KV was copied to the host (swap: its `slot` is None while out).
+
+    A NamedTuple: a scheduler builds one per live request at every step, and a frozen dataclass
+    costs several times as much to build.
     """
 
     uid: int

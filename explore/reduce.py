@@ -23,7 +23,7 @@ from overlapcheck.core.scenario import RequestSpec, Scenario
 from overlapcheck.harness.runner import RunResult
 from overlapcheck.scenarios.strategies import kept
 
-FIRST_TOKEN = 3  # the smallest token id the generator draws (0-2: pad, BOS, EOS)
+FIRST_TOKEN = 3  # the smallest token id the generator draws (`scenarios.draws.tokens`)
 # One run of a candidate: (scenario, delays by site) -> the run and the delays it drew.
 Run = Callable[[Scenario, dict[int, float]], tuple[RunResult, dict[int, float]]]
 

@@ -1,10 +1,11 @@
 """The search: Hypothesis drives workloads, configurations and timings through the simulator.
 
-Each invariant raises its own exception class, so Hypothesis shrinks a failure while keeping the
-same invariant broken. A time budget is honoured by running the search in rounds of a few
-examples, each round with its own seed. While shrinking, every failure smaller than the best so far
-is reported as it is found, and Ctrl-C or the budget ends the shrink with that best one: a found bug
-is never lost.
+A generated workload's failure is shrunk by the workload passes (`explore/reduce.py`); a named or
+a user's scenario's by Hypothesis, and each invariant raises its own exception class, so that it
+shrinks while keeping the same invariant broken. A time budget is honoured by running the search
+in rounds of a few examples, each round with its own seed. While shrinking, every failure smaller
+than the best so far is reported as it is found, and Ctrl-C or the budget ends the shrink with
+that best one: a found bug is never lost.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from overlapcheck.invariants.base import Invariant
 from overlapcheck.invariants.page_arrays import PageArrays
 
 _ROW_BUFFERS = (TOKEN_POOL, PAGE_TABLE)  # the buffers a slot is a row of
+_min, _max = np.minimum.reduce, np.maximum.reduce
 
 
 class SlotNotInFlight(Invariant):
@@ -160,7 +161,8 @@ class PagesConserved(Invariant):
             total += len(h.pages)
         if total == n:
             pages = self._listed(books)
-            if n and pages.min() >= 0 and pages.max() < n and np.bincount(pages, minlength=n).min():
+            # (ufunc reductions: the array methods' Python wrappers cost more than the work)
+            if n and _min(pages) >= 0 and _max(pages) < n and _min(np.bincount(pages, minlength=n)):
                 return not books.locked_pages or set(books.cached_pages).issuperset(
                     books.locked_pages
                 )

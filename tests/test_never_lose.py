@@ -129,8 +129,8 @@ def search_keeping(out: Path, seed: int) -> tuple[FailureKeeper, list[dict[str, 
 def test_each_smaller_failure_replaces_the_saved_file(tmp_path: Path) -> None:
     # A first failure can already be minimal in Hypothesis's order (a named scenario's variation
     # with every other choice at its simplest): then there is nothing to replace, and the next
-    # seed is tried. Seed 2 first: it finds and shrinks in the fewest examples (about 100).
-    for seed in (2, 3, 4, 5, 0, 1):
+    # seed is tried.
+    for seed in range(6):
         out = tmp_path / str(seed)
         keeper, replaced, outcome = search_keeping(out, seed)
         if replaced:

@@ -3,11 +3,14 @@ the broken invariant, end within their run bound, and cut what the failure does 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.backends.sim.timing import Profile
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.scenario import Anchor, RequestSpec, Scenario
 from overlapcheck.explore.reduce import Run, reduce_failure, replay_runner, size
+from overlapcheck.explore.search import SearchSpec, search
 from overlapcheck.harness.runner import RunResult, run_scenario
 
 FAULT = "finish-by-can-decode"  # any request of two tokens or more, under overlap
@@ -61,3 +64,17 @@ def test_the_passes_end_at_their_run_bound_or_when_told() -> None:
     assert reduce_failure(result, draws, _runner(seen), 3).runs == len(seen) == 3
     stopped = reduce_failure(result, draws, _runner([]), 200, stop=lambda: True)
     assert stopped.stopped and stopped.runs == 0 and stopped.result is result
+
+
+def test_a_generated_failure_goes_to_the_passes_after_the_examples_hypothesis_may_shrink() -> None:
+    spec = SearchSpec(faults=frozenset(["free-slot-early"]), budget=3600, seed=0)
+    for examples in (0, 8):
+        result = search(replace(spec, shrink_examples=examples))
+        stats = result.stats
+        assert result.found is not None and result.cut is None
+        assert stats.examples_to_failure is not None
+        # One example at least after the failure: Hypothesis records it only once it raised.
+        assert stats.examples - stats.examples_to_failure == max(1, examples)
+        assert 0 < stats.reduce_runs <= spec.reduce_runs
+        assert result.found.result.violations[0].invariant == "slot-not-in-flight"
+        assert len(result.found.result.scenario.requests) <= 2

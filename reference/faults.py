@@ -153,10 +153,11 @@ FAULTS: dict[str, Fault] = {
             "A request that finished at EOS in round N is already in the launched round N+1; that "
             "round's result is processed like any other, so a token message with `finished=False` "
             "(the length is not reached) follows the finished one. Upstream's detokenizer then "
-            "re-created state for the uid and never freed it. The normal loop has no round N+1.",
+            "re-created state for the uid and never freed it; a request that takes the uid at "
+            "once gets that token as its first. The normal loop has no round N+1.",
             "mini-sglang e7d4f65 (the `if req in self.finished_reqs: continue` of `_process_last_"
             "data` removed; every result appended to the reply) to 20fcd7f",
-            ("no-post-eos",),
+            ("no-post-eos", "oracle"),
         ),
         Fault(
             FREE_SLOT_EARLY,

@@ -114,33 +114,31 @@ def _concurrent_request(
 
 
 @st.composite
-def concurrent_workloads(
-    draw: st.DrawFn, config: SchedulerConfig, pair: bool = False
-) -> tuple[RequestSpec, ...]:
+def concurrent_workloads(draw: st.DrawFn, config: SchedulerConfig) -> tuple[RequestSpec, ...]:
     """Requests that arrive close together and decode long enough to outgrow what their prompts
     took (a similar share of the row each), now and then sharing a prefix, stopping at a scripted
     EOS (or ignoring it) or aborted, with lifecycle windows and reused uids as in a plain
-    workload (`windows.linked`). Two or more as drawn; a list, so that shrinking can delete any
-    of them (down to the one a failure needs). `pair`: never fewer than two."""
+    workload (`windows.linked`). Two or more: a lone request fits a pool sized for it alone and
+    never preempts (a failure that needs one request shrinks to it by deleting the others)."""
     width = config.max_seq_len
     shared = tuple(draw(st.lists(tokens, max_size=8)))
     # One output share for all (so no single request outgrows the rest), jittered per request.
     share = draw(st.integers(3, 8))
     request = _concurrent_request(width, shared, share)
-    drawn = draw(st.lists(request, min_size=1, max_size=config.num_slots + 2))
-    if pair or draw(st.booleans()):  # one more up front: fewer lone requests (shrinks away)
+    drawn = draw(st.lists(request, min_size=2, max_size=config.num_slots + 2))
+    if draw(st.booleans()):  # one more up front: fewer pairs (shrinks away)
         drawn = [draw(request), *drawn]
     return linked(draw, drawn, width)
 
 
 @st.composite
 def under_concurrent_pressure(
-    draw: st.DrawFn, config: SchedulerConfig, pair: bool = False
+    draw: st.DrawFn, config: SchedulerConfig
 ) -> tuple[SchedulerConfig, tuple[RequestSpec, ...]]:
     """Two slots or more, a workload of requests that run at once (`concurrent_workloads`), and a
     pool drawn against their concurrent demand (a page count: shrinking a request away keeps the
     pool while it stays in bounds)."""
     config = replace(config, num_slots=max(2, config.num_slots))
-    reqs = draw(concurrent_workloads(config, pair))
+    reqs = draw(concurrent_workloads(config))
     low, high = (concurrent_pool(config, reqs, k) for k in CONCURRENT_EIGHTHS)
     return replace(config, num_pages=draw(st.integers(low, high))), reqs

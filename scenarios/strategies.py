@@ -219,7 +219,7 @@ def generated_scenarios(
         # the example that workload already is.
         config, reqs = draw(under_pressure(config))
     elif preempts(faults) or often(draw, CONCURRENT_IN_EIGHTHS):
-        config, reqs = draw(under_concurrent_pressure(config, pair=preempts(faults)))
+        config, reqs = draw(under_concurrent_pressure(config))
     config = draw(preemption_modes(config, faults))
     eos_probability = draw(st.sampled_from((0.0, 0.02, 0.1, 0.3))) if rarely(draw, 3) else 0.0
     # NOTE: drawn last, as the other kinds: shrinking the gate to 0 keeps the rest of the example.

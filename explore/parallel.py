@@ -16,14 +16,17 @@ from __future__ import annotations
 import base64
 import multiprocessing as mp
 import os
-import queue as queue_module
+import pickle
 import shutil
 import signal
 import tempfile
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from multiprocessing import connection
+from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
 from overlapcheck.explore.search import (
@@ -319,7 +322,7 @@ def drive(pool: Pool, spec: SearchSpec, listener: Listener = QUIET) -> Outcome:
 # --- worker processes -------------------------------------------------------------------------
 
 
-def _process_main(spec: SearchSpec, index: int, channel: Any, winner: Any) -> None:
+def _process_main(spec: SearchSpec, index: int, channel: Connection, winner: Any) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
 
     def claim() -> bool:
@@ -332,12 +335,12 @@ def _process_main(spec: SearchSpec, index: int, channel: Any, winner: Any) -> No
         return winner.value not in (NOBODY, index)
 
     try:
-        run_stream(spec, index, channel.put, claim, should_stop)
+        run_stream(spec, index, channel.send, claim, should_stop)
     except CheckerBug as bug:  # ours: the driver saves its input (the traceback is text now)
-        channel.put(Crashed(index, bug.scenario, str(bug), bug.traceback_text(), bug.extra))
+        channel.send(Crashed(index, bug.scenario, str(bug), bug.traceback_text(), bug.extra))
         raise SystemExit(1) from None
     except Exception as err:  # a bug of ours, or the scheduler's import: one line, not a trace
-        channel.put(Failed(index, f"{type(err).__name__}: {err}"))
+        channel.send(Failed(index, f"{type(err).__name__}: {err}"))
         raise SystemExit(1) from None
 
 
@@ -354,30 +357,43 @@ class ProcessPool:
         if ctx.get_start_method() == "forkserver":
             ctx.set_forkserver_preload(["overlapcheck.explore.parallel"])
         self.size = workers
-        self.channel = ctx.Queue()
+        # A pipe per worker, not one shared queue: a worker killed while it writes (the OOM
+        # killer, a SIGKILL) would die holding a shared queue's write lock, and every other
+        # worker's next message would block forever. A pipe's half-written message only ends
+        # that worker's own channel.
+        pipes = [ctx.Pipe(duplex=False) for _ in range(workers)]
+        self.receivers: list[Connection] = [receiver for receiver, _ in pipes]
         self.winner = ctx.Value("i", NOBODY)
         self.procs = [
             ctx.Process(
                 target=_process_main,
-                args=(spec.stream(i, workers), i, self.channel, self.winner),
+                args=(spec.stream(i, workers), i, sender, self.winner),
                 name=f"overlapcheck-worker-{i}",
                 daemon=True,
             )
-            for i in range(workers)
+            for i, (_, sender) in enumerate(pipes)
         ]
         for proc in self.procs:
             proc.start()
+        for _, sender in pipes:
+            sender.close()  # the worker holds its end: its exit is the pipe's end of file
+        self.pending: deque[Message] = deque()
         self.reported: set[int] = set()
         self.stop_at: float | None = None
 
     def get(self, timeout: float) -> Message | None:
-        try:
-            msg: Message = (
-                self.channel.get(timeout=timeout) if timeout else self.channel.get_nowait()
-            )
-        except queue_module.Empty:
-            return None
-        return msg
+        if not self.pending:
+            open_ends = [r for r in self.receivers if not r.closed]
+            if not open_ends:
+                time.sleep(timeout)
+                return None
+            for ready in connection.wait(open_ends, timeout):
+                assert isinstance(ready, Connection)
+                try:
+                    self.pending.append(ready.recv())
+                except (EOFError, OSError, pickle.UnpicklingError):
+                    ready.close()  # the worker ended (or died mid-message): nothing more comes
+        return self.pending.popleft() if self.pending else None
 
     def ended(self) -> list[tuple[int, str | None]]:
         if self.stop_at is not None and time.perf_counter() > self.stop_at + self.GRACE:
@@ -407,8 +423,8 @@ class ProcessPool:
                 proc.terminate()
         for proc in self.procs:
             proc.join(timeout=5)
-        self.channel.close()
-        self.channel.cancel_join_thread()
+        for receiver in self.receivers:
+            receiver.close()
 
 
 def _exit_reason(code: int | None) -> str:

@@ -100,3 +100,22 @@ class Invariant:
         raise InvariantViolated(
             Violation(invariant, self.run.step, self.run.now(), uids, message, details)
         )
+
+
+class TraceScanner(Invariant):
+    """A check that judges the trace's new ops as they come: `_scan` at each step's end and once
+    more at the end of the run, while `active` (set in `bind`: a check that does not apply to this
+    run's configuration costs nothing)."""
+
+    active: bool = True
+
+    def on_step_end(self) -> None:
+        if self.active:
+            self._scan()
+
+    def finish(self) -> None:
+        if self.active:
+            self._scan()
+
+    def _scan(self) -> None:
+        raise NotImplementedError

@@ -12,11 +12,11 @@ batch, or waits for its results to free memory). The normal loop blocks by desig
 from __future__ import annotations
 
 from overlapcheck.core.trace import Op
-from overlapcheck.invariants.base import Invariant
+from overlapcheck.invariants.base import TraceScanner
 from overlapcheck.invariants.context import RunContext
 
 
-class NoHiddenSync(Invariant):
+class NoHiddenSync(TraceScanner):
     id = "no-hidden-sync"
 
     def __init__(self) -> None:
@@ -30,14 +30,6 @@ class NoHiddenSync(Invariant):
     def bind(self, run: RunContext) -> None:
         super().bind(run)
         self.active = run.config.loop != "normal"
-
-    def on_step_end(self) -> None:
-        if self.active:
-            self._scan()
-
-    def finish(self) -> None:
-        if self.active:
-            self._scan()
 
     def _scan(self) -> None:
         ops = self.run.trace.ops

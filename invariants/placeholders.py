@@ -19,7 +19,7 @@ from overlapcheck.core.batch import PLACEHOLDER, SPEC_FIELDS
 from overlapcheck.core.messages import InMsg, OutMsg, TokenMsg, UserMsg
 from overlapcheck.core.speculative import SHIFT_FIELD
 from overlapcheck.core.trace import METADATA, SPEC_OUT, Op
-from overlapcheck.invariants.base import Invariant
+from overlapcheck.invariants.base import TraceScanner
 from overlapcheck.invariants.context import Request, RunContext
 from overlapcheck.invariants.forwards import ForwardFeed
 
@@ -32,7 +32,7 @@ class PlaceholderLog(Protocol):
     placeholder_inputs: list[tuple[int, int, int]]
 
 
-class Placeholders(Invariant):
+class Placeholders(TraceScanner):
     id = "placeholder"
 
     def __init__(self) -> None:
@@ -66,14 +66,6 @@ class Placeholders(Invariant):
             what = "the placeholder" if msg.token == PLACEHOLDER else f"token id {msg.token}"
             self.fail(f"{what} reached a token message for request {msg.uid}", (msg.uid,))
         self._scan()
-
-    def on_step_end(self) -> None:
-        if self.active:
-            self._scan()
-
-    def finish(self) -> None:
-        if self.active:
-            self._scan()
 
     def _scan(self) -> None:
         ops = self.run.trace.ops

@@ -42,13 +42,18 @@ class CheckerBug(Exception):
 
 def _owner(path: Path) -> str:
     """`scheduler`, `checker` or `library` for a source file."""
-    # Libraries first: a virtual environment may live inside the repository.
-    if any(path.is_relative_to(folder) for folder in _LIBRARY_FOLDERS):
-        return "library"
-    if any(path.is_relative_to(folder) for folder in _SCHEDULER_FOLDERS):
-        return "scheduler"
-    if path.is_relative_to(_PACKAGE):
+    # The package may live in a library folder (installed from a wheel) and a library folder may
+    # live in the package (a virtual environment inside the checkout): only the innermost counts.
+    in_library = any(path.is_relative_to(folder) for folder in _LIBRARY_FOLDERS)
+    if path.is_relative_to(_PACKAGE) and not any(
+        path.is_relative_to(folder) and folder.is_relative_to(_PACKAGE)
+        for folder in _LIBRARY_FOLDERS
+    ):
+        if any(path.is_relative_to(folder) for folder in _SCHEDULER_FOLDERS):
+            return "scheduler"
         return "checker"
+    if in_library:
+        return "library"
     if path.name.startswith("<"):  # <frozen ...>, <string>
         return "library"
     return "scheduler"  # the user's own files

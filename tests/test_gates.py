@@ -32,6 +32,7 @@ RACES = {
 
 
 def _plan(fault: str):  # type: ignore[no-untyped-def]
+    pytest.importorskip("torch", reason="the GPU replay module imports the torch engine")
     from overlapcheck.orchestrate.gpu_replay import with_margin
 
     cex, _ = with_margin(counterexample.load(COUNTEREXAMPLES / f"{fault}.json"))

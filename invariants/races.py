@@ -51,7 +51,9 @@ class _Shadow:
         self.used = 0
         self.regions: dict[str, tuple[int, int]] = {}  # buffer -> (first cell, cells)
         self.fixed: dict[str, int] = {}  # buffer -> first cell, for regions of a declared size
-        self.moves = 0  # regions moved so far
+        # buffer -> its region's views: writers, and each agent's read clocks (forgotten when
+        # the region moves or the arrays are reallocated)
+        self.views: dict[str, tuple[np.ndarray, np.ndarray, list[np.ndarray]]] = {}
 
     def base(self, buffer: str, cells: np.ndarray, size: int | None = None) -> int:
         """Where `buffer`'s region starts, grown to hold `cells` (non-negative indices). A region
@@ -69,7 +71,16 @@ class _Shadow:
         size = max(top + 1, 8) if region is None else max(top + 1, 2 * region[1])
         return self._place(buffer, size, region)
 
+    def view(self, buffer: str) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+        """`buffer`'s region as views into the shadow, indexed by the buffer's own cells: its
+        writers, its read clocks (agents by cells), and each agent's row of those."""
+        start, size = self.regions[buffer]
+        reads = self.reads[:, start : start + size]
+        found = self.views[buffer] = (self.writer[start : start + size], reads, list(reads))
+        return found
+
     def _place(self, buffer: str, size: int, region: tuple[int, int] | None) -> int:
+        self.views.pop(buffer, None)
         base = self.used
         self.used += size
         if self.used > len(self.writer):
@@ -79,8 +90,8 @@ class _Shadow:
             writer[:base] = self.writer[:base]
             reads[:, :base] = self.reads[:, :base]
             self.writer, self.reads = writer, reads
+            self.views.clear()
         if region is not None:
-            self.moves += 1
             old, cells_before = region
             self.writer[base : base + cells_before] = self.writer[old : old + cells_before]
             self.reads[:, base : base + cells_before] = self.reads[:, old : old + cells_before]
@@ -96,6 +107,10 @@ class HappensBefore:
         self.clocks: list[np.ndarray] = [np.zeros(MAX_AGENTS, dtype=np.int64)]
         self.events: dict[int, np.ndarray] = {}
         self.ops: list[list[int]] = [[]]  # per agent: op seq by clock - 1
+        # The host's clock changes only at host ops: per agent, how many host ops its clock has
+        # taken in (a stream op after no new host op need not take the host's past in again).
+        self.host_ops = 0
+        self.merged: list[int] = [0]
 
     def op_of(self, agent: int, clock: int) -> int:
         return self.ops[agent][clock - 1]
@@ -107,6 +122,7 @@ class HappensBefore:
             self.agents[agent] = len(self.agents)
             self.clocks.append(np.zeros(MAX_AGENTS, dtype=np.int64))
             self.ops.append([])
+            self.merged.append(-1)
         return self.agents[agent]
 
     def advance(self, op: Op) -> tuple[int, np.ndarray]:
@@ -115,8 +131,11 @@ class HappensBefore:
         if a is None:
             a = self.index(op.agent)
         vc = self.clocks[a]
-        if a:  # the host issued it: the host's past is its past
+        if not a:
+            self.host_ops += 1
+        elif self.merged[a] != self.host_ops:  # the host issued it: the host's past is its past
             np.maximum(vc, self.clocks[0], out=vc)
+            self.merged[a] = self.host_ops
         vc[a] += 1
         self.ops[a].append(op.seq)
         if op.waits is not None:
@@ -189,93 +208,101 @@ class RaceDetector:
         return None
 
     def _op(self, op: Op, a: int, vc: np.ndarray) -> Race | None:
-        """All of an op's accesses in one vectorised check and one update, when its reads come
-        before its writes (as in every op the recorder makes): then its reads see the state before
-        the op, as do its writes but for its own reads, which never race with them. Otherwise, or
-        on a race, access by access as issued, which names the first racing access. Accesses
-        that the buffers' watermarks (`marks`) show ordered are not looked at cell by cell."""
+        """All of an op's accesses at once, when its reads come before its writes (as in every op
+        the recorder makes): then its reads see the state before the op, as do its writes but for
+        its own reads, which never race with them. The common case looks at no cell: every
+        access ordered after the last writes of its buffer, every write after its last reads
+        (the buffers' watermarks, `marks`, show it); then the shadow is only updated, through
+        each region's views. A write the read watermarks do not cover is checked against the
+        reads of its cells; an access the write watermarks do not cover, in `_checked`."""
         shadow = self.shadow
-        fixed = shadow.fixed
-        moves = shadow.moves
-        parts: list[np.ndarray] = []
-        split, writing, reads_first = 0, False, True  # split: how many of the cells are read
+        fixed, marks_of = shadow.fixed, self.marks
         clocks = vc.tolist()
-        ordered = True  # every access after the last writes of its buffer
-        unsure: list[int] = []  # the writes (indices into parts) that may overwrite a read
+        ordered, writing, reads_first = True, False, True
+        unsure: list[Access] = []  # writes that may overwrite an unordered read
         for acc in op.accesses:
             cells = acc.cells
             if not len(cells):
                 continue
-            start = fixed.get(acc.buffer)
-            if start is None:
-                start = shadow.base(acc.buffer, cells, self.sizes.get(acc.buffer))
-            parts.append(cells + start)
-            marks = self._marks(acc.buffer)
-            ordered = ordered and all(map(_le, marks[0], clocks))
+            buffer = acc.buffer
+            if buffer not in fixed:
+                shadow.base(buffer, cells, self.sizes.get(buffer))
+            marks = marks_of.get(buffer)
+            if marks is None:
+                marks = self._marks(buffer)
+            if ordered and not all(map(_le, marks[0], clocks)):
+                ordered = False
             if acc.mode == "r":
-                split += len(cells)
                 reads_first = reads_first and not writing
             else:
                 writing = True
                 if not all(map(_le, marks[1], clocks)):
-                    unsure.append(len(parts) - 1)
+                    unsure.append(acc)
         if not reads_first:
             return self._one_by_one(op, a, vc, op.accesses)
-        if not parts:
-            return None
-        if shadow.moves != moves:  # an access grew a region that an earlier one of the op is in
-            parts = [
-                acc.cells + shadow.regions[acc.buffer][0] for acc in op.accesses if len(acc.cells)
-            ]
-        if ordered:
-            return self._ordered(op, a, vc, parts, [parts[i] for i in unsure])
+        if not ordered:
+            return self._checked(op, a, vc)
+        views = shadow.views
+        if unsure:
+            n = len(self.hb.agents)
+            others = vc[:n, None]
+            for acc in unsure:
+                view = views.get(acc.buffer) or shadow.view(acc.buffer)
+                late = view[1][:n, acc.cells] > others
+                late[a] = False
+                if _count(late):
+                    return self._one_by_one(op, a, vc, op.accesses)
+        clock = clocks[a]
+        value = clock * MAX_AGENTS + a
+        for acc in op.accesses:
+            cells = acc.cells
+            if not len(cells):
+                continue
+            view = views.get(acc.buffer) or shadow.view(acc.buffer)
+            if acc.mode == "r":
+                view[2][a][cells] = clock
+                marks_of[acc.buffer][1][a] = clock
+            else:
+                view[0][cells] = value  # the reads stay: see `_store`
+                marks_of[acc.buffer][0][a] = clock
+        return None
+
+    def _checked(self, op: Op, a: int, vc: np.ndarray) -> Race | None:
+        """`_op` for an op with an access the write watermarks do not cover: one vectorised check
+        over all its cells, in the one cell space; access by access on a race, which names the
+        first racing access."""
+        shadow = self.shadow
+        parts = [acc.cells + shadow.regions[acc.buffer][0] for acc in op.accesses if len(acc.cells)]
+        split = sum(len(acc.cells) for acc in op.accesses if acc.mode == "r")
         cells = parts[0] if len(parts) == 1 else np.concatenate(parts)
         # The last write races unless this agent's clock covers it: with writes kept as
         # clock * MAX_AGENTS + agent, unless its clock is at most vc[its agent].
         last = shadow.writer[cells]
         if _count((last >> _AGENT_BITS) > vc[last & (MAX_AGENTS - 1)]):
             return self._one_by_one(op, a, vc, op.accesses)
-        n = len(self.hb.agents)
         if split < len(cells):
-            written = cells[split:]
             # A write also races with another agent's read since the last write, if not covered.
-            late = shadow.reads[:n, written] > vc[:n, None]
+            n = len(self.hb.agents)
+            late = shadow.reads[:n, cells[split:]] > vc[:n, None]
             late[a] = False
             if _count(late):
                 return self._one_by_one(op, a, vc, op.accesses)
-            if split:
-                shadow.reads[a][cells[:split]] = vc[a]
-            # The reads before this write stay: each is ordered before it (or that was the race
-            # above), so before any later op ordered after it, and a later op not ordered after
-            # it races with the write itself, which the writer check finds first.
-            shadow.writer[written] = vc[a] * MAX_AGENTS + a
-        else:
-            shadow.reads[a][cells] = vc[a]
-        self._mark(op, a, clocks[a])
+        self._store(op, a, vc, cells, split)
         return None
 
-    def _ordered(
-        self, op: Op, a: int, vc: np.ndarray, parts: list[np.ndarray], unsure: list[np.ndarray]
-    ) -> Race | None:
-        """`_op` for an op whose accesses are all ordered after the last writes of their
-        buffers: only its `unsure` writes can race, with an unordered read."""
+    def _store(self, op: Op, a: int, vc: np.ndarray, cells: np.ndarray, split: int) -> None:
+        """Record a checked op's accesses in the shadow: `cells` in the one cell space, the
+        first `split` of them read, the rest written."""
         shadow = self.shadow
-        if unsure:
-            n = len(self.hb.agents)
-            written = unsure[0] if len(unsure) == 1 else np.concatenate(unsure)
-            late = shadow.reads[:n, written] > vc[:n, None]
-            late[a] = False
-            if _count(late):
-                return self._one_by_one(op, a, vc, op.accesses)
         clock = int(vc[a])
-        read_clocks, writer, value = shadow.reads[a], shadow.writer, clock * MAX_AGENTS + a
-        for acc, cells in zip((acc for acc in op.accesses if len(acc.cells)), parts, strict=True):
-            if acc.mode == "r":
-                read_clocks[cells] = clock
-            else:
-                writer[cells] = value  # the reads stay: see `_op`
+        if split:
+            shadow.reads[a][cells[:split]] = clock
+        # The reads before a write stay: each is ordered before it (or that was a race), so
+        # before any later op ordered after it, and a later op not ordered after it races with
+        # the write itself, which the writer check finds first.
+        if split < len(cells):
+            shadow.writer[cells[split:]] = clock * MAX_AGENTS + a
         self._mark(op, a, clock)
-        return None
 
     def _marks(self, buffer: str) -> tuple[list[int], list[int]]:
         marks = self.marks.get(buffer)

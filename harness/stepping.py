@@ -54,8 +54,9 @@ class Checks:
         self._on_message = None
 
     def call(self, hook: Callable[[Invariant], None], name: str = "") -> None:
-        """Call `hook` on every check (on those that override the hook `name`, if given)."""
-        for inv in self.listening(name) if name else self.checks:
+        """Call `hook` on every active check (on those that override the hook `name`, if
+        given)."""
+        for inv in self.listening(name) if name else [c for c in self.checks if c.active]:
             try:
                 hook(inv)
             except InvariantViolated as err:
@@ -99,9 +100,9 @@ class Checks:
         return fresh, [inv.on_message for inv in self.checks if inv in messages]
 
     def listening(self, hook: str) -> list[Invariant]:
-        """The checks that override `hook`: a message goes to the few that read it."""
+        """The active checks that override `hook`: a message goes to the few that read it."""
         base = getattr(Invariant, hook)
-        return [inv for inv in self.checks if getattr(type(inv), hook) is not base]
+        return [inv for inv in self.checks if inv.active and getattr(type(inv), hook) is not base]
 
     def _bound(self, hook: str) -> list[Callable[..., None]]:
         found = self._listening.get(hook)
@@ -172,9 +173,10 @@ class Harness:
         ctx.trace.messages.append(record)
         if self.log is not None:
             self.log.append(Logged("send", msg, step, len(ctx.trace.ops), now))
-        req = ctx.ledger.answer(msg, step)
+        num_ops = len(ctx.trace.ops)
+        req = ctx.ledger.answer(msg, step, num_ops)
         self._observe(msg, now)
-        self.checks.message(msg, req, len(ctx.trace.ops))
+        self.checks.message(msg, req, num_ops)
 
 
 def drive(
@@ -298,7 +300,7 @@ def check_after(
                 req = ctx.ledger.receive(msg, step, expected)
                 checks.notify("on_receive", msg, req)
             else:
-                req = ctx.ledger.answer(msg, step)
+                req = ctx.ledger.answer(msg, step, event.num_ops)
                 checks.message(msg, req, event.num_ops)
         if completed:  # the run reached its end-of-run checks: so do these, on the final state
             view.at(len(ran.device.trace.ops))

@@ -56,6 +56,9 @@ class Invariant:
     `needs_kv_shadow`: the check reads the device's KV shadow (`RunContext.kv_shadow`), which the
     harness asks the backend for only then.
     `deferrable`: see below; a check that reads live state (books, the device) is not.
+    `active`: False (set in `bind`) when the check does not apply to this run's configuration
+    (speculation's checks without speculation, say): the harness then calls none of its hooks,
+    so it costs nothing.
     """
 
     id: str = ""
@@ -64,6 +67,7 @@ class Invariant:
     # Judged from the trace and the messages alone, so it may run after the run over the recorded
     # events (on a real device, so that its host time cannot move the timing under test).
     deferrable: bool = True
+    active: bool = True
 
     def bind(self, run: RunContext) -> None:
         self.run = run
@@ -104,18 +108,13 @@ class Invariant:
 
 class TraceScanner(Invariant):
     """A check that judges the trace's new ops as they come: `_scan` at each step's end and once
-    more at the end of the run, while `active` (set in `bind`: a check that does not apply to this
-    run's configuration costs nothing)."""
-
-    active: bool = True
+    more at the end of the run."""
 
     def on_step_end(self) -> None:
-        if self.active:
-            self._scan()
+        self._scan()
 
     def finish(self) -> None:
-        if self.active:
-            self._scan()
+        self._scan()
 
     def _scan(self) -> None:
         raise NotImplementedError

@@ -42,6 +42,8 @@ class Request:
     rejected: bool = False
     reject_reason: str = ""
     late: bool = False  # the last message for it came after it ended (finished or aborted)
+    # ops issued when its first finished message went out (even one after it ended); None: none
+    finish_ops: int | None = None
 
     @property
     def uid(self) -> int:
@@ -68,6 +70,7 @@ class RequestLedger:
         self.live: dict[int, Request] = {}  # uid -> its live request
         self.latest: dict[int, Request] = {}  # uid -> its most recent request
         self._to_reject: dict[int, list[Request]] = {}  # uid -> requests owed a RejectMsg
+        self.token_messages = 0  # sent so far, for any uid
 
     def receive(
         self, msg: InMsg, step: int, expected: Callable[[UserMsg, int], Expected | None]
@@ -90,8 +93,9 @@ class RequestLedger:
             self._to_reject.setdefault(msg.uid, []).append(req)
         return req
 
-    def answer(self, msg: OutMsg, step: int) -> Request | None:
-        """Book an outgoing message; the request it belongs to (None: a uid never received)."""
+    def answer(self, msg: OutMsg, step: int, num_ops: int) -> Request | None:
+        """Book an outgoing message, sent when the trace held `num_ops` ops; the request it
+        belongs to (None: a uid never received)."""
         if isinstance(msg, RejectMsg):
             owed = self._to_reject.get(msg.uid)
             req = owed.pop(0) if owed else self.live.pop(msg.uid, None) or self.latest.get(msg.uid)
@@ -99,9 +103,12 @@ class RequestLedger:
                 req.rejected = True
                 req.reject_reason = msg.reason
             return req
+        self.token_messages += 1
         req = self.live.get(msg.uid) or self.latest.get(msg.uid)
         if req is None:
             return None
+        if msg.finished and req.finish_ops is None:
+            req.finish_ops = num_ops
         req.late = not req.live
         if req.live:
             req.tokens.append(msg.token)

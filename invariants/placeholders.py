@@ -53,15 +53,11 @@ class Placeholders(TraceScanner):
             self.log = run.device
 
     def on_receive(self, msg: InMsg, req: Request | None) -> None:
-        if not self.active:
-            return
         self._scan()
         if isinstance(msg, UserMsg):
             self.feed.admit(req)
 
     def on_message(self, msg: OutMsg, req: Request | None) -> None:
-        if not self.active:
-            return
         if isinstance(msg, TokenMsg) and msg.token < 0:
             what = "the placeholder" if msg.token == PLACEHOLDER else f"token id {msg.token}"
             self.fail(f"{what} reached a token message for request {msg.uid}", (msg.uid,))

@@ -39,16 +39,20 @@ class Progress(Invariant):
         self.since: int | None = None  # step of the first preemption since the last token
         self.preemptions = 0  # since the last token
         self.first: str = ""  # what the first of them was
+        self.tokens = 0  # token messages sent by the last pull
 
     def on_receive(self, msg: InMsg, req: Request | None) -> None:
         self._pull()
         if isinstance(msg, UserMsg):
             self.feed.admit(req)
 
-    def on_message(self, msg: OutMsg, req: Request | None) -> None:
-        if isinstance(msg, TokenMsg):
-            self._pull()  # a preemption before this token is followed by it
-            self.since, self.preemptions = None, 0
+    def on_ops(self) -> None:
+        self._pull()
+
+    def ops_at_message(self, msg: OutMsg, req: Request | None) -> None:
+        # The ledger booked this message already; if it is a token, it follows the preemptions
+        # pulled now, and the next pull sees it.
+        self._pull(isinstance(msg, TokenMsg))
 
     def on_step_end(self) -> None:
         self._pull()
@@ -69,7 +73,15 @@ class Progress(Invariant):
                 since=self.since,
             )
 
-    def _pull(self) -> None:
+    def _pull(self, booked_token: bool = False) -> None:
+        """Progress, then preemptions: a token message since the last pull followed every
+        preemption seen by then (each op issued before a message is pulled by the time it goes
+        out: at the message, `ops_at_message`, or before). `booked_token`: the message being
+        sent is a token, counted by the ledger already, not yet sent as far as this pull goes."""
+        tokens = self.run.ledger.token_messages - booked_token
+        if tokens != self.tokens:
+            self.tokens = tokens
+            self.since, self.preemptions = None, 0
         trace = self.run.trace
         start = self.feed.seen
         if start == len(trace.ops):

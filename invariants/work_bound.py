@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from overlapcheck.core.messages import InMsg, OutMsg, TokenMsg, UserMsg
+from overlapcheck.core.messages import InMsg, UserMsg
 from overlapcheck.core.trace import KV, Op
 from overlapcheck.invariants.base import Invariant
 from overlapcheck.invariants.context import Request
@@ -32,7 +32,6 @@ class WorkBound(Invariant):
 
     def __init__(self) -> None:
         self.feed = ForwardFeed()
-        self.finished_at: dict[int, int] = {}  # request index -> ops issued before its finish
         self.limits: dict[int, tuple[int, int]] = {}  # request index -> prompt, pages reserved
 
     def on_receive(self, msg: InMsg, req: Request | None) -> None:
@@ -43,10 +42,6 @@ class WorkBound(Invariant):
     def on_ops(self) -> None:
         if self.feed.seen != len(self.run.trace.ops):  # only new ops need judging
             self._check()
-
-    def on_message(self, msg: OutMsg, req: Request | None) -> None:
-        if isinstance(msg, TokenMsg) and msg.finished and req is not None:
-            self.finished_at.setdefault(req.index, len(self.run.trace.ops))
 
     def on_step_end(self) -> None:
         self._check()
@@ -90,7 +85,7 @@ class WorkBound(Invariant):
                     )
 
     def _sampled(self, op: Op, req: Request, position: int) -> None:
-        finished = self.finished_at.get(req.index)
+        finished = req.finish_ops  # the ledger's, booked as the message went out
         if finished is not None and op.seq >= finished:
             self.fail(
                 f"{op.label} (step {op.step}) samples output position {position} of request "

@@ -11,6 +11,7 @@ unordered by happens-before, are a race even when this run's timing made them ha
 from __future__ import annotations
 
 import operator
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -99,13 +100,17 @@ class _Shadow:
         return base
 
 
+VectorClock = tuple[int, ...]  # an op's clock: entry i is agent i's (MAX_AGENTS entries)
+
+
 class HappensBefore:
-    """Vector clocks for the host and the streams, advanced op by op in issue order."""
+    """Vector clocks for the host and the streams, advanced op by op in issue order. Python lists
+    and tuples: with a handful of agents, numpy's per-call cost is most of the work."""
 
     def __init__(self) -> None:
         self.agents: dict[str, int] = {HOST: 0}
-        self.clocks: list[np.ndarray] = [np.zeros(MAX_AGENTS, dtype=np.int64)]
-        self.events: dict[int, np.ndarray] = {}
+        self.clocks: list[list[int]] = [[0] * MAX_AGENTS]
+        self.events: dict[int, VectorClock] = {}
         self.ops: list[list[int]] = [[]]  # per agent: op seq by clock - 1
         # The host's clock changes only at host ops: per agent, how many host ops its clock has
         # taken in (a stream op after no new host op need not take the host's past in again).
@@ -120,13 +125,14 @@ class HappensBefore:
             if len(self.agents) == MAX_AGENTS:
                 raise ValueError(f"more than {MAX_AGENTS} agents in one trace")
             self.agents[agent] = len(self.agents)
-            self.clocks.append(np.zeros(MAX_AGENTS, dtype=np.int64))
+            self.clocks.append([0] * MAX_AGENTS)
             self.ops.append([])
             self.merged.append(-1)
         return self.agents[agent]
 
-    def advance(self, op: Op) -> tuple[int, np.ndarray]:
-        """The op's agent index and its vector clock (the clock its accesses happen at)."""
+    def advance(self, op: Op) -> tuple[int, list[int]]:
+        """The op's agent index and its vector clock (the clock its accesses happen at): the
+        agent's own list, which its next op changes (copy it to keep it)."""
         a = self.agents.get(op.agent)
         if a is None:
             a = self.index(op.agent)
@@ -134,17 +140,24 @@ class HappensBefore:
         if not a:
             self.host_ops += 1
         elif self.merged[a] != self.host_ops:  # the host issued it: the host's past is its past
-            np.maximum(vc, self.clocks[0], out=vc)
+            _join(vc, self.clocks[0], len(self.agents))
             self.merged[a] = self.host_ops
         vc[a] += 1
         self.ops[a].append(op.seq)
         if op.waits is not None:
             recorded = self.events.get(op.waits)
             if recorded is not None:
-                np.maximum(vc, recorded, out=vc)
+                _join(vc, recorded, len(self.agents))
         if op.records is not None:
-            self.events[op.records] = vc.copy()
+            self.events[op.records] = tuple(vc)
         return a, vc
+
+
+def _join(vc: list[int], other: Sequence[int], agents: int) -> None:
+    """`vc` becomes the entrywise maximum of the two (entries past `agents` are all 0)."""
+    for i in range(agents):
+        if other[i] > vc[i]:
+            vc[i] = other[i]
 
 
 class Clocks:
@@ -156,8 +169,8 @@ class Clocks:
         self.hb = HappensBefore()
         self.agent: list[int] = []
         # An op's clock is kept for the ops the checks ask about (those with accesses, forwards),
-        # not for every span, record and wait: a copy per op was a sixth of the pass.
-        self.vc: list[np.ndarray | None] = []
+        # not for every span, record and wait.
+        self.vc: list[VectorClock | None] = []
 
     def advance(self) -> int:
         """Clocks for every op issued so far; how many there are."""
@@ -166,7 +179,7 @@ class Clocks:
         for op in ops[len(agents) :]:
             a, vc = hb.advance(op)
             agents.append(a)
-            clocks.append(vc.copy() if op.accesses or op.kind == "forward" else None)
+            clocks.append(tuple(vc) if op.accesses or op.kind == "forward" else None)
         return len(agents)
 
 
@@ -207,7 +220,7 @@ class RaceDetector:
                     return race
         return None
 
-    def _op(self, op: Op, a: int, vc: np.ndarray) -> Race | None:
+    def _op(self, op: Op, a: int, vc: VectorClock) -> Race | None:
         """All of an op's accesses at once, when its reads come before its writes (as in every op
         the recorder makes): then its reads see the state before the op, as do its writes but for
         its own reads, which never race with them. The common case looks at no cell: every
@@ -217,7 +230,6 @@ class RaceDetector:
         reads of its cells; an access the write watermarks do not cover, in `_checked`."""
         shadow = self.shadow
         fixed, marks_of = shadow.fixed, self.marks
-        clocks = vc.tolist()
         ordered, writing, reads_first = True, False, True
         unsure: list[Access] = []  # writes that may overwrite an unordered read
         for acc in op.accesses:
@@ -230,29 +242,27 @@ class RaceDetector:
             marks = marks_of.get(buffer)
             if marks is None:
                 marks = self._marks(buffer)
-            if ordered and not all(map(_le, marks[0], clocks)):
+            if ordered and not all(map(_le, marks[0], vc)):
                 ordered = False
             if acc.mode == "r":
                 reads_first = reads_first and not writing
             else:
                 writing = True
-                if not all(map(_le, marks[1], clocks)):
+                if not all(map(_le, marks[1], vc)):
                     unsure.append(acc)
         if not reads_first:
             return self._one_by_one(op, a, vc, op.accesses)
         if not ordered:
             return self._checked(op, a, vc)
         views = shadow.views
-        if unsure:
-            n = len(self.hb.agents)
-            others = vc[:n, None]
-            for acc in unsure:
-                view = views.get(acc.buffer) or shadow.view(acc.buffer)
-                late = view[1][:n, acc.cells] > others
-                late[a] = False
-                if _count(late):
+        for acc in unsure:
+            # Only the agents whose latest read of the buffer this op is not ordered after can
+            # have read one of its cells unordered with it.
+            rows = (views.get(acc.buffer) or shadow.view(acc.buffer))[2]
+            for b, read in enumerate(marks_of[acc.buffer][1]):
+                if read > vc[b] and _count(rows[b][acc.cells] > vc[b]):
                     return self._one_by_one(op, a, vc, op.accesses)
-        clock = clocks[a]
+        clock = vc[a]
         value = clock * MAX_AGENTS + a
         for acc in op.accesses:
             cells = acc.cells
@@ -267,11 +277,12 @@ class RaceDetector:
                 marks_of[acc.buffer][0][a] = clock
         return None
 
-    def _checked(self, op: Op, a: int, vc: np.ndarray) -> Race | None:
+    def _checked(self, op: Op, a: int, clock: VectorClock) -> Race | None:
         """`_op` for an op with an access the write watermarks do not cover: one vectorised check
         over all its cells, in the one cell space; access by access on a race, which names the
         first racing access."""
         shadow = self.shadow
+        vc = np.array(clock, dtype=np.int64)
         parts = [acc.cells + shadow.regions[acc.buffer][0] for acc in op.accesses if len(acc.cells)]
         split = sum(len(acc.cells) for acc in op.accesses if acc.mode == "r")
         cells = parts[0] if len(parts) == 1 else np.concatenate(parts)
@@ -287,14 +298,13 @@ class RaceDetector:
             late[a] = False
             if _count(late):
                 return self._one_by_one(op, a, vc, op.accesses)
-        self._store(op, a, vc, cells, split)
+        self._store(op, a, clock[a], cells, split)
         return None
 
-    def _store(self, op: Op, a: int, vc: np.ndarray, cells: np.ndarray, split: int) -> None:
-        """Record a checked op's accesses in the shadow: `cells` in the one cell space, the
-        first `split` of them read, the rest written."""
+    def _store(self, op: Op, a: int, clock: int, cells: np.ndarray, split: int) -> None:
+        """Record a checked op's accesses, at the agent's `clock`, in the shadow: `cells` in the
+        one cell space, the first `split` of them read, the rest written."""
         shadow = self.shadow
-        clock = int(vc[a])
         if split:
             shadow.reads[a][cells[:split]] = clock
         # The reads before a write stay: each is ordered before it (or that was a race), so
@@ -316,7 +326,10 @@ class RaceDetector:
             if len(acc.cells):
                 self._marks(acc.buffer)[acc.mode == "r"][a] = clock
 
-    def _one_by_one(self, op: Op, a: int, vc: np.ndarray, accesses: list[Access]) -> Race | None:
+    def _one_by_one(
+        self, op: Op, a: int, clock: VectorClock | np.ndarray, accesses: list[Access]
+    ) -> Race | None:
+        vc = np.asarray(clock, dtype=np.int64)
         for acc in accesses:
             race = self._access(op, a, vc, acc)
             if race is not None:

@@ -24,7 +24,7 @@ from overlapcheck.core.trace import HOST, Access, Op, Trace
 from overlapcheck.harness.runner import run_scenario
 from overlapcheck.invariants.base import InvariantViolated
 from overlapcheck.invariants.page_arrays import PageArrays
-from overlapcheck.invariants.races import Race, RaceDetector
+from overlapcheck.invariants.races import Race, RaceDetector, VectorClock
 from overlapcheck.invariants.resources import PagesConserved
 from overlapcheck.reference.cache.manager import page_fault, pages_add_up
 from overlapcheck.scenarios.strategies import scenarios
@@ -35,7 +35,7 @@ FAST = settings(max_examples=80, deadline=None, suppress_health_check=[HealthChe
 class OneByOne(RaceDetector):
     """The race detector with its fast path off: every op access by access."""
 
-    def _op(self, op: Op, a: int, vc: np.ndarray) -> Race | None:
+    def _op(self, op: Op, a: int, vc: VectorClock) -> Race | None:
         return self._one_by_one(op, a, vc, op.accesses)
 
 

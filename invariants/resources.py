@@ -114,13 +114,14 @@ class SlotNotInFlight(Invariant):
         )
 
     def _check_books(self, books: Books) -> None:
-        slots = Counter(h.slot for h in books.live if h.slot is not None)
-        twice = sorted(s for s, n in slots.items() if n > 1)
-        if twice:
+        slots = [h.slot for h in books.live if h.slot is not None]
+        held = set(slots)
+        if len(held) != len(slots):
+            twice = sorted(s for s, n in Counter(slots).items() if n > 1)
             self.fail(f"slots {twice} held by two live requests at once")
-        both = sorted(set(slots) & set(books.free_slots))
+        both = held.intersection(books.free_slots)
         if both:
-            self.fail(f"slots {both} are both free and held")
+            self.fail(f"slots {sorted(both)} are both free and held")
 
 
 class PagesConserved(Invariant):

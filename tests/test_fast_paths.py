@@ -14,6 +14,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
@@ -25,7 +26,7 @@ from overlapcheck.harness.runner import run_scenario
 from overlapcheck.invariants.base import InvariantViolated
 from overlapcheck.invariants.page_arrays import PageArrays
 from overlapcheck.invariants.races import Race, RaceDetector, VectorClock
-from overlapcheck.invariants.resources import PagesConserved
+from overlapcheck.invariants.resources import PagesConserved, SlotNotInFlight
 from overlapcheck.reference.cache.manager import page_fault, pages_add_up
 from overlapcheck.scenarios.strategies import scenarios
 
@@ -281,3 +282,34 @@ def test_pages_conserved_judges_each_step_as_a_fresh_check_would(
     check = pages_conserved(n)
     for books in steps:  # one check across steps: its page arrays carry over
         assert check._fast_ok(books) == pages_conserved(n)._fast_ok(books)
+
+
+def slot_check() -> SlotNotInFlight:
+    check = SlotNotInFlight()
+    check.run = SimpleNamespace(step=3, now=lambda: 0.0)  # type: ignore[assignment]
+    return check
+
+
+def slot_books(held: list[int | None], free: tuple[int, ...]) -> Books:
+    live = tuple(Holding(uid, slot, ()) for uid, slot in enumerate(held))
+    return Books(live=live, free_slots=free, free_pages=())
+
+
+@pytest.mark.parametrize(
+    ("held", "free", "message"),
+    [
+        ([0, 1, None], (2, 3), None),
+        ([0, 1, 1, 0, 2], (3,), "slots [0, 1] held by two live requests at once"),
+        ([0, 2], (3, 2, 1), "slots [2] are both free and held"),
+    ],
+)
+def test_slot_books_name_the_slots_held_twice_or_both_free_and_held(
+    held: list[int | None], free: tuple[int, ...], message: str | None
+) -> None:
+    check = slot_check()
+    if message is None:
+        check._check_books(slot_books(held, free))
+        return
+    with pytest.raises(InvariantViolated) as err:
+        check._check_books(slot_books(held, free))
+    assert err.value.violation.message == message

@@ -6,12 +6,20 @@ through that position: the token and its whole prefix) and the forward that wrot
 keeps one (the simulator does) records for each forward what every position of every sequence's
 context held when the kernel read it, and what the kernel sampled; `kv-provenance` compares that
 with each request's own context. Everything is numpy over whole batches: no loop over cells.
+
+A forward's record is exact but compact: the cells it read (its page-table rows), the ids it read
+for its new positions and the keys it computed for them, and the shadow's epoch (the count of
+mutations so far) when it read. What a cached cell held then is what it holds now unless a later
+mutation changed it, so the shadow logs every mutation in order: the cells a forward or a KV copy
+wrote, with what they held before, and the page-table rows a copy wrote. `as_read` rebuilds a
+read from that, and a check can follow the log to learn which cells it verified may have changed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -48,31 +56,61 @@ class PrefixHash:
         out: np.ndarray = np.cumsum(terms, axis=-1, dtype=np.uint64) * self.pow[:m]
         return out
 
+    def keys_after(self, key: int, tokens: Sequence[int]) -> np.ndarray:
+        """Keys of the positions after one whose key is `key`, for their `tokens`."""
+        more = self.keys(np.asarray(tokens, dtype=np.int64))
+        out: np.ndarray = more + np.uint64(key) * self.pow[1 : len(more) + 1]
+        return out
+
     @staticmethod
     def extend(key: int, token: int) -> int:
         """The key through the next position, from the key through the previous one."""
         return (key * _BASE + token + 2) & _MASK
 
 
+class KvWrite(NamedTuple):
+    """Cells whose shadow changed: a forward's writes (`op`: its seq) or a KV copy back (-1),
+    with what each held before (its key and its `meta`)."""
+
+    cells: np.ndarray
+    old_key: np.ndarray
+    old_meta: np.ndarray
+    op: int
+
+
+class TableWrite(NamedTuple):
+    """Page-table rows a copy wrote, (slot, start, stop) each: the cells a kernel reads are the
+    entries of its slot's row, so entries not written since still name the same cells."""
+
+    rows: tuple[tuple[int, int, int], ...]
+
+
+Mutation = KvWrite | TableWrite
+
+
 @dataclass(slots=True)
 class ForwardReads:
     """What one forward's kernel read: row i is its i-th sequence, column p a context position.
 
-    `keys[i, p]` is the key of the KV the kernel attended over at position p: for p < `starts[i]`
-    what the cached cell held, for the new positions the key it computes from the cached prefix and
-    the input id it read from `token_pool`. Columns past `ends[i]` mean nothing. The rest is kept
-    to explain a mismatch.
+    At p < `starts[i]` the kernel attended over what cell `cells[i, p]` held at `epoch`
+    (`KvShadow.as_read`); at its new positions (`new`, row by row) over the key it computed from
+    that cached prefix and the input id it read from `token_pool` (`ids`, `new_keys`). Columns
+    past `ends[i]` mean nothing.
     """
 
     op: int  # the forward's op seq
+    epoch: int  # the shadow's mutations before the kernel read
+    slots: np.ndarray  # each sequence's page-table row
     starts: np.ndarray
     ends: np.ndarray
     cells: np.ndarray  # the KV cell of each position, from the device's page table
-    keys: np.ndarray
-    meta: np.ndarray  # what each cell held: writer op seq << _POS_BITS | position (-1: never)
     cached: np.ndarray  # the KV values read (the tokens, in the simulator)
     fresh: np.ndarray  # the token_pool rows read
     new: tuple[np.ndarray, np.ndarray]  # rows and columns of the new positions
+    counts: np.ndarray  # each sequence's number of new positions
+    one_each: bool  # one new position per sequence (a decode batch): `ids[i]` is row i's
+    ids: np.ndarray
+    new_keys: np.ndarray
     samples: tuple[int, ...] | None = None  # set when the kernel ends
     # A verify forward (core/speculative.py): per sequence, the end of its committed positions
     # (the rest of its new positions are drafts or padding: not judged as the request's), and
@@ -83,19 +121,14 @@ class ForwardReads:
     def token(self, i: int, p: int) -> int:
         return int(self.cached[i, p] if p < self.starts[i] else self.fresh[i, p])
 
-    def held(self, i: int, p: int) -> tuple[int, int]:
-        """Writer op seq and position of what the cell at (i, p) held (-1, -1: never written)."""
-        if p >= self.starts[i]:
-            return self.op, p
-        meta = int(self.meta[i, p])
-        return (-1, -1) if meta < 0 else (meta >> _POS_BITS, meta & ((1 << _POS_BITS) - 1))
-
 
 class KvShadow:
     """Per KV cell: the key of the KV a forward last computed into it, and its writer and position.
 
     `read` at a kernel's start, `write` at its end (so a write by another kernel in between is seen
-    or missed as the values are). `reads` holds each forward's record until a check pops it.
+    or missed as the values are). `reads` holds each forward's record until a check `release`s
+    it; `log` the mutations from `trimmed + 1` to `epoch` (those a check has not followed yet or
+    that a held record's `as_read` needs).
     """
 
     def __init__(self, num_cells: int, width: int) -> None:
@@ -103,10 +136,15 @@ class KvShadow:
         self.meta = np.full(num_cells, -1, dtype=np.int64)
         self.hash = PrefixHash(width)
         self.reads: dict[int, ForwardReads] = {}
+        self.epoch = 0
+        self.log: list[Mutation] = []
+        self.trimmed = 0
+        self._where = np.full(num_cells, -1, dtype=np.int64)  # scratch of `as_read`
 
     def read(
         self,
         op: int,
+        slots: np.ndarray,
         cells: np.ndarray,
         starts: np.ndarray,
         ends: np.ndarray,
@@ -117,8 +155,8 @@ class KvShadow:
         # (ufuncs, not the .max() and .all() methods: their Python wrappers cost more here)
         n = len(ends)
         m = int(np.maximum.reduce(ends)) if n else 0
-        cells = cells[:, :m]
-        keys = self.key[cells]
+        if cells.shape[1] != m:
+            cells = cells[:, :m]
         counts = np.maximum(ends - starts, 0)
         one_each = bool(n and not np.count_nonzero(counts != 1))  # a decode batch
         if one_each:
@@ -127,28 +165,45 @@ class KvShadow:
             rows = np.repeat(np.arange(n), counts)
             first = np.cumsum(counts) - counts
             cols = np.arange(len(rows)) - np.repeat(first - starts, counts)
+        ids = fresh[rows, cols]
         if len(rows):
-            keys[rows, cols] = self._extend(keys, rows, cols, starts, counts, fresh, one_each)
+            # What each sequence's last cached cell holds now, as the kernel reads it.
+            last = np.minimum(np.maximum(starts - 1, 0), m - 1)
+            base = np.where(starts > 0, self.key[cells[np.arange(n), last]], 0)
+            new_keys = self._extend(base, ids, rows, cols, starts, counts, one_each)
+        else:
+            new_keys = np.zeros(0, dtype=np.uint64)
+        new = (rows, cols)
         self.reads[op] = ForwardReads(
-            op, starts, ends, cells, keys, self.meta[cells], cached, fresh, (rows, cols)
+            op,
+            self.epoch,
+            slots,
+            starts,
+            ends,
+            cells,
+            cached,
+            fresh,
+            new,
+            counts,
+            one_each,
+            ids,
+            new_keys,
         )
 
     def _extend(
         self,
-        keys: np.ndarray,
+        base: np.ndarray,
+        ids: np.ndarray,
         rows: np.ndarray,
         cols: np.ndarray,
         starts: np.ndarray,
         counts: np.ndarray,
-        fresh: np.ndarray,
         one_each: bool,
     ) -> np.ndarray:
         """The new positions' keys: each sequence's cached prefix key, extended by the ids read."""
         n = len(starts)
-        last = np.minimum(np.maximum(starts - 1, 0), keys.shape[1] - 1)
-        base = np.where(starts > 0, keys[np.arange(n), last], 0)
         base = base.astype(np.uint64) * np.uint64(_BASE)
-        terms = (fresh[rows, cols].astype(np.int64) + 2).astype(np.uint64)
+        terms = (ids.astype(np.int64) + 2).astype(np.uint64)
         if one_each:
             out: np.ndarray = base + terms
             return out
@@ -162,13 +217,64 @@ class KvShadow:
         out = self.hash.pow[j] * (base[rows] + running - offset[rows])
         return out
 
+    def as_read(self, rec: ForwardReads) -> tuple[np.ndarray, np.ndarray]:
+        """`keys[i, p]`: the key of the KV the kernel attended over at position p (what the cell
+        held, or for a new position the key it computed); `meta[i, p]`: what the cell held,
+        writer op seq << _POS_BITS | position (-1: never written). While `rec` is held."""
+        cells = rec.cells
+        keys, meta = self.key[cells], self.meta[cells]
+        where = self._where
+        for mut in reversed(self.log[rec.epoch - self.trimmed :]):
+            if isinstance(mut, KvWrite):  # latest first: the earliest one's old value stays
+                where[mut.cells] = np.arange(len(mut.cells))
+                at = where[cells]
+                where[mut.cells] = -1
+                hit = at >= 0
+                if hit.any():
+                    keys[hit] = mut.old_key[at[hit]]
+                    meta[hit] = mut.old_meta[at[hit]]
+        rows, cols = rec.new
+        keys[rows, cols] = rec.new_keys
+        return keys, meta
+
+    def held(self, rec: ForwardReads, i: int, p: int) -> tuple[int, int]:
+        """Writer op seq and position of what the cell at (i, p) held (-1, -1: never written)."""
+        if p >= rec.starts[i]:
+            return rec.op, p
+        cell = int(rec.cells[i, p])
+        meta = int(self.meta[cell])
+        for mut in self.log[rec.epoch - self.trimmed :]:
+            if isinstance(mut, KvWrite):
+                at = np.flatnonzero(mut.cells == cell)
+                if len(at):
+                    meta = int(mut.old_meta[at[0]])
+                    break
+        return (-1, -1) if meta < 0 else (meta >> _POS_BITS, meta & ((1 << _POS_BITS) - 1))
+
+    def release(self, op: int, followed: int) -> None:
+        """A check is done with `op`'s record and has followed the log through epoch `followed`."""
+        self.reads.pop(op, None)
+        keep = min([followed, *(rec.epoch for rec in self.reads.values())])
+        if keep > self.trimmed:
+            del self.log[: keep - self.trimmed]
+            self.trimmed = keep
+
+    def _mutate(self, mut: Mutation) -> None:
+        self.log.append(mut)
+        self.epoch += 1
+
     def save(self, cells: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """What `cells` hold, for a KV copy to the host (keys, writers and positions)."""
         return self.key[cells].copy(), self.meta[cells].copy()
 
     def restore(self, cells: np.ndarray, saved: tuple[np.ndarray, np.ndarray]) -> None:
         """A KV copy back: `cells` hold what the saved cells held (the same KV, moved)."""
+        self._mutate(KvWrite(cells, self.key[cells], self.meta[cells], -1))
         self.key[cells], self.meta[cells] = saved
+
+    def table_write(self, rows: tuple[tuple[int, int, int], ...]) -> None:
+        """A copy wrote page-table entries (slot, start, stop)."""
+        self._mutate(TableWrite(rows))
 
     def write(
         self,
@@ -179,7 +285,8 @@ class KvShadow:
         rec = self.reads[op]
         rows, cols = rec.new
         written = rec.cells[rows, cols]
-        self.key[written] = rec.keys[rows, cols]
+        self._mutate(KvWrite(written, self.key[written], self.meta[written], op))
+        self.key[written] = rec.new_keys
         self.meta[written] = (op << _POS_BITS) | cols
         rec.samples = tuple(samples)
         rec.emitted = emitted

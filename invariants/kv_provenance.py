@@ -10,6 +10,17 @@ forward that reads the wrong cell, not later through the tokens. Sharing a prefi
 request computed is right: the cell's key is the hash of the same tokens. Only real request
 instances are judged (a padding sequence with no request behind it, such as a dummy row, is not).
 
+Judging is incremental and exact. A request's trust is the prefix of its context that a forward
+read right from the cells of its slot's page-table row, as of the shadow's epoch that the check
+has followed the mutation log to. A forward can change those cells' contents only by a logged
+write of one of them (every cell in a trust is flagged; such a write drops every trust), and which
+cells a row names only by a logged page-table write into that row (the trust is cut back to where
+the write starts). The new positions a forward computed join the trust once its own write is
+followed, if no other write of the same forward hit the same cells. A forward whose sequences'
+cached reads all lie within trusts compares only its new positions' input ids with the requests'
+tokens (the same first wrong position, given a right prefix); any other forward compares every
+position of the read that `KvShadow.as_read` rebuilds.
+
 The simulator keeps the shadow; a device without one (the real engine) skips the check with a
 notice. The footprints say which cells the host meant; the shadow says what the kernel really read.
 """
@@ -17,37 +28,59 @@ notice. The footprints say which cells the host meant; the shadow says what the 
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 
 import numpy as np
 
-from overlapcheck.backends.kv_shadow import ForwardReads, KvShadow, PrefixHash
+from overlapcheck.backends.kv_shadow import ForwardReads, KvShadow, KvWrite, PrefixHash
 from overlapcheck.core.messages import InMsg, UserMsg
 from overlapcheck.core.trace import Op
 from overlapcheck.invariants.base import Invariant
 from overlapcheck.invariants.context import Request, RunContext
 from overlapcheck.invariants.forwards import Attributed, ForwardFeed
 
+# A write of more cells than this is followed with numpy, and adds nothing to trusts.
+_SMALL_WRITE = 64
+
+
+@dataclass(slots=True)
+class _Trust:
+    """Cells `slot`'s page-table row names at positions below `length` hold the request's keys
+    there, as far as the check has followed the shadow's log; void once `generation` is old."""
+
+    slot: int
+    length: int
+    generation: int
+
 
 class _Context:
     """A request's own context as far as it is known: tokens and the key through each position."""
 
     def __init__(self, req: Request, hashing: PrefixHash) -> None:
-        width = hashing.width
-        prompt = np.asarray(req.msg.input_ids[:width], dtype=np.int64)
+        self.hashing = hashing
+        self.limit = hashing.width + 1
         self.prompt_len = len(req.msg.input_ids)
-        self.tokens = np.full(width + 1, -1, dtype=np.int64)
-        self.keys = np.zeros(width + 1, dtype=np.uint64)
-        self.tokens[: len(prompt)] = prompt
-        self.keys[: len(prompt)] = hashing.keys(prompt)
-        self.known = len(prompt)
+        self.tokens = [int(t) for t in req.msg.input_ids[: hashing.width]]
+        self.known = len(self.tokens)
+        self.keys = np.zeros(self.limit, dtype=np.uint64)
+        self.hashed = 0  # keys[:hashed] are computed, the rest on demand
+        self.trust: _Trust | None = None
+
+    def keys_through(self, end: int) -> np.ndarray:
+        """The keys of positions below `end` (at most `known`)."""
+        if end > self.hashed:
+            prev = int(self.keys[self.hashed - 1]) if self.hashed else 0
+            self.keys[self.hashed : end] = self.hashing.keys_after(
+                prev, self.tokens[self.hashed : end]
+            )
+            self.hashed = end
+        return self.keys[:end]
 
     def sampled(self, position: int, token: int) -> None:
         """A forward of the request sampled `token` for `position` (kept if it is the next one)."""
-        if position != self.known or position >= len(self.tokens) or position < self.prompt_len:
+        if position != self.known or position >= self.limit or position < self.prompt_len:
             return
-        prev = int(self.keys[position - 1]) if position else 0
-        self.tokens[position] = token
-        self.keys[position] = PrefixHash.extend(prev, token)
+        self.tokens.append(token)
         self.known += 1
 
 
@@ -61,6 +94,14 @@ class KvProvenance(Invariant):
         self.pending: deque[Attributed] = deque()
         self.contexts: dict[int, _Context] = {}  # request index -> its context
         self.shadow: KvShadow | None = None
+        self.followed = 0  # the shadow's log is followed through this epoch
+        self.generation = 0  # of the trusts: a write of a flagged cell starts a new one
+        self.flags = bytearray()  # per cell: in a trust (or was, since the last new generation)
+        self.flagged = np.zeros(0, dtype=np.uint8)  # the same bytes, for numpy
+        self.by_slot: dict[int, list[_Trust]] = {}
+        # Per forward not yet followed past its write: (trust, start, end, first, stop) of each
+        # sequence whose new positions start..end, cells written[first:stop], join its trust.
+        self.joining: dict[int, list[tuple[_Trust, int, int, int, int]]] = {}
 
     def bind(self, run: RunContext) -> None:
         super().bind(run)
@@ -71,6 +112,8 @@ class KvProvenance(Invariant):
             )
             return
         self.shadow = run.kv_shadow
+        self.flags = bytearray(len(run.kv_shadow.key))
+        self.flagged = np.frombuffer(self.flags, dtype=np.uint8)
 
     def on_receive(self, msg: InMsg, req: Request | None) -> None:
         if self.shadow is None:
@@ -112,8 +155,10 @@ class KvProvenance(Invariant):
             if rec is None or rec.samples is None:
                 return  # not run yet: forwards are judged in issue order
             self.pending.popleft()
-            del reads[op.seq]
-            self._judge(op, reqs, rec)
+            try:
+                self._judge(op, reqs, rec)
+            finally:
+                self.shadow.release(op.seq, self.followed)
 
     def _context(self, req: Request) -> _Context:
         ctx = self.contexts.get(req.index)
@@ -123,31 +168,32 @@ class KvProvenance(Invariant):
         return ctx
 
     def _judge(self, op: Op, reqs: tuple[Request | None, ...], rec: ForwardReads) -> None:
-        n, m = rec.keys.shape
+        n = len(rec.starts)
         if len(reqs) != n:
             return  # the device read another batch shape than issued: no-race reports that
         # A verify forward's drafts and padding are not the request's tokens (yet): only its
         # committed positions are judged.
         judged = rec.ends if rec.judged is None else rec.judged
         ends = judged.tolist()
-        expected = rec.keys.copy()  # rows of sequences with no request are not judged
         contexts: list[_Context | None] = []
         for i, req in enumerate(reqs):
             ctx = None if req is None else self._context(req)
             contexts.append(ctx)
-            if ctx is not None:
-                e = ends[i]
-                if e > ctx.known:
-                    self._report(op, rec, req, ctx, i, ctx.known)  # type: ignore[arg-type]
-                expected[i, :e] = ctx.keys[:e]
-        bad = expected != rec.keys
-        if bad.any():
-            bad &= np.arange(m) < judged[:, None]
-            if bad.any():
-                i, p = (int(x) for x in np.argwhere(bad)[0])
-                ctx = contexts[i]
-                assert ctx is not None
-                self._report(op, rec, reqs[i], ctx, i, p)  # type: ignore[arg-type]
+            if ctx is not None and ends[i] > ctx.known:
+                self._report(op, rec, req, ctx, i, ctx.known)  # type: ignore[arg-type]
+        # Only a read after everything followed so far can be judged against the trusts (a
+        # forward read out of issue order is judged in full).
+        current = rec.epoch >= self.followed
+        if current:
+            self._follow(rec.epoch)
+        starts, slots = rec.starts.tolist(), rec.slots.tolist()
+        trusted = current and self._within_trusts(contexts, starts, ends, slots)
+        if trusted:
+            self._judge_new(op, rec, reqs, contexts, starts, ends)
+        else:
+            self._judge_all(op, rec, reqs, contexts, judged, ends)
+        if current:
+            self._trust(rec, contexts, starts, ends, slots, trusted)
         assert rec.samples is not None
         if rec.emitted is not None:
             for ctx, end, tokens in zip(contexts, ends, rec.emitted, strict=True):
@@ -158,11 +204,161 @@ class KvProvenance(Invariant):
             if ctx is not None:
                 ctx.sampled(end, token)
 
+    def _within_trusts(
+        self, contexts: list[_Context | None], starts: list[int], ends: list[int], slots: list[int]
+    ) -> bool:
+        """Every sequence's judged cached positions lie within its request's trust."""
+        generation = self.generation
+        for ctx, start, end, slot in zip(contexts, starts, ends, slots, strict=True):
+            if ctx is None:
+                continue
+            trust = ctx.trust
+            if (
+                trust is None
+                or trust.generation != generation
+                or trust.slot != slot
+                or trust.length < min(start, end)
+            ):
+                return False
+        return True
+
+    def _judge_new(
+        self,
+        op: Op,
+        rec: ForwardReads,
+        reqs: tuple[Request | None, ...],
+        contexts: list[_Context | None],
+        starts: list[int],
+        ends: list[int],
+    ) -> None:
+        """Cached positions are right (trusted): the first wrong key is at the first new
+        position whose input id is not the request's token there."""
+        ids = rec.ids.tolist() if rec.one_each else None
+        for i, ctx in enumerate(contexts):
+            if ctx is None or starts[i] >= ends[i]:
+                continue
+            start, end = starts[i], ends[i]
+            if ids is not None and end == start + 1:
+                if ids[i] != ctx.tokens[start]:
+                    self._report(op, rec, reqs[i], ctx, i, start)  # type: ignore[arg-type]
+                continue
+            wrong = np.flatnonzero(rec.fresh[i, start:end] != np.array(ctx.tokens[start:end]))
+            if len(wrong):
+                self._report(op, rec, reqs[i], ctx, i, start + int(wrong[0]))  # type: ignore[arg-type]
+
+    def _judge_all(
+        self,
+        op: Op,
+        rec: ForwardReads,
+        reqs: tuple[Request | None, ...],
+        contexts: list[_Context | None],
+        judged: np.ndarray,
+        ends: list[int],
+    ) -> None:
+        assert self.shadow is not None
+        keys, _ = self.shadow.as_read(rec)
+        m = keys.shape[1]
+        expected = keys.copy()  # rows of sequences with no request are not judged
+        for i, ctx in enumerate(contexts):
+            if ctx is not None:
+                e = ends[i]
+                expected[i, :e] = ctx.keys_through(e)
+        bad = expected != keys
+        if bad.any():
+            bad &= np.arange(m) < judged[:, None]
+            if bad.any():
+                i, p = (int(x) for x in np.argwhere(bad)[0])
+                ctx = contexts[i]
+                assert ctx is not None
+                self._report(op, rec, reqs[i], ctx, i, p)  # type: ignore[arg-type]
+
+    def _trust(
+        self,
+        rec: ForwardReads,
+        contexts: list[_Context | None],
+        starts: list[int],
+        ends: list[int],
+        slots: list[int],
+        trusted: bool,
+    ) -> None:
+        """A judged read (no violation) as of `followed`: each request trusts its cached
+        positions, and its new positions once this forward's write is followed."""
+        joining: list[tuple[_Trust, int, int, int, int]] = []
+        first, counts = None, []
+        if not rec.one_each:
+            counts = rec.counts.tolist()
+            first = (np.cumsum(rec.counts) - rec.counts).tolist()
+        for i, ctx in enumerate(contexts):
+            if ctx is None:
+                continue
+            start, end = starts[i], ends[i]
+            length = min(start, end)
+            trust = ctx.trust
+            if trusted:
+                assert trust is not None
+                trust.length = length
+            else:
+                if trust is not None and trust.generation == self.generation:
+                    self.by_slot[trust.slot].remove(trust)
+                trust = ctx.trust = _Trust(slots[i], length, self.generation)
+                self.flagged[rec.cells[i, :length]] = 1
+                self.by_slot.setdefault(slots[i], []).append(trust)
+            if start < end and (first is None or end - start <= counts[i]):
+                at = i if first is None else first[i]
+                joining.append((trust, start, end, at, at + end - start))
+        if joining:
+            self.joining[rec.op] = joining
+
+    def _follow(self, epoch: int) -> None:
+        """Follow the shadow's log through `epoch`: writes and page-table writes since."""
+        assert self.shadow is not None
+        log, trimmed = self.shadow.log, self.shadow.trimmed
+        for k in range(self.followed - trimmed, epoch - trimmed):
+            mut = log[k]
+            if isinstance(mut, KvWrite):
+                self._follow_write(mut)
+            else:
+                for slot, start, stop in mut.rows:
+                    if start < stop:
+                        for trust in self.by_slot.get(slot, ()):
+                            if trust.length > start:
+                                trust.length = start
+        self.followed = epoch
+
+    def _follow_write(self, mut: KvWrite) -> None:
+        joining = self.joining.pop(mut.op, None)
+        if len(mut.cells) > _SMALL_WRITE:
+            if np.count_nonzero(self.flagged[mut.cells]):
+                self._distrust()
+            return
+        cells = mut.cells.tolist()
+        flags = self.flags
+        for cell in cells:
+            if flags[cell]:
+                self._distrust()
+                return
+        if joining is None or len(set(cells)) != len(cells):
+            return  # where a cell was written twice, the later write holds it
+        generation = self.generation
+        for trust, start, end, first, stop in joining:
+            if trust.generation == generation and trust.length == start:
+                for cell in cells[first:stop]:
+                    flags[cell] = 1
+                trust.length = end
+
+    def _distrust(self) -> None:
+        """A write of a cell some trust may hold: trust nothing."""
+        self.generation += 1
+        self.flagged[:] = 0
+        self.by_slot.clear()
+        self.joining.clear()
+
     def _report(
         self, op: Op, rec: ForwardReads, req: Request, ctx: _Context, i: int, p: int
     ) -> None:
+        assert self.shadow is not None
         cell, token = int(rec.cells[i, p]), rec.token(i, p)
-        writer, held_pos = rec.held(i, p)
+        writer, held_pos = self.shadow.held(rec, i, p)
         where = f"{op.label} (step {op.step}) reads position {p} of request {req.uid}"
         if p >= ctx.known:
             why = "no forward of this request has sampled that position yet"

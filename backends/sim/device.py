@@ -259,7 +259,6 @@ class SimDevice(Device):
             DRAFT_POOL: self.draft_pool,
         }
         target = targets[buffer]
-        target = targets[buffer]
         access = self.recorder.rows(buffer, writes)
         op = self.recorder.op(
             stream.name, "h2d", self.now(), label=f"h2d {buffer}", accesses=[access]
@@ -267,11 +266,15 @@ class SimDevice(Device):
         duration, op.delay = self.timing.h2d(len(access.cells))
         captured = [(w.row, w.start, np.asarray(w.values, dtype=target.dtype)) for w in writes]
 
+        shadow = self.kv_shadow if buffer == PAGE_TABLE else None
+
         def body() -> Generator[simpy.Event, Any, None]:
             op.start = yield from self._acquire(self.h2d_engine, duration)
             yield self.env.timeout(duration)
             for row, start, values in captured:
                 target[row, start : start + len(values)] = values
+            if shadow is not None:
+                shadow.table_write(tuple((r, a, a + len(v)) for r, a, v in captured))
             op.end = self.now()
 
         self._enqueue(stream, body)
@@ -470,7 +473,7 @@ class SimDevice(Device):
         pool_rows = self.token_pool[slots, :used]
         cached = self.kv[tables]
         if self.kv_shadow is not None:
-            self.kv_shadow.read(op, tables, starts, ends, cached, pool_rows)
+            self.kv_shadow.read(op, slots, tables, starts, ends, cached, pool_rows)
         # What each sequence attends over: the cached prefix, then the new ids (both DTYPE, so
         # a row's bytes are the context's); the cells it writes are its new positions, row by row.
         columns = np.arange(used)

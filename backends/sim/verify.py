@@ -138,7 +138,8 @@ def read(
     if shadow is not None:
         starts = np.array([r.start for r in seqs], dtype=np.int64)
         ends = np.array([r.end for r in seqs], dtype=np.int64)
-        shadow.read(op, tables, starts, ends, cached, fresh)
+        slots = np.array([r.slot for r in seqs], dtype=np.int64)
+        shadow.read(op, slots, tables, starts, ends, cached, fresh)
         rec = shadow.reads[op]
         rec.judged = starts + np.array([r.shift + 1 for r in seqs], dtype=np.int64)
     plan = VerifyPlan(

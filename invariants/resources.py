@@ -9,6 +9,7 @@ and also from the books when the scheduler has them. `pages-conserved` needs the
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Hashable
 from itertools import chain
 
 import numpy as np
@@ -17,6 +18,7 @@ from overlapcheck.core.protocol import Books
 from overlapcheck.core.trace import HOST, PAGE_TABLE, TOKEN_POOL, Op
 from overlapcheck.invariants.base import Invariant
 from overlapcheck.invariants.page_arrays import PageArrays
+from overlapcheck.invariants.page_changes import PageChanges
 
 _ROW_BUFFERS = (TOKEN_POOL, PAGE_TABLE)  # the buffers a slot is a row of
 _min, _max = np.minimum.reduce, np.maximum.reduce
@@ -135,6 +137,11 @@ class PagesConserved(Invariant):
     def __init__(self) -> None:
         self._all: set[int] | None = None
         self._arrays = PageArrays()  # the books' lists as arrays, from one step to the next
+        # Since the last snapshot that listed every page exactly once (no sharing) and passed:
+        # its lists, and its locked pages (a subset of its cached ones).
+        self._changes = PageChanges()
+        self._based = False
+        self._locked: tuple[int, ...] = ()
 
     def on_step_end(self) -> None:
         books = self.run.books()  # the reference raises its own InvariantError here
@@ -145,18 +152,65 @@ class PagesConserved(Invariant):
         self.on_step_end()
 
     def _check(self, books: Books) -> None:
-        if self._fast_ok(books):
+        if self._based and self._moved_only(books):
+            return
+        once = self._once_each(books)
+        self._based = once is True
+        if once:
+            self._changes.start_over(self._lists(books))
+            self._locked = books.locked_pages
+            return
+        if once is None and self._shared_ok(books):
             return
         self._explain(books)
+
+    def _moved_only(self, books: Books) -> bool:
+        """Judged from the change since the last snapshot, which listed every page once: every
+        page a list lost, another list gained (so every page is still listed exactly once), and
+        the locked pages are still cached. False sends the snapshot to the full check."""
+        changes = self._changes
+        changes.add("free", books.free_pages)
+        cached_changed = changes.add("cached", books.cached_pages)
+        seen: set[int] = set()
+        for i, h in enumerate(books.live):
+            changes.add(h.uid if h.uid not in seen else (h.uid, i), h.pages)
+            seen.add(h.uid)
+        changes.done()
+        if not changes.moved_only():
+            return False
+        locked = books.locked_pages
+        if (
+            locked
+            and (cached_changed or locked != self._locked)
+            and not set(books.cached_pages).issuperset(locked)
+        ):
+            return False
+        self._locked = locked
+        return True
+
+    @staticmethod
+    def _lists(books: Books) -> dict[Hashable, tuple[int, ...]]:
+        """The books' page lists by key: free, cached, and each holding by uid (a second
+        holding of one uid, a broken scheduler's, is another list)."""
+        lists: dict[Hashable, tuple[int, ...]] = {
+            "free": books.free_pages,
+            "cached": books.cached_pages,
+        }
+        for i, h in enumerate(books.live):
+            lists[h.uid if h.uid not in lists else (h.uid, i)] = h.pages
+        return lists
 
     def _fast_ok(self, books: Books) -> bool:
         """The common case, in C-speed list and set operations: every page exactly once among
         free, cached and held (held pages may also be cached), locks only on cached pages."""
+        once = self._once_each(books)
+        return once if once is not None else self._shared_ok(books)
+
+    def _once_each(self, books: Books) -> bool | None:
+        """Quickest: no page shared at all. n pages listed, each of 0..n-1 once (one conversion
+        to numpy and three reductions: faster than building a set of them and comparing); then
+        True when the locked pages are cached, False when not. None: not every page once."""
         n = self.run.config.num_pages
-        if self._all is None or len(self._all) != n:
-            self._all = set(range(n))
-        # Quickest: no page shared at all. n pages listed, each of 0..n-1 once (one conversion
-        # to numpy and three reductions: faster than building a set of them and comparing).
         total = len(books.free_pages) + len(books.cached_pages)
         for h in books.live:
             total += len(h.pages)
@@ -167,7 +221,13 @@ class PagesConserved(Invariant):
                 return not books.locked_pages or set(books.cached_pages).issuperset(
                     books.locked_pages
                 )
-        # Pages shared through the prefix cache (held and cached at once) are right too.
+        return None
+
+    def _shared_ok(self, books: Books) -> bool:
+        """Pages shared through the prefix cache (held and cached at once) are right too."""
+        n = self.run.config.num_pages
+        if self._all is None or len(self._all) != n:
+            self._all = set(range(n))
         free = set(books.free_pages)
         cached = set(books.cached_pages)
         held: set[int] = set()

@@ -1,0 +1,78 @@
+"""What the books' page lists gained and lost since the last snapshot, list by list.
+
+A decode iteration moves a few pages between lists of a few thousand: judging the change costs
+that much instead of a pass over every page. Each list is matched to its last snapshot under
+the same key (compared as tuples, in C, mostly by identity of their ints) and recognised as
+unchanged, grown at its end, or cut at its head or tail; its lost and gained pages are then
+exactly the difference. Any other change counts as the whole old list lost and the whole new one
+gained, which is as exact, only slower.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+
+class PageChanges:
+    """Per list (any hashable key): its last snapshot; per snapshot: the pages lost and gained."""
+
+    def __init__(self) -> None:
+        self._last: dict[Hashable, tuple[int, ...]] = {}
+        self._next: dict[Hashable, tuple[int, ...]] = {}
+        self.lost: list[int] = []
+        self.gained: list[int] = []
+
+    def start_over(self, lists: dict[Hashable, tuple[int, ...]]) -> None:
+        """The next snapshot is compared with `lists` (by key), and with nothing else."""
+        self._last, self._next = lists, {}
+        self.lost, self.gained = [], []
+
+    def add(self, key: Hashable, pages: tuple[int, ...]) -> bool:
+        """One list of the snapshot: what it lost and gained since the last one under `key`.
+        False when it is the same list."""
+        self._next[key] = pages
+        before = self._last.get(key, ())
+        if before is pages:
+            return False
+        n, m = len(pages), len(before)
+        if n == m:
+            if pages == before:
+                return False
+        elif n > m:
+            if pages[:m] == before:
+                self.gained += pages[m:]
+                return True
+        elif pages == before[:n]:
+            self.lost += before[n:]
+            return True
+        elif n and pages == before[m - n :]:
+            self.lost += before[: m - n]
+            return True
+        self.lost += before
+        self.gained += pages
+        return True
+
+    def done(self) -> None:
+        """The snapshot is over: a list of the last one that is not in it lost all its pages."""
+        last, nxt = self._last, self._next
+        if len(last) > len(nxt) or any(key not in nxt for key in last):
+            for key, pages in last.items():
+                if key not in nxt:
+                    self.lost += pages
+        self._last, self._next = nxt, {}
+
+    def moved_only(self) -> bool:
+        """Every page lost by one list was gained by another, and nothing else changed (the
+        multisets of lost and gained pages are equal); then clears them for the next snapshot."""
+        lost, gained = self.lost, self.gained
+        self.lost, self.gained = [], []
+        if len(lost) != len(gained):
+            return False
+        if not lost:
+            return True
+        try:
+            lost.sort()
+            gained.sort()
+        except TypeError:  # not all numbers: the full check says what they are
+            return False
+        return lost == gained

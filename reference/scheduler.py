@@ -98,7 +98,7 @@ class Scheduler:
         Pages and slots are not counted here: `pages-conserved` and `slot-not-in-flight` judge
         them from these books, so counting them twice per iteration bought nothing.
         """
-        self.cache.prefix.check_integrity()
+        cached, locked = self.cache.prefix.books_pages()
         holdings = tuple(
             Holding(
                 r.uid,
@@ -112,9 +112,9 @@ class Scheduler:
         return Books(
             live=holdings,
             free_slots=tuple(self.table.free_slots()),
-            free_pages=tuple(self.cache.allocator.free_pages()),
-            cached_pages=tuple(self.cache.prefix.cached_pages()),
-            locked_pages=tuple(self.cache.prefix.locked_pages()),
+            free_pages=self.cache.allocator.free_snapshot(),
+            cached_pages=cached,
+            locked_pages=locked,
             pending=tuple(r.uid for r in (*self.prefill.pending, *self.preemption.swapped)),
         )
 

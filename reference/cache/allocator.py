@@ -18,6 +18,7 @@ class PageAllocator:
         self._free = list(range(num_pages - 1, -1, -1))
         self._is_free = [True] * num_pages
         self._num_flagged_free = num_pages
+        self._snapshot: tuple[int, ...] | None = None  # `free_snapshot()` until the list changes
 
     @property
     def num_free(self) -> int:
@@ -27,6 +28,7 @@ class PageAllocator:
         if not self._free:
             raise InvariantError("pages-conserved", "allocate with no free page")
         page = self._free.pop()
+        self._snapshot = None
         self._is_free[page] = False
         self._num_flagged_free -= 1
         return page
@@ -42,6 +44,7 @@ class PageAllocator:
                 freed.append(page)
         finally:  # the pages before a double free are free, as when freed one by one
             if freed:
+                self._snapshot = None
                 # Two sorted runs (or a few): a merge, not a full sort.
                 self._free += sorted(freed, reverse=True)
                 self._free.sort(reverse=True)
@@ -52,3 +55,10 @@ class PageAllocator:
 
     def free_pages(self) -> list[int]:
         return list(self._free)  # highest first: callers that need another order sort it
+
+    def free_snapshot(self) -> tuple[int, ...]:
+        """The free list as a tuple, highest first: the same tuple until the list changes (the
+        books ask at every iteration, and an unchanged list is then recognised by identity)."""
+        if self._snapshot is None:
+            self._snapshot = tuple(self._free)
+        return self._snapshot

@@ -69,3 +69,8 @@ class PrefixCache(ABC):
     @abstractmethod
     def check_integrity(self) -> None:
         """Raise `InvariantError` naming the broken invariant of the cache's own structure."""
+
+    def books_pages(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """`check_integrity`, then the cached and the locked pages as the books list them."""
+        self.check_integrity()
+        return tuple(self.cached_pages()), tuple(self.locked_pages())

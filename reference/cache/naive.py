@@ -42,3 +42,6 @@ class NaiveCache(PrefixCache):
 
     def check_integrity(self) -> None:
         return None
+
+    def books_pages(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        return (), ()

@@ -31,6 +31,8 @@ class RadixCache(PrefixCache):
         self._clock = 0
         self._cached = 0
         self._evictable = 0
+        # `books_pages()` as last checked: dropped by every change of the tree's pages or locks.
+        self._books_pages: tuple[tuple[int, ...], tuple[int, ...]] | None = None
 
     # -- lookups ----------------------------------------------------------------------------------
 
@@ -108,6 +110,7 @@ class RadixCache(PrefixCache):
 
     def _split(self, node: RadixNode, at: int) -> RadixNode:
         """Cut the edge into `node` after `at` tokens; returns the new upper node."""
+        self._books_pages = None
         parent = node.parent
         assert parent is not None
         upper = RadixNode(
@@ -133,6 +136,7 @@ class RadixCache(PrefixCache):
 
     def lock(self, handle: CacheHandle | None) -> None:
         node = self._node(handle)
+        self._books_pages = None
         while node is not None and node is not self.root:
             if node.lock_ref == 0:
                 self._evictable -= len(node.pages)
@@ -141,6 +145,7 @@ class RadixCache(PrefixCache):
 
     def unlock(self, handle: CacheHandle | None) -> None:
         node = self._node(handle)
+        self._books_pages = None
         while node is not None and node is not self.root:
             if node.lock_ref <= 0:
                 raise InvariantError("pages-conserved", "unlock of an unlocked node")
@@ -160,6 +165,7 @@ class RadixCache(PrefixCache):
     def insert(self, tokens: Sequence[int], cells: Sequence[int]) -> int:
         ps = self.page_size
         usable = len(tokens) // ps * ps
+        self._books_pages = None
         node, pos = self._walk(tokens[:usable])
         if pos < usable:
             leaf = RadixNode(
@@ -175,6 +181,7 @@ class RadixCache(PrefixCache):
         return pos
 
     def evict(self, num_pages: int) -> list[int]:
+        self._books_pages = None
         heap = [(n.last_access, n.node_id, n) for n in self._nodes() if self._evictable_leaf(n)]
         heapq.heapify(heap)
         freed: list[int] = []
@@ -216,6 +223,14 @@ class RadixCache(PrefixCache):
 
     def locked_pages(self) -> list[int]:
         return [p for n in self._nodes() if n.lock_ref > 0 for p in n.pages]
+
+    def books_pages(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Checked and listed again only after the tree changed (the books ask every iteration;
+        the same tuples then also compare by identity)."""
+        if self._books_pages is None:
+            self.check_integrity()
+            self._books_pages = tuple(self.cached_pages()), tuple(self.locked_pages())
+        return self._books_pages
 
     def check_integrity(self) -> None:
         seen: set[int] = set()

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from overlapcheck.core.errors import InvariantError
 from overlapcheck.reference.cache.allocator import PageAllocator
+from overlapcheck.reference.cache.base import CacheHandle
 from overlapcheck.reference.cache.radix import RadixCache
 
 
@@ -79,3 +82,54 @@ def test_unlock_of_an_unlocked_node_is_an_error() -> None:
     tree.insert((1,), [0])
     with pytest.raises(InvariantError, match="unlock"):
         tree.unlock(tree.match((1,)).handle)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.data())
+def test_the_books_snapshots_are_what_the_allocator_and_the_tree_hold_after_any_change(
+    data: st.DataObject,
+) -> None:
+    """`free_snapshot` and `books_pages` are kept between calls: after every kind of change
+    (allocate, free, insert, a match that splits, lock, unlock, evict) they are taken again."""
+    page_size = data.draw(st.sampled_from((1, 2)))
+    alloc, tree = PageAllocator(24), RadixCache(page_size)
+    handles: list[CacheHandle | None] = []
+    tokens = st.lists(st.integers(0, 2), min_size=1, max_size=8)
+    for _ in range(data.draw(st.integers(1, 25))):
+        op = data.draw(st.sampled_from(("insert", "match", "unlock", "evict", "alloc", "free")))
+        if op == "insert":
+            seq = tuple(data.draw(tokens))
+            usable = len(seq) // page_size * page_size
+            pages = [alloc.allocate() for _ in range(min(usable // page_size, alloc.num_free))]
+            usable = len(pages) * page_size
+            already = tree.insert(seq[:usable], cells(pages, page_size))
+            alloc.free(pages[: already // page_size])  # duplicates of what was cached
+        elif op == "match":
+            handle = tree.match(tuple(data.draw(tokens))).handle
+            tree.lock(handle)
+            handles.append(handle)
+        elif op == "unlock" and handles:
+            tree.unlock(handles.pop(data.draw(st.integers(0, len(handles) - 1))))
+        elif op == "evict":
+            alloc.free(tree.evict(data.draw(st.integers(1, 4))))
+        elif op == "alloc" and alloc.num_free:
+            alloc.allocate()
+        elif op == "free":
+            taken = sorted(set(range(24)) - set(alloc.free_pages()) - set(tree.cached_pages()))
+            alloc.free(taken[: data.draw(st.integers(0, 2))])
+        assert alloc.free_snapshot() == tuple(alloc.free_pages())
+        assert tree.books_pages() == (tuple(tree.cached_pages()), tuple(tree.locked_pages()))
+
+
+def test_the_tree_is_checked_again_after_a_split() -> None:
+    """A match that splits an edge changes the tree's structure (not its page lists): the
+    books' next `books_pages` checks its integrity again."""
+    tree = RadixCache(page_size=1)
+    tree.insert((1, 2, 3), [4, 5, 6])
+    tree.books_pages()
+    tree.match((1, 2, 9))  # splits the edge after (1, 2)
+    upper = next(iter(tree.root.children.values()))
+    assert upper.key == (1, 2)
+    upper.lock_ref = -1
+    with pytest.raises(InvariantError, match="lock count < 0"):
+        tree.books_pages()

@@ -1,0 +1,485 @@
+"""`pages-conserved` judged from the change between snapshots gives the full check's verdicts.
+
+The check keeps the last snapshot that listed every page exactly once and judges the next from
+what each list lost and gained (`invariants/page_changes.py`); anything else goes to the full
+check. Each test here holds one check across many snapshots and compares it, step by step, with
+a fresh check (which has nothing to compare with and so always judges in full): the same pass,
+or the same message at the same step. The books go wrong only after many right ones, so that
+the incremental path is the one that meets the fault.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from itertools import pairwise
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from overlapcheck.backends.sim.backend import SimBackend
+from overlapcheck.bench.sim_speed import decode_workload
+from overlapcheck.core.config import SchedulerConfig
+from overlapcheck.core.device import Device
+from overlapcheck.core.protocol import Books, Holding, MessageSink, MessageSource
+from overlapcheck.harness.runner import RunResult, run_scenario
+from overlapcheck.invariants.base import InvariantViolated
+from overlapcheck.invariants.resources import PagesConserved
+from overlapcheck.reference.scheduler import Scheduler
+from overlapcheck.scenarios.named import named_scenario
+
+
+def pages_conserved(num_pages: int) -> PagesConserved:
+    check = PagesConserved()
+    check.run = SimpleNamespace(  # type: ignore[assignment]
+        config=SimpleNamespace(num_pages=num_pages), step=0, now=lambda: 0.0
+    )
+    return check
+
+
+def verdict(check: PagesConserved, books: Books) -> str | None:
+    try:
+        check._check(books)
+    except InvariantViolated as e:
+        return e.violation.message
+    return None
+
+
+def fresh(books: Books) -> Books:
+    """The same books as a user's scheduler builds them: new tuples of new lists every time."""
+    return Books(
+        tuple(Holding(h.uid, h.slot, tuple(list(h.pages)), h.finished) for h in books.live),
+        tuple(books.free_slots),
+        tuple(list(books.free_pages)),
+        tuple(list(books.cached_pages)),
+        tuple(list(books.locked_pages)),
+        books.pending,
+    )
+
+
+def judged_alike(n: int, steps: list[Books]) -> list[str | None]:
+    """Each step's verdict by one check carried across the steps, asserted equal to a fresh
+    check's, up to the first violation (where a run stops)."""
+    check = pages_conserved(n)
+    verdicts = []
+    for books in steps:
+        got = verdict(check, books)
+        assert got == verdict(pages_conserved(n), books)
+        verdicts.append(got)
+        if got is not None:
+            break
+    return verdicts
+
+
+# -- generated books: legal moves between the lists, then maybe one fault -----------------------
+
+MOVES = ("allocate", "release", "cache", "evict", "reorder", "lock", "unlock", "share", "unshare")
+FAULTS = ("free-and-held", "lost", "twice-in-one-list", "negative", "past-the-end", "stranger",
+          "locked-not-cached", "swap", "holding-dropped")  # fmt: skip
+
+
+@st.composite
+def long_books(draw: st.DrawFn) -> tuple[int, list[Books]]:
+    """A pool's books over many steps. Pages go from the free list's tail to a holding's end,
+    from a released holding to the free list (merged in order) or to the cache, from the cache
+    back to the free list; locks come and go on cached pages; a cached page is shared by a
+    holding for a while (legal, and not every page once). After the legal steps, maybe a fault:
+    one list's page replaced, dropped, repeated, or a lock on a page not cached."""
+    n = draw(st.integers(1, 40))
+    free = list(range(n - 1, -1, -1))
+    cached: list[int] = []
+    locked: list[int] = []
+    held: dict[int, list[int]] = {}
+    shared: list[tuple[int, int]] = []  # (uid, page): cached pages a holding also lists
+    next_uid = 0
+    steps = []
+
+    def snapshot() -> Books:
+        return Books(
+            tuple(Holding(uid, None, tuple(pages)) for uid, pages in held.items()),
+            (),
+            tuple(free),
+            tuple(cached),
+            tuple(locked),
+        )
+
+    steps.append(snapshot())
+    for _ in range(draw(st.integers(1, 30))):
+        move = draw(st.sampled_from(MOVES))
+        if move == "allocate" and free:
+            k = draw(st.integers(1, len(free)))
+            uid = draw(st.sampled_from([*held, next_uid]))
+            next_uid += uid == next_uid
+            held.setdefault(uid, []).extend(free[len(free) - k :])
+            del free[len(free) - k :]
+        elif move in ("release", "cache") and held:
+            uid = draw(st.sampled_from(sorted(held)))
+            pages = [p for p in held.pop(uid) if (uid, p) not in shared]
+            shared = [(u, p) for u, p in shared if u != uid]
+            if move == "release":
+                free = sorted(free + pages, reverse=True)
+            else:
+                cached += pages
+        elif move == "evict" and cached:
+            page = draw(st.sampled_from(cached))
+            if page not in locked and all(p != page for _, p in shared):
+                cached.remove(page)
+                free = sorted([*free, page], reverse=True)
+        elif move == "reorder":
+            free = list(draw(st.permutations(free)))
+        elif move == "lock" and cached:
+            locked.append(draw(st.sampled_from(cached)))
+        elif move == "unlock" and locked:
+            locked.pop(draw(st.integers(0, len(locked) - 1)))
+        elif move == "share" and cached and held:
+            uid, page = draw(st.sampled_from(sorted(held))), draw(st.sampled_from(cached))
+            held[uid].append(page)
+            shared.append((uid, page))
+        elif move == "unshare" and shared:
+            uid, page = shared.pop(draw(st.integers(0, len(shared) - 1)))
+            held[uid].remove(page)
+        steps.append(snapshot())
+    if draw(st.booleans()):  # a fault in a snapshot of its own, or with the last move's change
+        wrong = broken(draw, n, steps[-1])
+        if len(steps) > 1 and draw(st.booleans()):
+            steps[-1] = wrong
+        else:
+            steps.append(wrong)
+    return n, steps
+
+
+def broken(draw: st.DrawFn, n: int, books: Books) -> Books:
+    lists = [list(books.free_pages), list(books.cached_pages), *(list(h.pages) for h in books.live)]
+    holdings = list(books.live)
+    locked = list(books.locked_pages)
+    fault = draw(st.sampled_from(FAULTS))
+    nonempty = [i for i, pages in enumerate(lists) if pages]
+    if fault == "holding-dropped" and holdings:  # and its pages with it: lost
+        k = draw(st.integers(0, len(holdings) - 1))
+        del lists[2 + k], holdings[k]
+    elif fault == "locked-not-cached" or not nonempty:
+        locked.append(draw(st.integers(0, n - 1)))
+    else:
+        i = draw(st.sampled_from(nonempty))
+        j = draw(st.integers(0, len(lists[i]) - 1))
+        page = lists[i][j]
+        if fault == "free-and-held":
+            lists[0].append(page)
+        elif fault == "lost":
+            lists[i].pop(j)
+        elif fault == "twice-in-one-list":
+            lists[i].insert(draw(st.integers(0, len(lists[i]))), page)
+        elif fault == "swap":  # two pages trade places: still every page once (legal)
+            k = draw(st.sampled_from(nonempty))
+            m = draw(st.integers(0, len(lists[k]) - 1))
+            lists[i][j], lists[k][m] = lists[k][m], lists[i][j]
+        else:
+            wrong = {"negative": -1, "past-the-end": n, "stranger": 10 * n + 7}.get(fault, n)
+            lists[i][j] = wrong
+    live = tuple(
+        Holding(h.uid, h.slot, tuple(pages)) for h, pages in zip(holdings, lists[2:], strict=True)
+    )
+    return Books(live, (), tuple(lists[0]), tuple(lists[1]), tuple(locked))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(long_books())
+def test_judged_from_the_change_as_in_full_at_every_step(case: tuple[int, list[Books]]) -> None:
+    n, steps = case
+    judged_alike(n, steps)
+
+
+def test_the_generated_books_do_reach_the_incremental_path_and_its_faults() -> None:
+    """The generator is worth something only if the carried check judges by the change."""
+    incremental = faults = 0
+
+    @settings(max_examples=60, deadline=None, database=None)
+    @given(long_books())
+    def count(case: tuple[int, list[Books]]) -> None:
+        nonlocal incremental, faults
+        n, steps = case
+        check = pages_conserved(n)
+        for books in steps:
+            based = check._based
+            message = verdict(check, books)
+            incremental += based and message is None and check._based
+            faults += based and message is not None
+            if message is not None:
+                break
+
+    count()
+    assert incremental > 100 and faults > 5
+
+
+# -- each fault, met on the incremental path ---------------------------------------------------
+
+N = 20
+
+
+def growing(steps: int) -> list[Books]:
+    """Two requests growing by a page each from the free list's tail, page 19 cached and locked:
+    every page once at every step."""
+    free = list(range(N - 2, -1, -1))
+    held: list[list[int]] = [[], []]
+    out = []
+    for _ in range(steps):
+        for pages in held:
+            pages.append(free.pop())
+        out.append(Books(holdings(held), (), tuple(free), (N - 1,), (N - 1,)))
+    return out
+
+
+def holdings(held: list[list[int]]) -> tuple[Holding, ...]:
+    return tuple(Holding(uid, uid, tuple(pages)) for uid, pages in enumerate(held))
+
+
+def _next(last: Books) -> tuple[list[int], list[list[int]]]:
+    """The next legal step's lists (each request takes a page from the free list's tail)."""
+    free = list(last.free_pages)
+    held = [list(h.pages) for h in last.live]
+    for pages in held:
+        pages.append(free.pop())
+    return free, held
+
+
+def wrong_next(fault: str, last: Books) -> Books:
+    free, held = _next(last)
+    cached, locked = last.cached_pages, last.locked_pages
+    if fault == "free-and-held":
+        free.append(held[0][-1])
+    elif fault == "lost-at-the-tail":
+        free.pop()
+    elif fault == "replaced-in-the-free-middle":
+        free[len(free) // 2] = held[1][0]
+    elif fault == "replaced-in-a-growing-holding":
+        held[0][len(held[0]) // 2] = held[1][0]
+    elif fault == "replaced-after-a-head-cut":
+        free, held = list(last.free_pages), [list(h.pages) for h in last.live]
+        held[0].append(free.pop(0))
+        free[len(free) // 2] = held[1][0]
+    elif fault == "reordered-and-lost":
+        free = sorted(free)[1:]
+    elif fault == "holding-dropped":
+        free, held = list(last.free_pages), [list(last.live[0].pages)]
+    elif fault == "twice-in-its-own-list":
+        held[0][-1] = held[0][0]
+    elif fault == "negative":
+        held[1][-1] = -1
+    elif fault == "past-the-end":
+        held[1][-1] = N
+    elif fault == "locked-not-cached":
+        locked = (*locked, held[0][0])
+    elif fault == "locked-leaves-the-cache":
+        free, cached = [*free, N - 1], ()
+    elif fault == "shared-then-freed":  # the shared page below leaves the cache, still held
+        free, held = list(last.free_pages), [list(h.pages) for h in last.live]
+        free, cached, locked = [*free, N - 1], (), ()
+    return Books(holdings(held), (), tuple(free), cached, locked)
+
+
+UNIT_FAULTS = (
+    "free-and-held", "lost-at-the-tail", "replaced-in-the-free-middle",
+    "replaced-in-a-growing-holding", "replaced-after-a-head-cut", "reordered-and-lost",
+    "holding-dropped", "twice-in-its-own-list", "negative", "past-the-end",
+    "locked-not-cached", "locked-leaves-the-cache", "shared-then-freed",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("fault", UNIT_FAULTS)
+def test_each_fault_met_on_the_incremental_path_is_named_as_in_full(fault: str) -> None:
+    steps = growing(6)
+    if fault == "shared-then-freed":  # legal: the cached page 19 is also held by request 0
+        free, held = _next(steps[-1])
+        held[0].append(N - 1)
+        steps.append(Books(holdings(held), (), tuple(free), (N - 1,), (N - 1,)))
+    check = pages_conserved(N)
+    for books in steps:
+        assert verdict(check, fresh(books)) is None
+    assert check._based == (fault != "shared-then-freed")
+    wrong = fresh(wrong_next(fault, steps[-1]))
+    message = verdict(check, wrong)
+    assert message is not None and message == verdict(pages_conserved(N), wrong)
+
+
+def test_legal_changes_met_on_the_incremental_path_pass_there() -> None:
+    """A head cut, a reordered free list, a request gone with its pages freed, a lock taken
+    and given back: all judged from the change, none sent to the full check."""
+    steps = growing(6)
+    check = pages_conserved(N)
+    for books in steps:
+        check._check(fresh(books))
+    free, held = _next(steps[-1])
+    held[0].append(free.pop(0))
+    legal = [
+        Books(holdings(held), (), tuple(free), (N - 1,), (N - 1,)),
+        Books(holdings(held), (), tuple(sorted(free)), (N - 1,), ()),
+        Books(holdings(held[:1]), (), tuple(sorted(free + held[1])), (N - 1,), (N - 1,)),
+    ]
+    judged = 0
+    for books in legal:
+        judged += check._based and check._moved_only(fresh(books))
+    assert judged == len(legal)
+
+
+# -- a scheduler whose books go wrong after many right iterations -------------------------------
+
+Fault = Callable[[Books], Books]
+
+
+def _free_and_held(b: Books) -> Books:
+    return Books(b.live, b.free_slots, (*b.free_pages, b.live[0].pages[0]), b.cached_pages)
+
+
+def _lost(b: Books) -> Books:
+    return Books(b.live, b.free_slots, b.free_pages[:-1], b.cached_pages)
+
+
+def _twice_in_one_list(b: Books) -> Books:
+    h = b.live[0]
+    live = (h._replace(pages=(*h.pages[:-1], h.pages[0])), *b.live[1:])
+    return Books(live, b.free_slots, (*b.free_pages, h.pages[-1]), b.cached_pages)
+
+
+def _negative(b: Books) -> Books:
+    return Books(b.live, b.free_slots, (*b.free_pages[:-1], -1), b.cached_pages)
+
+
+def _past_the_end(b: Books, n: int = decode_workload().config.num_pages) -> Books:
+    h = b.live[-1]
+    live = (*b.live[:-1], h._replace(pages=(*h.pages[:-1], n)))
+    return Books(live, b.free_slots, (*b.free_pages, h.pages[-1]), b.cached_pages)
+
+
+def _replaced_as_it_grows(b: Books) -> Books:
+    """A holding that grows as every iteration also has a page in its middle replaced by
+    another holding's."""
+    h, other, *rest = b.live
+    pages = list(h.pages)
+    pages[len(pages) // 2] = other.pages[0]
+    return Books((h._replace(pages=tuple(pages)), other, *rest), b.free_slots, b.free_pages)
+
+
+def _holding_dropped(b: Books) -> Books:
+    return Books(b.live[1:], b.free_slots, b.free_pages, b.cached_pages)
+
+
+def _locked_not_cached(b: Books) -> Books:
+    return Books(b.live, b.free_slots, b.free_pages, b.cached_pages, (b.free_pages[0],))
+
+
+def _shared_through_the_cache(b: Books) -> Books:
+    """Legal: a free page moved to the cache, locked, and listed by two holdings."""
+    if len(b.live) < 2 or not b.free_pages:
+        return b
+    page = b.free_pages[-1]
+    first, second, *rest = b.live
+    live = (
+        first._replace(pages=(*first.pages, page)),
+        second._replace(pages=(*second.pages, page)),
+        *rest,
+    )
+    return Books(live, b.free_slots, b.free_pages[:-1], (*b.cached_pages, page), (page,))
+
+
+AFTER = 100
+ID = PagesConserved.id
+
+
+def run_late(fault: Fault, until: int | None = None) -> RunResult:
+    """The reference scheduler, its books rebuilt as fresh tuples (as a user's are), and wrong
+    by `fault` from iteration `AFTER` on (until iteration `until`, if given)."""
+
+    class LateWrongBooks(Scheduler):
+        def books(self) -> Books:
+            books = fresh(super().books())
+            if self.step_no < AFTER or (until is not None and self.step_no >= until):
+                return books
+            return fresh(fault(books))
+
+    def make(
+        config: SchedulerConfig, device: Device, source: MessageSource, sink: MessageSink
+    ) -> Scheduler:
+        return LateWrongBooks(config, device, source, sink)
+
+    scenario = decode_workload(batch=4, max_tokens=160)
+    return run_scenario(scenario, SimBackend(), [ID], scheduler=make)
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        _free_and_held,
+        _lost,
+        _twice_in_one_list,
+        _negative,
+        _past_the_end,
+        _replaced_as_it_grows,
+        _holding_dropped,
+        _locked_not_cached,
+    ],
+)
+def test_a_fault_after_many_right_iterations_is_named_as_in_full_at_its_step(
+    fault: Fault, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    judged = count_judged_by_change(monkeypatch)
+    [violation] = run_late(fault).violations
+    assert judged[0] >= AFTER - 2  # the right iterations were judged from the change
+    monkeypatch.setattr(PagesConserved, "_moved_only", lambda self, books: False)
+    [in_full] = run_late(fault).violations
+    assert violation.invariant == in_full.invariant == ID
+    assert (violation.step, violation.message) == (in_full.step, in_full.message)
+    assert AFTER - 1 <= violation.step <= AFTER
+
+
+def test_legal_sharing_after_many_right_iterations_passes_and_judging_by_change_resumes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    judged = count_judged_by_change(monkeypatch)
+    assert run_late(_shared_through_the_cache).ok  # shared from AFTER on: judged in full
+    assert AFTER - 2 <= judged[0] <= AFTER + 1
+    judged[0] = 0
+    assert run_late(_shared_through_the_cache, until=AFTER + 5).ok
+    assert judged[0] > AFTER + 20  # back to judging by the change once nothing is shared
+
+
+def count_judged_by_change(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many snapshots `pages-conserved` passes from the change alone (a one-item list)."""
+    judged = [0]
+    orig = PagesConserved._moved_only
+
+    def counting(self: PagesConserved, books: Books) -> bool:
+        ok = orig(self, books)
+        judged[0] += ok
+        return ok
+
+    monkeypatch.setattr(PagesConserved, "_moved_only", counting)
+    return judged
+
+
+@pytest.mark.parametrize("name", ["shared-prefix", "memory-pressure", "page-size-4"])
+def test_the_reference_books_keep_unchanged_lists_as_the_same_tuples(name: str) -> None:
+    """An unchanged free list or prefix tree is the same tuple from one iteration to the next
+    (the check then compares by identity), and every list is what the managers hold now."""
+    seen: list[Books] = []
+
+    class Watching(Scheduler):
+        def books(self) -> Books:
+            books = super().books()
+            prefix = self.cache.prefix
+            assert books.free_pages == tuple(self.cache.allocator.free_pages())
+            assert books.cached_pages == tuple(prefix.cached_pages())
+            assert books.locked_pages == tuple(prefix.locked_pages())
+            seen.append(books)
+            return books
+
+    def make(
+        config: SchedulerConfig, device: Device, source: MessageSource, sink: MessageSink
+    ) -> Scheduler:
+        return Watching(config, device, source, sink)
+
+    assert run_scenario(named_scenario(name), SimBackend(), [ID], scheduler=make).ok
+    pairs = list(pairwise(seen))
+    assert sum(a.free_pages is b.free_pages for a, b in pairs) > 0
+    assert sum(a.cached_pages is b.cached_pages for a, b in pairs) > 0
+    assert any(b.cached_pages for b in seen) and any(b.locked_pages for b in seen)

@@ -25,14 +25,14 @@ class ForwardFeed:
     def pull(self, trace: TraceView) -> list[Attributed]:
         """The forwards issued since the last pull, with the request of each sequence."""
         ops = trace.ops
-        out: list[Attributed] = []
-        current = self.current
-        for i in range(self.seen, len(ops)):
-            op = ops[i]
-            if op.kind == "forward":
-                out.append((op, tuple(current.get(uid) for uid in op.uids)))
-        self.seen = len(ops)
-        return out
+        start, end = self.seen, len(ops)
+        if start == end:
+            return []
+        self.seen = end
+        attribute = self.current.get
+        return [
+            (op, tuple(map(attribute, op.uids))) for op in ops[start:end] if op.kind == "forward"
+        ]
 
     def admit(self, req: Request | None) -> None:
         """A request booked by the harness (call after `pull`): its uid's forwards are now its."""

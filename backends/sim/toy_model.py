@@ -9,11 +9,13 @@ instead with probability p. Any corruption of the context the forward reads chan
 from __future__ import annotations
 
 import hashlib
+from array import array
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 
 DTYPE = np.int32
+assert array("i").itemsize == np.dtype(DTYPE).itemsize  # the reference's context buffer
 
 
 class ToyModel:
@@ -46,6 +48,10 @@ class ToyModel:
         scripted = self.script.get(key)
         if scripted is not None:
             return scripted
+        return self._hashed(key)
+
+    def _hashed(self, key: bytes | array[int]) -> int:
+        """The next token of an unscripted context, from its DTYPE bytes (any buffer)."""
         if self.eos_below:
             coin = self._coin.copy()
             coin.update(key)
@@ -57,16 +63,16 @@ class ToyModel:
         return token + 1 if token >= self.eos else token
 
     def generate(self, prompt: Sequence[int], max_tokens: int, ignore_eos: bool) -> list[int]:
-        """The sequential reference: the request run alone, token by token."""
-        context = np.empty(len(prompt) + max_tokens, dtype=DTYPE)
-        context[: len(prompt)] = prompt
-        n = len(prompt)
+        """The sequential reference: the request run alone, token by token. The context grows
+        in place as the hash reads it (a copy of it per token cost as much as the hash), and is
+        made bytes only for a scripted model's lookup."""
+        context = array("i", prompt)  # C int: DTYPE's 4 bytes, in the machine's order
         out: list[int] = []
         while len(out) < max_tokens:
-            token = self.next_token_of(context[:n].tobytes())
+            scripted = self.script.get(context.tobytes()) if self.script else None
+            token = scripted if scripted is not None else self._hashed(context)
             out.append(token)
-            context[n] = token
-            n += 1
+            context.append(token)
             if token == self.eos and not ignore_eos:
                 break
         return out

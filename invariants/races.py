@@ -130,27 +130,41 @@ class HappensBefore:
             self.merged.append(-1)
         return self.agents[agent]
 
-    def advance(self, op: Op) -> tuple[int, list[int]]:
-        """The op's agent index and its vector clock (the clock its accesses happen at): the
-        agent's own list, which its next op changes (copy it to keep it)."""
-        a = self.agents.get(op.agent)
-        if a is None:
-            a = self.index(op.agent)
-        vc = self.clocks[a]
-        if not a:
-            self.host_ops += 1
-        elif self.merged[a] != self.host_ops:  # the host issued it: the host's past is its past
-            _join(vc, self.clocks[0], len(self.agents))
-            self.merged[a] = self.host_ops
-        vc[a] += 1
-        self.ops[a].append(op.seq)
-        if op.waits is not None:
-            recorded = self.events.get(op.waits)
-            if recorded is not None:
-                _join(vc, recorded, len(self.agents))
-        if op.records is not None:
-            self.events[op.records] = tuple(vc)
-        return a, vc
+    def advance(self, ops: Sequence[Op], agents: list[int], kept: list[VectorClock | None]) -> None:
+        """Advance over `ops`, in issue order: each op's agent index goes to `agents`, and its
+        vector clock (the clock its accesses happen at) to `kept` for an op with accesses or a
+        forward, None for the others. One loop with its state in locals: it runs for every op
+        of every run."""
+        index, clocks, events, seqs, merged = (
+            self.agents,
+            self.clocks,
+            self.events,
+            self.ops,
+            self.merged,
+        )
+        host_clock = clocks[0]
+        host_ops = self.host_ops
+        for op in ops:
+            a = index.get(op.agent)
+            if a is None:
+                a = self.index(op.agent)
+            vc = clocks[a]
+            if not a:
+                host_ops += 1
+            elif merged[a] != host_ops:  # the host issued it: the host's past is its past
+                _join(vc, host_clock, len(index))
+                merged[a] = host_ops
+            vc[a] += 1
+            seqs[a].append(op.seq)
+            if op.waits is not None:
+                recorded = events.get(op.waits)
+                if recorded is not None:
+                    _join(vc, recorded, len(index))
+            if op.records is not None:
+                events[op.records] = tuple(vc)
+            agents.append(a)
+            kept.append(tuple(vc) if op.accesses or op.kind == "forward" else None)
+        self.host_ops = host_ops
 
 
 def _join(vc: list[int], other: Sequence[int], agents: int) -> None:
@@ -174,13 +188,10 @@ class Clocks:
 
     def advance(self) -> int:
         """Clocks for every op issued so far; how many there are."""
-        ops = self.trace.ops
-        hb, agents, clocks = self.hb, self.agent, self.vc
-        for op in ops[len(agents) :]:
-            a, vc = hb.advance(op)
-            agents.append(a)
-            clocks.append(tuple(vc) if op.accesses or op.kind == "forward" else None)
-        return len(agents)
+        ops, done = self.trace.ops, len(self.agent)
+        if done != len(ops):
+            self.hb.advance(ops[done:], self.agent, self.vc)
+        return len(self.agent)
 
 
 class RaceDetector:

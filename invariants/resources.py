@@ -59,12 +59,16 @@ class SlotNotInFlight(Invariant):
         width = self.run.config.max_seq_len
         clocks = self.run.clocks
         n = clocks.advance()
-        while self.seen < n:
-            seq = self.seen
-            self.seen += 1
-            op = ops[seq]
-            if op.kind != "forward" or op.agent == HOST:
-                continue
+        start = self.seen
+        if start == n:
+            return
+        forwards = [
+            (start + i, op)
+            for i, op in enumerate(ops[start:n])
+            if op.kind == "forward" and op.agent != HOST
+        ]
+        for seq, op in forwards:
+            self.seen = seq + 1  # a finding here leaves the next call to go on after this one
             agent, vc = clocks.agent[seq], clocks.vc[seq]
             assert vc is not None  # kept for every forward
             clock = int(vc[agent])
@@ -75,6 +79,7 @@ class SlotNotInFlight(Invariant):
                     if unordered is not None:
                         self._report(ops[prev[3]], ops[unordered], op, uid, prev[0], row)
                 self.owner[row] = (uid, agent, clock, op.seq)
+        self.seen = n
 
     def _unordered_use(
         self, prev: tuple[int, int, int, int], seq: int, row: int, width: int

@@ -17,6 +17,9 @@ class ReqState(Enum):
     ABORTED = "aborted"
 
 
+DONE_STATES = (ReqState.FINISHED, ReqState.ABORTED)  # `Req.done`
+
+
 @dataclass(eq=False, slots=True)
 class Req:
     """One request. Lengths count token positions in the request's `token_pool` row.
@@ -77,7 +80,7 @@ class Req:
 
     @property
     def done(self) -> bool:
-        return self.state in (ReqState.FINISHED, ReqState.ABORTED)
+        return self.state in DONE_STATES
 
     def known_tokens(self) -> list[int]:
         """Prompt plus received outputs, cut to the positions whose KV was computed."""

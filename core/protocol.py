@@ -57,7 +57,6 @@ the trace, the footprints and the messages.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from overlapcheck.core.config import SchedulerConfig
@@ -110,12 +109,13 @@ class Holding(NamedTuple):
     preempted: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Books:
+class Books(NamedTuple):
     """A scheduler's resource accounting at one instant (between iterations).
 
     `live`: every request the scheduler still keeps anything for, pending ones included.
     `cached_pages` may overlap pages held by live requests (a shared prefix); `free_pages` must not.
+
+    A NamedTuple, as `Holding` is: a scheduler builds one at every step.
     """
 
     live: tuple[Holding, ...]

@@ -55,7 +55,7 @@ class PageChanges:
     def done(self) -> None:
         """The snapshot is over: a list of the last one that is not in it lost all its pages."""
         last, nxt = self._last, self._next
-        if len(last) > len(nxt) or any(key not in nxt for key in last):
+        if not last.keys() <= nxt.keys():
             for key, pages in last.items():
                 if key not in nxt:
                     self.lost += pages

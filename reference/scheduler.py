@@ -99,8 +99,8 @@ class Scheduler:
         them from these books, so counting them twice per iteration bought nothing.
         """
         cached, locked = self.cache.prefix.books_pages()
-        # Taken at every iteration: `tuple.__new__` is what `Holding._make` does, without a
-        # Python frame per request; `DONE_STATES` is `Req.done`'s, without the property call.
+        # Taken at every iteration: `tuple.__new__` is what `Holding._make` and `Books._make`
+        # do, without a Python frame each; `DONE_STATES` is `Req.done`'s, without its call.
         make, done = tuple.__new__, DONE_STATES
         holdings = tuple(
             [
@@ -117,14 +117,13 @@ class Scheduler:
                 for r in self.held
             ]
         )
-        return Books(
-            live=holdings,
-            free_slots=tuple(self.table.free_slots()),
-            free_pages=self.cache.allocator.free_snapshot(),
-            cached_pages=cached,
-            locked_pages=locked,
-            pending=tuple(r.uid for r in (*self.prefill.pending, *self.preemption.swapped)),
-        )
+        pending = [r.uid for r in self.prefill.pending]
+        swapped = self.preemption.swapped
+        if swapped:
+            pending += [r.uid for r in swapped]
+        free_slots = tuple(self.table.free_slots())
+        free_pages = self.cache.allocator.free_snapshot()
+        return make(Books, (holdings, free_slots, free_pages, cached, locked, tuple(pending)))
 
     def use_drafter(self, drafter: Drafter) -> None:
         """Draft with `drafter` instead of prompt lookup (a replay's: `TakesDrafter`)."""

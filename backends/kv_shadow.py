@@ -17,6 +17,7 @@ read from that, and a check can follow the log to learn which cells it verified 
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -35,6 +36,8 @@ def _powers(base: int, n: int) -> np.ndarray:
         value = value * base & _MASK
     return out
 
+
+_B, _TWO = np.uint64(_BASE), np.uint64(2)
 
 _POS_BITS = 24  # a cell's `meta` packs (writer op seq << _POS_BITS) | position
 
@@ -94,21 +97,23 @@ class ForwardReads:
 
     At p < `starts[i]` the kernel attended over what cell `cells[i, p]` held at `epoch`
     (`KvShadow.as_read`); at its new positions (`new`, row by row) over the key it computed from
-    that cached prefix and the input id it read from `token_pool` (`ids`, `new_keys`). Columns
-    past `ends[i]` mean nothing.
+    that cached prefix and the input id it read from `token_pool` (`ids`, `new_keys`; it writes
+    them to `written`). Columns past `ends[i]` mean nothing.
     """
 
     op: int  # the forward's op seq
     epoch: int  # the shadow's mutations before the kernel read
-    slots: np.ndarray  # each sequence's page-table row
+    slots: list[int]  # each sequence's page-table row
     starts: np.ndarray
     ends: np.ndarray
+    first: list[int]  # `starts`, as a list
+    last: list[int]  # `ends`, as a list
     cells: np.ndarray  # the KV cell of each position, from the device's page table
     cached: np.ndarray  # the KV values read (the tokens, in the simulator)
     fresh: np.ndarray  # the token_pool rows read
     new: tuple[np.ndarray, np.ndarray]  # rows and columns of the new positions
-    counts: np.ndarray  # each sequence's number of new positions
     one_each: bool  # one new position per sequence (a decode batch): `ids[i]` is row i's
+    written: np.ndarray
     ids: np.ndarray
     new_keys: np.ndarray
     samples: tuple[int, ...] | None = None  # set when the kernel ends
@@ -140,6 +145,7 @@ class KvShadow:
         self.log: list[Mutation] = []
         self.trimmed = 0
         self._where = np.full(num_cells, -1, dtype=np.int64)  # scratch of `as_read`
+        self._ranges: dict[int, np.ndarray] = {}  # arange(n), never written
 
     def read(
         self,
@@ -150,42 +156,55 @@ class KvShadow:
         ends: np.ndarray,
         cached: np.ndarray,
         fresh: np.ndarray,
+        written: np.ndarray,
+        ids: np.ndarray,
     ) -> None:
-        """`cells`, `cached` (the KV values) and `fresh` (the `token_pool` rows): (n, width)."""
-        # (ufuncs, not the .max() and .all() methods: their Python wrappers cost more here)
-        n = len(ends)
-        m = int(np.maximum.reduce(ends)) if n else 0
+        """`cells`, `cached` (the KV values) and `fresh` (the `token_pool` rows): (n, width);
+        `written` and `ids`: the cells of the new positions, row by row, and the ids read there."""
+        first, last = starts.tolist(), ends.tolist()
+        n = len(last)
+        m = max(last, default=0)
         if cells.shape[1] != m:
             cells = cells[:, :m]
-        counts = np.maximum(ends - starts, 0)
-        one_each = bool(n and not np.count_nonzero(counts != 1))  # a decode batch
+        every = self._ranges.get(n)
+        if every is None:
+            every = self._ranges[n] = np.arange(n)
+        # (ends > starts everywhere and as many new positions as sequences: one each)
+        one_each = n == len(ids) and n > 0 and min(map(operator.sub, last, first)) > 0
         if one_each:
-            rows, cols = np.arange(n), starts
-        else:
-            rows = np.repeat(np.arange(n), counts)
-            first = np.cumsum(counts) - counts
-            cols = np.arange(len(rows)) - np.repeat(first - starts, counts)
-        ids = fresh[rows, cols]
-        if len(rows):
+            rows, cols = every, starts
             # What each sequence's last cached cell holds now, as the kernel reads it.
-            last = np.minimum(np.maximum(starts - 1, 0), m - 1)
-            base = np.where(starts > 0, self.key[cells[np.arange(n), last]], 0)
-            new_keys = self._extend(base, ids, rows, cols, starts, counts, one_each)
+            base = self.key[cells[every, starts - 1]]
+            if 0 in first:
+                base[starts == 0] = 0
+            new_keys = base * _B
+            np.add(new_keys, ids, out=new_keys, dtype=np.uint64, casting="unsafe")  # (wraps)
+            new_keys += _TWO
+        elif len(ids):
+            counts = np.maximum(ends - starts, 0)
+            rows = np.repeat(every, counts)
+            at = np.cumsum(counts) - counts
+            cols = np.arange(len(rows)) - np.repeat(at - starts, counts)
+            end = np.minimum(np.maximum(starts - 1, 0), m - 1)
+            base = np.where(starts > 0, self.key[cells[every, end]], 0)
+            new_keys = self._extend(base, ids, rows, cols, starts, counts)
         else:
+            rows = cols = np.zeros(0, dtype=np.int64)
             new_keys = np.zeros(0, dtype=np.uint64)
-        new = (rows, cols)
         self.reads[op] = ForwardReads(
             op,
             self.epoch,
-            slots,
+            slots.tolist(),
             starts,
             ends,
+            first,
+            last,
             cells,
             cached,
             fresh,
-            new,
-            counts,
+            (rows, cols),
             one_each,
+            written,
             ids,
             new_keys,
         )
@@ -198,15 +217,11 @@ class KvShadow:
         cols: np.ndarray,
         starts: np.ndarray,
         counts: np.ndarray,
-        one_each: bool,
     ) -> np.ndarray:
         """The new positions' keys: each sequence's cached prefix key, extended by the ids read."""
         n = len(starts)
         base = base.astype(np.uint64) * np.uint64(_BASE)
         terms = (ids.astype(np.int64) + 2).astype(np.uint64)
-        if one_each:
-            out: np.ndarray = base + terms
-            return out
         j = cols - starts[rows]  # offset inside the sequence's new positions
         scaled = terms * self.hash.inv[j]
         running = np.cumsum(scaled, dtype=np.uint64)
@@ -214,7 +229,7 @@ class KvShadow:
         before = (running[first[counts > 0]] - scaled[first[counts > 0]]).astype(np.uint64)
         offset = np.zeros(n, dtype=np.uint64)
         offset[counts > 0] = before
-        out = self.hash.pow[j] * (base[rows] + running - offset[rows])
+        out: np.ndarray = self.hash.pow[j] * (base[rows] + running - offset[rows])
         return out
 
     def as_read(self, rec: ForwardReads) -> tuple[np.ndarray, np.ndarray]:
@@ -253,8 +268,12 @@ class KvShadow:
 
     def release(self, op: int, followed: int) -> None:
         """A check is done with `op`'s record and has followed the log through epoch `followed`."""
-        self.reads.pop(op, None)
-        keep = min([followed, *(rec.epoch for rec in self.reads.values())])
+        reads = self.reads
+        reads.pop(op, None)
+        keep = followed
+        for rec in reads.values():
+            if rec.epoch < keep:
+                keep = rec.epoch
         if keep > self.trimmed:
             del self.log[: keep - self.trimmed]
             self.trimmed = keep
@@ -283,10 +302,9 @@ class KvShadow:
         emitted: tuple[tuple[int, ...], ...] | None = None,
     ) -> None:
         rec = self.reads[op]
-        rows, cols = rec.new
-        written = rec.cells[rows, cols]
+        written = rec.written
         self._mutate(KvWrite(written, self.key[written], self.meta[written], op))
         self.key[written] = rec.new_keys
-        self.meta[written] = (op << _POS_BITS) | cols
+        self.meta[written] = rec.new[1] | (op << _POS_BITS)
         rec.samples = tuple(samples)
         rec.emitted = emitted

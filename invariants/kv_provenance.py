@@ -88,6 +88,7 @@ class KvProvenance(Invariant):
     id = "kv-provenance"
     deferrable = False  # reads the device's shadow as the run goes
     needs_kv_shadow = True
+    incremental = True  # False: every forward judged in full (the same verdicts, for comparison)
 
     def __init__(self) -> None:
         self.feed = ForwardFeed()
@@ -99,9 +100,9 @@ class KvProvenance(Invariant):
         self.flags = bytearray()  # per cell: in a trust (or was, since the last new generation)
         self.flagged = np.zeros(0, dtype=np.uint8)  # the same bytes, for numpy
         self.by_slot: dict[int, list[_Trust]] = {}
-        # Per forward not yet followed past its write: (trust, start, end, first, stop) of each
-        # sequence whose new positions start..end, cells written[first:stop], join its trust.
-        self.joining: dict[int, list[tuple[_Trust, int, int, int, int]]] = {}
+        # Per forward not yet followed past its write: (trust, start, end, first) of each
+        # sequence whose new positions start..end join its trust (at written[first:]).
+        self.joining: dict[int, list[tuple[_Trust, int, int, int]]] = {}
 
     def bind(self, run: RunContext) -> None:
         super().bind(run)
@@ -168,32 +169,71 @@ class KvProvenance(Invariant):
         return ctx
 
     def _judge(self, op: Op, reqs: tuple[Request | None, ...], rec: ForwardReads) -> None:
-        n = len(rec.starts)
-        if len(reqs) != n:
+        starts = rec.first
+        if len(reqs) != len(starts):
             return  # the device read another batch shape than issued: no-race reports that
         # A verify forward's drafts and padding are not the request's tokens (yet): only its
         # committed positions are judged.
-        judged = rec.ends if rec.judged is None else rec.judged
-        ends = judged.tolist()
-        contexts: list[_Context | None] = []
-        for i, req in enumerate(reqs):
-            ctx = None if req is None else self._context(req)
-            contexts.append(ctx)
-            if ctx is not None and ends[i] > ctx.known:
-                self._report(op, rec, req, ctx, i, ctx.known)  # type: ignore[arg-type]
+        ends = rec.last if rec.judged is None else rec.judged.tolist()
+        get, context = self.contexts.get, self._context
+        contexts = [None if r is None else (get(r.index) or context(r)) for r in reqs]
         # Only a read after everything followed so far can be judged against the trusts (a
         # forward read out of issue order is judged in full).
         current = rec.epoch >= self.followed
-        if current:
+        if current and rec.epoch > self.followed:
             self._follow(rec.epoch)
-        starts, slots = rec.starts.tolist(), rec.slots.tolist()
-        trusted = current and self._within_trusts(contexts, starts, ends, slots)
-        if trusted:
-            self._judge_new(op, rec, reqs, contexts, starts, ends)
-        else:
-            self._judge_all(op, rec, reqs, contexts, judged, ends)
-        if current:
-            self._trust(rec, contexts, starts, ends, slots, trusted)
+        # Where every cached position read lies within a trust, the first wrong key is at the
+        # first new position whose input id is not the request's token there. (A position no
+        # forward sampled yet is reported first, wherever it is.) A trust then ends where the
+        # new positions start, and takes them once this forward's write is followed.
+        trusted, generation = current and self.incremental, self.generation
+        ids = rec.ids.tolist() if rec.one_each else None
+        at = None if ids is not None else self._new_at(rec)
+        wrong: tuple[int, int] | None = None
+        joining: list[tuple[_Trust, int, int, int]] = []
+        for i, (ctx, start, end, slot) in enumerate(
+            zip(contexts, starts, ends, rec.slots, strict=True)
+        ):
+            if ctx is None:
+                continue
+            if end > ctx.known:
+                self._report(op, rec, reqs[i], ctx, i, ctx.known)  # type: ignore[arg-type]
+            if not trusted:
+                continue
+            trust = ctx.trust
+            cached = start if start < end else end  # the judged positions read from cells
+            if (
+                trust is None
+                or trust.generation != generation
+                or trust.slot != slot
+                or trust.length < cached
+            ):
+                trusted = False
+                continue
+            trust.length = cached
+            if start >= end:
+                continue
+            if ids is not None:
+                if wrong is None and ids[i] != ctx.tokens[start]:
+                    wrong = i, start
+                joining.append((trust, start, end, i))
+                continue
+            if wrong is None:
+                read = rec.fresh[i, start:end]
+                bad = np.flatnonzero(read != np.array(ctx.tokens[start:end]))
+                if len(bad):
+                    wrong = i, start + int(bad[0])
+            if at[i] >= 0:  # type: ignore[index]
+                joining.append((trust, start, end, at[i]))  # type: ignore[index]
+        if not trusted:
+            self._judge_all(op, rec, reqs, contexts, ends)
+            if current:
+                self._trust(rec, contexts, ends)
+        elif wrong is not None:
+            i, p = wrong
+            self._report(op, rec, reqs[i], contexts[i], i, p)  # type: ignore[arg-type]
+        elif joining:
+            self.joining[rec.op] = joining
         assert rec.samples is not None
         if rec.emitted is not None:
             for ctx, end, tokens in zip(contexts, ends, rec.emitted, strict=True):
@@ -201,50 +241,18 @@ class KvProvenance(Invariant):
                     ctx.sampled(end + t, token)  # type: ignore[union-attr]
             return
         for ctx, end, token in zip(contexts, ends, rec.samples, strict=True):
-            if ctx is not None:
-                ctx.sampled(end, token)
+            # (`_Context.sampled`, inline: this runs once per sequence of every forward)
+            if ctx is not None and end == ctx.known and ctx.prompt_len <= end < ctx.limit:
+                ctx.tokens.append(token)
+                ctx.known = end + 1
 
-    def _within_trusts(
-        self, contexts: list[_Context | None], starts: list[int], ends: list[int], slots: list[int]
-    ) -> bool:
-        """Every sequence's judged cached positions lie within its request's trust."""
-        generation = self.generation
-        for ctx, start, end, slot in zip(contexts, starts, ends, slots, strict=True):
-            if ctx is None:
-                continue
-            trust = ctx.trust
-            if (
-                trust is None
-                or trust.generation != generation
-                or trust.slot != slot
-                or trust.length < min(start, end)
-            ):
-                return False
-        return True
-
-    def _judge_new(
-        self,
-        op: Op,
-        rec: ForwardReads,
-        reqs: tuple[Request | None, ...],
-        contexts: list[_Context | None],
-        starts: list[int],
-        ends: list[int],
-    ) -> None:
-        """Cached positions are right (trusted): the first wrong key is at the first new
-        position whose input id is not the request's token there."""
-        ids = rec.ids.tolist() if rec.one_each else None
-        for i, ctx in enumerate(contexts):
-            if ctx is None or starts[i] >= ends[i]:
-                continue
-            start, end = starts[i], ends[i]
-            if ids is not None and end == start + 1:
-                if ids[i] != ctx.tokens[start]:
-                    self._report(op, rec, reqs[i], ctx, i, start)  # type: ignore[arg-type]
-                continue
-            wrong = np.flatnonzero(rec.fresh[i, start:end] != np.array(ctx.tokens[start:end]))
-            if len(wrong):
-                self._report(op, rec, reqs[i], ctx, i, start + int(wrong[0]))  # type: ignore[arg-type]
+    @staticmethod
+    def _new_at(rec: ForwardReads) -> list[int]:
+        """Where each sequence's new positions begin among `written` (-1: fewer than judged)."""
+        counts = np.maximum(rec.ends - rec.starts, 0)
+        judged = rec.ends if rec.judged is None else rec.judged
+        at = np.cumsum(counts) - counts
+        return np.where(judged - rec.starts <= counts, at, -1).tolist()  # type: ignore[no-any-return]
 
     def _judge_all(
         self,
@@ -252,7 +260,6 @@ class KvProvenance(Invariant):
         rec: ForwardReads,
         reqs: tuple[Request | None, ...],
         contexts: list[_Context | None],
-        judged: np.ndarray,
         ends: list[int],
     ) -> None:
         assert self.shadow is not None
@@ -265,47 +272,34 @@ class KvProvenance(Invariant):
                 expected[i, :e] = ctx.keys_through(e)
         bad = expected != keys
         if bad.any():
-            bad &= np.arange(m) < judged[:, None]
+            bad &= np.arange(m) < np.array(ends)[:, None]
             if bad.any():
                 i, p = (int(x) for x in np.argwhere(bad)[0])
                 ctx = contexts[i]
                 assert ctx is not None
                 self._report(op, rec, reqs[i], ctx, i, p)  # type: ignore[arg-type]
 
-    def _trust(
-        self,
-        rec: ForwardReads,
-        contexts: list[_Context | None],
-        starts: list[int],
-        ends: list[int],
-        slots: list[int],
-        trusted: bool,
-    ) -> None:
-        """A judged read (no violation) as of `followed`: each request trusts its cached
-        positions, and its new positions once this forward's write is followed."""
-        joining: list[tuple[_Trust, int, int, int, int]] = []
-        first, counts = None, []
-        if not rec.one_each:
-            counts = rec.counts.tolist()
-            first = (np.cumsum(rec.counts) - rec.counts).tolist()
-        for i, ctx in enumerate(contexts):
+    def _trust(self, rec: ForwardReads, contexts: list[_Context | None], ends: list[int]) -> None:
+        """A read judged in full and right, as of `followed`: each request trusts its cached
+        positions, and its new ones once this forward's write is followed."""
+        joining: list[tuple[_Trust, int, int, int]] = []
+        at = None if rec.one_each else self._new_at(rec)
+        by_slot, generation = self.by_slot, self.generation
+        for i, (ctx, start, end, slot) in enumerate(
+            zip(contexts, rec.first, ends, rec.slots, strict=True)
+        ):
             if ctx is None:
                 continue
-            start, end = starts[i], ends[i]
-            length = min(start, end)
-            trust = ctx.trust
-            if trusted:
-                assert trust is not None
-                trust.length = length
-            else:
-                if trust is not None and trust.generation == self.generation:
-                    self.by_slot[trust.slot].remove(trust)
-                trust = ctx.trust = _Trust(slots[i], length, self.generation)
-                self.flagged[rec.cells[i, :length]] = 1
-                self.by_slot.setdefault(slots[i], []).append(trust)
-            if start < end and (first is None or end - start <= counts[i]):
-                at = i if first is None else first[i]
-                joining.append((trust, start, end, at, at + end - start))
+            length = start if start < end else end
+            old = ctx.trust
+            if old is not None and old.generation == generation:
+                by_slot[old.slot].remove(old)
+            trust = ctx.trust = _Trust(slot, length, generation)
+            self.flagged[rec.cells[i, :length]] = 1
+            by_slot.setdefault(slot, []).append(trust)
+            first = i if at is None else at[i]
+            if start < end and first >= 0:
+                joining.append((trust, start, end, first))
         if joining:
             self.joining[rec.op] = joining
 
@@ -315,14 +309,16 @@ class KvProvenance(Invariant):
         log, trimmed = self.shadow.log, self.shadow.trimmed
         for k in range(self.followed - trimmed, epoch - trimmed):
             mut = log[k]
-            if isinstance(mut, KvWrite):
+            if type(mut) is KvWrite:
                 self._follow_write(mut)
-            else:
-                for slot, start, stop in mut.rows:
-                    if start < stop:
-                        for trust in self.by_slot.get(slot, ()):
-                            if trust.length > start:
-                                trust.length = start
+                continue
+            by_slot = self.by_slot
+            for slot, start, stop in mut.rows:  # type: ignore[union-attr]
+                trusts = by_slot.get(slot)
+                if trusts and start < stop:
+                    for trust in trusts:
+                        if trust.length > start:
+                            trust.length = start
         self.followed = epoch
 
     def _follow_write(self, mut: KvWrite) -> None:
@@ -333,18 +329,20 @@ class KvProvenance(Invariant):
             return
         cells = mut.cells.tolist()
         flags = self.flags
-        for cell in cells:
-            if flags[cell]:
-                self._distrust()
-                return
+        if any(map(flags.__getitem__, cells)):
+            self._distrust()
+            return
         if joining is None or len(set(cells)) != len(cells):
             return  # where a cell was written twice, the later write holds it
         generation = self.generation
-        for trust, start, end, first, stop in joining:
-            if trust.generation == generation and trust.length == start:
-                for cell in cells[first:stop]:
-                    flags[cell] = 1
+        for trust, start, end, first in joining:
+            if trust.length == start and trust.generation == generation:
                 trust.length = end
+                if end == start + 1:
+                    flags[cells[first]] = 1
+                else:
+                    for cell in cells[first : first + end - start]:
+                        flags[cell] = 1
 
     def _distrust(self) -> None:
         """A write of a cell some trust may hold: trust nothing."""

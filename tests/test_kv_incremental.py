@@ -56,22 +56,23 @@ def judged_both_ways(
 ) -> tuple[RunResult, int]:
     """The run judged incrementally (and how many forwards only by their new positions), after
     asserting that judging every forward in full gives the same trace and the same violations."""
-    fast = [0]
-    real = KvProvenance._judge_new
+    full_judged = [0]
+    real = KvProvenance._judge_all
 
     def counted(self: KvProvenance, *args: object) -> None:
-        fast[0] += 1
+        full_judged[0] += 1
         real(self, *args)  # type: ignore[arg-type]
 
     with monkeypatch.context() as m:
-        m.setattr(KvProvenance, "_within_trusts", lambda self, *args: False)
+        m.setattr(KvProvenance, "incremental", False)
         full = run_scenario(scenario, SimBackend(), list(checks), keep_going=True)
     with monkeypatch.context() as m:
-        m.setattr(KvProvenance, "_judge_new", counted)
+        m.setattr(KvProvenance, "_judge_all", counted)
         result = run_scenario(scenario, SimBackend(), list(checks), keep_going=True)
     assert result.trace_hash == full.trace_hash
     assert [v.to_json() for v in result.violations] == [v.to_json() for v in full.violations]
-    return result, fast[0]
+    forwards = sum(op.kind == "forward" for op in result.trace.ops)
+    return result, forwards - full_judged[0]
 
 
 def test_a_clean_decode_is_judged_by_its_new_positions() -> None:

@@ -472,22 +472,23 @@ class SimDevice(Device):
         tables = self.page_table[slots, :used] % len(self.kv)
         pool_rows = self.token_pool[slots, :used]
         cached = self.kv[tables]
-        if self.kv_shadow is not None:
-            self.kv_shadow.read(op, slots, tables, starts, ends, cached, pool_rows)
         # What each sequence attends over: the cached prefix, then the new ids (both DTYPE, so
         # a row's bytes are the context's); the cells it writes are its new positions, row by row.
         columns = np.arange(used)
         fresh = columns >= starts[:, None]
         context = np.where(fresh, pool_rows, cached)
         new = fresh & (columns < ends[:, None])
+        written, ids = tables[new], pool_rows[new]
+        if self.kv_shadow is not None:
+            self.kv_shadow.read(op, slots, tables, starts, ends, cached, pool_rows, written, ids)
         next_token_of = self.model.next_token_of
         tokens = [
             next_token_of(context[i, :length].tobytes()) if length else -1
             for i, length in enumerate(longest.tolist())
         ]
         return (
-            tables[new],
-            pool_rows[new],
+            written,
+            ids,
             meta[:, 3] % len(self.token_pool),
             meta[:, 4] % width,
             np.array(tokens, dtype=DTYPE),

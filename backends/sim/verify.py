@@ -135,13 +135,6 @@ def read(
         out_tokens += outputs
         counts.append(e)
         emitted.append(tuple(outputs[:e]))
-    if shadow is not None:
-        starts = np.array([r.start for r in seqs], dtype=np.int64)
-        ends = np.array([r.end for r in seqs], dtype=np.int64)
-        slots = np.array([r.slot for r in seqs], dtype=np.int64)
-        shadow.read(op, slots, tables, starts, ends, cached, fresh)
-        rec = shadow.reads[op]
-        rec.judged = starts + np.array([r.shift + 1 for r in seqs], dtype=np.int64)
     plan = VerifyPlan(
         np.concatenate(kv_cells),
         np.concatenate(kv_ids),
@@ -153,6 +146,13 @@ def read(
         tuple(r.start + r.shift + 1 for r in seqs),
         tuple(r.drafts for r in seqs),
     )
+    if shadow is not None:
+        starts = np.array([r.start for r in seqs], dtype=np.int64)
+        ends = np.array([r.end for r in seqs], dtype=np.int64)
+        slots = np.array([r.slot for r in seqs], dtype=np.int64)
+        shadow.read(op, slots, tables, starts, ends, cached, fresh, plan.kv_cells, plan.kv_ids)
+        rec = shadow.reads[op]
+        rec.judged = starts + np.array([r.shift + 1 for r in seqs], dtype=np.int64)
     return plan, unresolved
 
 

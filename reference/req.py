@@ -38,6 +38,9 @@ class Req:
     slot: int = -1
     cells: list[int] = field(default_factory=list)  # host copy of page_table[slot, :]
     own_pages: list[int] = field(default_factory=list)  # pages allocated for this request
+    # `own_pages` as the books list it, kept between iterations: None after every change of
+    # `own_pages` (all of them in cache/manager.py).
+    books_pages: tuple[int, ...] | None = None
     handle: CacheHandle | None = None  # locked prefix-cache match
     cached_len: int = 0
     table_len: int = 0  # page_table entries already copied to the device

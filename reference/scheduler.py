@@ -102,21 +102,14 @@ class Scheduler:
         # Taken at every iteration: `tuple.__new__` is what `Holding._make` and `Books._make`
         # do, without a Python frame each; `DONE_STATES` is `Req.done`'s, without its call.
         make, done = tuple.__new__, DONE_STATES
-        holdings = tuple(
-            [
-                make(
-                    Holding,
-                    (
-                        r.uid,
-                        None if r.slot < 0 else r.slot,  # a preempted request may hold its slot
-                        tuple(r.own_pages),
-                        r.state in done,
-                        r.preempted,
-                    ),
-                )
-                for r in self.held
-            ]
-        )
+        held = []
+        for r in self.held:
+            pages = r.books_pages
+            if pages is None:  # (the same tuple while the pages stay: compared by identity)
+                pages = r.books_pages = tuple(r.own_pages)
+            slot = None if r.slot < 0 else r.slot  # a preempted request may still hold its slot
+            held.append(make(Holding, (r.uid, slot, pages, r.state in done, r.preempted)))
+        holdings = tuple(held)
         pending = [r.uid for r in self.prefill.pending]
         swapped = self.preemption.swapped
         if swapped:

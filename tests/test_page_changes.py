@@ -459,8 +459,9 @@ def count_judged_by_change(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 @pytest.mark.parametrize("name", ["shared-prefix", "memory-pressure", "page-size-4"])
 def test_the_reference_books_keep_unchanged_lists_as_the_same_tuples(name: str) -> None:
-    """An unchanged free list or prefix tree is the same tuple from one iteration to the next
-    (the check then compares by identity), and every list is what the managers hold now."""
+    """An unchanged free list, prefix tree or request's pages is the same tuple from one
+    iteration to the next (the check then compares by identity), and every list is what the
+    managers hold now."""
     seen: list[Books] = []
 
     class Watching(Scheduler):
@@ -470,6 +471,7 @@ def test_the_reference_books_keep_unchanged_lists_as_the_same_tuples(name: str) 
             assert books.free_pages == tuple(self.cache.allocator.free_pages())
             assert books.cached_pages == tuple(prefix.cached_pages())
             assert books.locked_pages == tuple(prefix.locked_pages())
+            assert [h.pages for h in books.live] == [tuple(r.own_pages) for r in self.held]
             seen.append(books)
             return books
 
@@ -482,4 +484,11 @@ def test_the_reference_books_keep_unchanged_lists_as_the_same_tuples(name: str) 
     pairs = list(pairwise(seen))
     assert sum(a.free_pages is b.free_pages for a, b in pairs) > 0
     assert sum(a.cached_pages is b.cached_pages for a, b in pairs) > 0
+    kept = sum(
+        h.pages is g.pages and len(h.pages) > 0
+        for a, b in pairs
+        for h, g in zip(a.live, b.live, strict=False)
+        if h.uid == g.uid
+    )
+    assert kept > 0
     assert any(b.cached_pages for b in seen) and any(b.locked_pages for b in seen)

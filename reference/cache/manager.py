@@ -51,6 +51,7 @@ class CacheManager:
                 self.allocator.free(self.prefix.evict(1))
             page = self.allocator.allocate()
             req.own_pages.append(page)
+            req.books_pages = None
             req.cells += range(page * ps, page * ps + ps)
 
     def release(self, req: Req, forget: bool = True) -> None:
@@ -70,6 +71,7 @@ class CacheManager:
         self.prefix.unlock(req.handle)
         if forget:
             req.handle, req.own_pages, req.cells = None, [], []
+            req.books_pages = None
 
     def check_integrity(self, live: Iterable[Req]) -> None:
         """free + cached + held by live requests == all pages, and no page is counted twice."""

@@ -457,7 +457,7 @@ def count_judged_by_change(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return judged
 
 
-@pytest.mark.parametrize("name", ["shared-prefix", "memory-pressure", "page-size-4"])
+@pytest.mark.parametrize("name", ["shared-prefix", "memory-pressure", "page-size-4", "preemption"])
 def test_the_reference_books_keep_unchanged_lists_as_the_same_tuples(name: str) -> None:
     """An unchanged free list, prefix tree or request's pages is the same tuple from one
     iteration to the next (the check then compares by identity), and every list is what the

@@ -490,5 +490,5 @@ def test_the_reference_books_keep_unchanged_lists_as_the_same_tuples(name: str) 
         for h, g in zip(a.live, b.live, strict=False)
         if h.uid == g.uid
     )
-    assert kept > 0
+    assert kept > 0 or named_scenario(name).config.page_size == 1  # (a page per token: grows)
     assert any(b.cached_pages for b in seen) and any(b.locked_pages for b in seen)

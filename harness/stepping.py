@@ -41,7 +41,7 @@ class Checks:
         self.stopped: Violation | None = None  # stop mode: survives a scheduler that swallows it
         self._listening: dict[str, list[Callable[..., None]]] = {}
         self._ops_at_message = -1  # ops issued when the last message was sent
-        self._on_message: tuple[list[Callable[..., None]], list[Callable[..., None]]] | None = None
+        self._on_message: list[list[Callable[..., None]]] | None = None
 
     @property
     def checks(self) -> list[Invariant]:
@@ -77,27 +77,35 @@ class Checks:
     def message(self, msg: OutMsg, req: Request | None, num_ops: int) -> None:
         """A message sent when the trace held `num_ops` ops: check by check in order, its
         `on_ops` (only if ops were issued since the last message: a batch's messages come in a
-        burst with no device call between them) and its `on_message`."""
+        burst with no device call between them) and its `on_message` (not for a live request's
+        token, if it reads only those that come after their request ended: `ended_only`)."""
         fresh = num_ops != self._ops_at_message
         self._ops_at_message = num_ops
         calls = self._on_message
         if calls is None:
             calls = self._on_message = self._message_calls()
-        for method in calls[0] if fresh else calls[1]:
+        routine = req is not None and not req.late and isinstance(msg, TokenMsg)
+        for method in calls[2 * fresh + routine]:
             try:
                 method(msg, req)
             except InvariantViolated as err:
                 self.record(err.violation)
 
-    def _message_calls(self) -> tuple[list[Callable[..., None]], list[Callable[..., None]]]:
+    def _message_calls(self) -> list[list[Callable[..., None]]]:
+        """The calls for a message, by 2 * (ops issued since the last one) + (a live request's
+        token)."""
         ops, messages = set(self.listening("on_ops")), set(self.listening("on_message"))
-        fresh: list[Callable[..., None]] = []
-        for inv in self.checks:
-            if inv in ops:
-                fresh.append(inv.ops_at_message)
-            if inv in messages:
-                fresh.append(inv.on_message)
-        return fresh, [inv.on_message for inv in self.checks if inv in messages]
+        calls: list[list[Callable[..., None]]] = []
+        for fresh in (False, True):
+            for routine in (False, True):
+                found: list[Callable[..., None]] = []
+                for inv in self.checks:
+                    if fresh and inv in ops:
+                        found.append(inv.ops_at_message)
+                    if inv in messages and not (routine and inv.ended_only):
+                        found.append(inv.on_message)
+                calls.append(found)
+        return calls
 
     def listening(self, hook: str) -> list[Invariant]:
         """The active checks that override `hook`: a message goes to the few that read it."""

@@ -59,6 +59,8 @@ class Invariant:
     `active`: False (set in `bind`) when the check does not apply to this run's configuration
     (speculation's checks without speculation, say): the harness then calls none of its hooks,
     so it costs nothing.
+    `ended_only`: `on_message` judges nothing in a token for a request that was live when it
+    came (`not req.late`), so the harness calls it only for the other messages.
     """
 
     id: str = ""
@@ -68,6 +70,7 @@ class Invariant:
     # events (on a real device, so that its host time cannot move the timing under test).
     deferrable: bool = True
     active: bool = True
+    ended_only: bool = False
 
     def bind(self, run: RunContext) -> None:
         self.run = run

@@ -20,6 +20,7 @@ class NoPostEos(Invariant):
     """
 
     id = "no-post-eos"
+    ended_only = True  # a token for a live request is before its end
 
     def __init__(self) -> None:
         self.rest: dict[int, tuple[int, bool]] = {}  # request index -> (tokens, ended at EOS)
@@ -93,6 +94,7 @@ class AbortSilent(Invariant):
     resources come back."""
 
     id = "abort-silent"
+    ended_only = True  # a live request was not aborted
 
     def on_message(self, msg: OutMsg, req: Request | None) -> None:
         if req is not None and req.aborted_step is not None and not req.rejected:

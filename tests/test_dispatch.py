@@ -1,0 +1,49 @@
+"""The harness calls each check's hooks only where they can judge something: inactive checks
+get no calls, `ended_only` checks no tokens of live requests, `on_ops` only after new ops."""
+
+from __future__ import annotations
+
+from overlapcheck.core.config import SchedulerConfig
+from overlapcheck.core.messages import OutMsg, RejectMsg, SamplingParams, TokenMsg, UserMsg
+from overlapcheck.harness.stepping import Checks
+from overlapcheck.invariants.base import Invariant
+from overlapcheck.invariants.context import Request, RequestLedger
+
+
+class Heard(Invariant):
+    def __init__(self, ended_only: bool = False, active: bool = True) -> None:
+        self.ended_only, self.active = ended_only, active
+        self.messages: list[tuple[str, int]] = []
+        self.ops = 0
+
+    def on_message(self, msg: OutMsg, req: Request | None) -> None:
+        self.messages.append((type(msg).__name__, msg.uid))
+
+    def on_ops(self) -> None:
+        self.ops += 1
+
+
+def test_each_check_hears_the_messages_it_can_judge() -> None:
+    ledger = RequestLedger(SchedulerConfig())
+    every, ended, idle = Heard(), Heard(ended_only=True), Heard(active=False)
+    checks = Checks([every, ended, idle], keep_going=True)
+    ledger.receive(UserMsg(1, (5, 6), SamplingParams(max_tokens=2)), 0, lambda msg, n: None)
+    sent: list[tuple[OutMsg, int]] = [
+        (TokenMsg(1, 7, False), 3),  # live: ops issued before it
+        (TokenMsg(1, 8, True), 3),  # live still when it came; no new ops
+        (TokenMsg(1, 9, False), 4),  # after the finish: late
+        (TokenMsg(2, 9, False), 4),  # a uid never received
+        (RejectMsg(1, "busy"), 5),
+    ]
+    for msg, num_ops in sent:
+        checks.message(msg, ledger.answer(msg, 0, num_ops), num_ops)
+    assert every.messages == [
+        ("TokenMsg", 1),
+        ("TokenMsg", 1),
+        ("TokenMsg", 1),
+        ("TokenMsg", 2),
+        ("RejectMsg", 1),
+    ]
+    assert ended.messages == [("TokenMsg", 1), ("TokenMsg", 2), ("RejectMsg", 1)]
+    assert every.ops == ended.ops == 3  # at the first message and after each new op
+    assert idle.messages == [] and idle.ops == 0

@@ -157,7 +157,7 @@ class PagesConserved(Invariant):
         self.on_step_end()
 
     def _check(self, books: Books) -> None:
-        if self._based and self._moved_only(books):
+        if self._based and self._judged_by_change(books):
             return
         once = self._once_each(books)
         self._based = once is True
@@ -168,6 +168,13 @@ class PagesConserved(Invariant):
         if once is None and self._shared_ok(books):
             return
         self._explain(books)
+
+    def _judged_by_change(self, books: Books) -> bool:
+        try:
+            return self._moved_only(books)
+        except TypeError:  # a uid or page the books' contract does not allow: judged in full
+            self._changes.start_over({})
+            return False
 
     def _moved_only(self, books: Books) -> bool:
         """Judged from the change since the last snapshot, which listed every page once: every

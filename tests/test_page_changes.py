@@ -511,3 +511,28 @@ def test_the_reference_books_keep_unchanged_lists_as_the_same_tuples(
     assert kept > 0 or scenario.config.page_size == 1  # (a page per token: grows every step)
     assert any(b.cached_pages for b in seen)
     assert any(b.locked_pages for b in seen) or name == "preemption"
+
+
+def test_books_outside_the_contract_after_right_ones_are_judged_as_in_full() -> None:
+    """An unhashable uid, a page that is not a number: the full check's verdict, not a crash
+    of the incremental path."""
+    steps = growing(4)
+    free, held = _next(steps[-1])
+    odd = [
+        # (and a page lost: the full check names it without hashing the uid)
+        Books((Holding([0], 0, tuple(held[0])), *holdings(held)[1:]), (), tuple(free[1:])),  # type: ignore[arg-type]
+        Books(holdings(held), (), (*free[:-1], "page")),  # type: ignore[arg-type]
+    ]
+    for books in odd:
+        check = pages_conserved(N)
+        for right in steps:
+            check._check(right)
+        try:
+            expected: object = verdict(pages_conserved(N), books)
+        except Exception as e:  # the full check's own answer, whatever it is
+            expected = type(e)
+        try:
+            got: object = verdict(check, books)
+        except Exception as e:
+            got = type(e)
+        assert got == expected

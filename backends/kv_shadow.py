@@ -82,10 +82,10 @@ class KvWrite(NamedTuple):
 
 
 class TableWrite(NamedTuple):
-    """Page-table rows a copy wrote, (slot, start, stop) each: the cells a kernel reads are the
-    entries of its slot's row, so entries not written since still name the same cells."""
+    """Page-table entries a copy wrote, (slot, start, values) each: the cells a kernel reads are
+    the entries of its slot's row, so entries not written since still name the same cells."""
 
-    rows: tuple[tuple[int, int, int], ...]
+    rows: Sequence[tuple[int, int, np.ndarray]]
 
 
 Mutation = KvWrite | TableWrite
@@ -274,7 +274,7 @@ class KvShadow:
         for rec in reads.values():
             if rec.epoch < keep:
                 keep = rec.epoch
-        if keep > self.trimmed:
+        if keep - self.trimmed > 32:  # (trimmed now and then: a few entries cost nothing)
             del self.log[: keep - self.trimmed]
             self.trimmed = keep
 
@@ -291,8 +291,8 @@ class KvShadow:
         self._mutate(KvWrite(cells, self.key[cells], self.meta[cells], -1))
         self.key[cells], self.meta[cells] = saved
 
-    def table_write(self, rows: tuple[tuple[int, int, int], ...]) -> None:
-        """A copy wrote page-table entries (slot, start, stop)."""
+    def table_write(self, rows: Sequence[tuple[int, int, np.ndarray]]) -> None:
+        """A copy wrote page-table entries: `values` into row `slot` from `start` on."""
         self._mutate(TableWrite(rows))
 
     def write(

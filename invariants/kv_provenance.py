@@ -313,11 +313,11 @@ class KvProvenance(Invariant):
                 self._follow_write(mut)
                 continue
             by_slot = self.by_slot
-            for slot, start, stop in mut.rows:  # type: ignore[union-attr]
+            for slot, start, values in mut.rows:  # type: ignore[union-attr]
                 trusts = by_slot.get(slot)
-                if trusts and start < stop:
+                if trusts:
                     for trust in trusts:
-                        if trust.length > start:
+                        if trust.length > start and len(values):
                             trust.length = start
         self.followed = epoch
 

@@ -274,7 +274,7 @@ class SimDevice(Device):
             for row, start, values in captured:
                 target[row, start : start + len(values)] = values
             if shadow is not None:
-                shadow.table_write(tuple((r, a, a + len(v)) for r, a, v in captured))
+                shadow.table_write(captured)
             op.end = self.now()
 
         self._enqueue(stream, body)

@@ -243,6 +243,7 @@ class RaceDetector:
         fixed, marks_of = shadow.fixed, self.marks
         ordered, writing, reads_first = True, False, True
         unsure: list[Access] = []  # writes that may overwrite an unordered read
+        touched: list[tuple[Access, tuple[list[int], list[int]]]] = []
         for acc in op.accesses:
             cells = acc.cells
             if not len(cells):
@@ -250,9 +251,8 @@ class RaceDetector:
             buffer = acc.buffer
             if buffer not in fixed:
                 shadow.base(buffer, cells, self.sizes.get(buffer))
-            marks = marks_of.get(buffer)
-            if marks is None:
-                marks = self._marks(buffer)
+            marks = marks_of.get(buffer) or self._marks(buffer)
+            touched.append((acc, marks))
             if ordered and not all(map(_le, marks[0], vc)):
                 ordered = False
             if acc.mode == "r":
@@ -275,17 +275,14 @@ class RaceDetector:
                     return self._one_by_one(op, a, vc, op.accesses)
         clock = vc[a]
         value = clock * MAX_AGENTS + a
-        for acc in op.accesses:
-            cells = acc.cells
-            if not len(cells):
-                continue
+        for acc, marks in touched:
             view = views.get(acc.buffer) or shadow.view(acc.buffer)
             if acc.mode == "r":
-                view[2][a][cells] = clock
-                marks_of[acc.buffer][1][a] = clock
+                view[2][a][acc.cells] = clock
+                marks[1][a] = clock
             else:
-                view[0][cells] = value  # the reads stay: see `_store`
-                marks_of[acc.buffer][0][a] = clock
+                view[0][acc.cells] = value  # the reads stay: see `_store`
+                marks[0][a] = clock
         return None
 
     def _checked(self, op: Op, a: int, clock: VectorClock) -> Race | None:

@@ -111,6 +111,7 @@ class KvProvenance(Invariant):
                 f"skipped kv-provenance: the {run.backend_name} backend keeps no KV shadow (what "
                 "each KV cell was computed for); only the simulator records it"
             )
+            self.active = False  # no hook is called: nothing to judge
             return
         self.shadow = run.kv_shadow
         self.flags = bytearray(len(run.kv_shadow.key))

@@ -10,7 +10,6 @@ unordered by happens-before, are a race even when this run's timing made them ha
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -23,7 +22,6 @@ _AGENT_BITS = 3  # MAX_AGENTS == 1 << _AGENT_BITS
 # The hot path's reductions, without numpy's Python wrappers around them.
 _max = np.maximum.reduce
 _count = np.count_nonzero
-_le = operator.le
 # Shadow cells hold clocks (and clock * MAX_AGENTS + agent): 32 bits hold 268 M ops per agent,
 # and half the bytes of int64 keep more of the shadow in cache.
 _CELL = np.int32
@@ -103,6 +101,9 @@ class _Shadow:
         return base
 
 
+# A buffer's watermarks: per agent, the clock of its latest write and of its latest read of the
+# buffer (0: none); then the agents with a write, and with a read, of it.
+Marks = tuple[list[int], list[int], list[int], list[int]]
 VectorClock = tuple[int, ...]  # an op's clock: entry i is agent i's (MAX_AGENTS entries)
 
 
@@ -208,7 +209,10 @@ class RaceDetector:
         # access ordered after every agent's latest write of its buffer cannot race with a write;
         # a write ordered after every agent's latest read of its buffer, with no read. (An
         # agent's own accesses are in its past, so they never stand in the way.)
-        self.marks: dict[str, tuple[list[int], list[int]]] = {}
+        # With each, the agents whose entry is not 0, in the order they first accessed it: only
+        # they can stand in the way, so a test looks at a buffer's one or two agents, not all
+        # MAX_AGENTS (a `map` over all of them cost more than the rest of the fast path).
+        self.marks: dict[str, Marks] = {}
 
     @property
     def hb(self) -> HappensBefore:
@@ -246,7 +250,7 @@ class RaceDetector:
         fixed, marks_of = shadow.fixed, self.marks
         ordered, writing, reads_first = True, False, True
         unsure: list[Access] = []  # writes that may overwrite an unordered read
-        touched: list[tuple[Access, tuple[list[int], list[int]]]] = []
+        touched: list[tuple[Access, Marks]] = []
         for acc in op.accesses:
             cells = acc.cells
             if not len(cells):
@@ -256,14 +260,21 @@ class RaceDetector:
                 shadow.base(buffer, cells, self.sizes.get(buffer))
             marks = marks_of.get(buffer) or self._marks(buffer)
             touched.append((acc, marks))
-            if ordered and not all(map(_le, marks[0], vc)):
-                ordered = False
+            if ordered:
+                writes = marks[0]
+                for b in marks[2]:
+                    if writes[b] > vc[b]:
+                        ordered = False
+                        break
             if acc.mode == "r":
                 reads_first = reads_first and not writing
             else:
                 writing = True
-                if not all(map(_le, marks[1], vc)):
-                    unsure.append(acc)
+                reads = marks[1]
+                for b in marks[3]:
+                    if reads[b] > vc[b]:
+                        unsure.append(acc)
+                        break
         if not reads_first:
             return self._one_by_one(op, a, vc, op.accesses)
         if not ordered:
@@ -273,8 +284,9 @@ class RaceDetector:
             # Only the agents whose latest read of the buffer this op is not ordered after can
             # have read one of its cells unordered with it.
             rows = (views.get(acc.buffer) or shadow.view(acc.buffer))[2]
-            for b, read in enumerate(marks_of[acc.buffer][1]):
-                if read > vc[b] and _count(rows[b][acc.cells] > vc[b]):
+            marks = marks_of[acc.buffer]
+            for b in marks[3]:
+                if marks[1][b] > vc[b] and _count(rows[b][acc.cells] > vc[b]):
                     return self._one_by_one(op, a, vc, op.accesses)
         clock = vc[a]
         value = clock * MAX_AGENTS + a
@@ -282,9 +294,13 @@ class RaceDetector:
             view = views.get(acc.buffer) or shadow.view(acc.buffer)
             if acc.mode == "r":
                 view[2][a][acc.cells] = clock
+                if not marks[1][a]:
+                    marks[3].append(a)
                 marks[1][a] = clock
             else:
                 view[0][acc.cells] = value  # the reads stay: see `_store`
+                if not marks[0][a]:
+                    marks[2].append(a)
                 marks[0][a] = clock
         return None
 
@@ -325,17 +341,24 @@ class RaceDetector:
             shadow.writer[cells[split:]] = clock * MAX_AGENTS + a
         self._mark(op, a, clock)
 
-    def _marks(self, buffer: str) -> tuple[list[int], list[int]]:
+    def _marks(self, buffer: str) -> Marks:
         marks = self.marks.get(buffer)
         if marks is None:
-            marks = self.marks[buffer] = ([0] * MAX_AGENTS, [0] * MAX_AGENTS)
+            marks = self.marks[buffer] = ([0] * MAX_AGENTS, [0] * MAX_AGENTS, [], [])
         return marks
+
+    def _raise(self, buffer: str, read: bool, a: int, clock: int) -> None:
+        """Agent `a` accessed `buffer` at `clock`: its watermark of that mode is now `clock`."""
+        marks = self._marks(buffer)
+        if not marks[read][a]:
+            marks[3 if read else 2].append(a)
+        marks[read][a] = clock
 
     def _mark(self, op: Op, a: int, clock: int) -> None:
         """Raise the watermarks of every buffer the op touched (all its accesses recorded)."""
         for acc in op.accesses:
             if len(acc.cells):
-                self._marks(acc.buffer)[acc.mode == "r"][a] = clock
+                self._raise(acc.buffer, acc.mode == "r", a, clock)
 
     def _one_by_one(
         self, op: Op, a: int, clock: VectorClock | np.ndarray, accesses: list[Access]
@@ -363,7 +386,7 @@ class RaceDetector:
             return self._race(kind, acc, cells[unordered], first, op)
         if acc.mode == "r":
             shadow.reads[a][at] = vc[a]
-            self._marks(acc.buffer)[1][a] = int(vc[a])
+            self._raise(acc.buffer, True, a, int(vc[a]))
             return None
         n = len(self.hb.agents)
         reads = shadow.reads[:n, at] > vc[:n, None]
@@ -374,7 +397,7 @@ class RaceDetector:
             first = self.hb.op_of(int(agent), int(shadow.reads[agent, at[idx]]))
             return self._race("WAR", acc, conflicting, first, op)
         shadow.writer[at] = vc[a] * MAX_AGENTS + a  # the reads stay: see `_op`
-        self._marks(acc.buffer)[0][a] = int(vc[a])
+        self._raise(acc.buffer, False, a, int(vc[a]))
         return None
 
     @staticmethod

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.backends.sim.timing import SeededDelay, Timing
+from overlapcheck.backends.sim.toy_model import ToyModel
 from overlapcheck.core.protocol import Books, Holding
 from overlapcheck.core.trace import HOST, Access, Op, Trace
 from overlapcheck.harness.runner import run_scenario
@@ -313,3 +314,28 @@ def test_slot_books_name_the_slots_held_twice_or_both_free_and_held(
     with pytest.raises(InvariantViolated) as err:
         check._check_books(slot_books(held, free))
     assert err.value.violation.message == message
+
+
+@FAST
+@given(
+    prompt=st.lists(st.integers(0, 499), max_size=40),
+    eos_probability=st.sampled_from([0.0, 0.05, 0.5]),
+    ignore_eos=st.booleans(),
+    scripted=st.lists(st.integers(0, 499), max_size=4),
+)
+def test_the_streamed_reference_is_the_model_run_on_each_whole_context(
+    prompt: list[int], eos_probability: float, ignore_eos: bool, scripted: list[int]
+) -> None:
+    """`ToyModel.generate` feeds each token to running hashers; the device hashes each context it
+    reads whole. Both must give the same tokens, scripted continuations and EOS coins included."""
+    model = ToyModel(500, 2, seed=7, eos_probability=eos_probability)
+    if scripted:
+        model.add_script(prompt, scripted)
+    out = model.generate(prompt, 30, ignore_eos)
+    context, whole = list(prompt), []
+    while len(whole) < 30:
+        whole.append(model.next_token(np.asarray(context)))
+        context.append(whole[-1])
+        if whole[-1] == model.eos and not ignore_eos:
+            break
+    assert out == whole

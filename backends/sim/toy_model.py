@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections.abc import Iterable, Sequence
+from hashlib import blake2b
 
 import numpy as np
 
@@ -52,27 +53,46 @@ class ToyModel:
 
     def _hashed(self, key: bytes | array[int]) -> int:
         """The next token of an unscripted context, from its DTYPE bytes (any buffer)."""
-        if self.eos_below:
-            coin = self._coin.copy()
-            coin.update(key)
-            if int.from_bytes(coin.digest(), "little") < self.eos_below:
-                return self.eos
         digest = self._hash.copy()
         digest.update(key)
-        token = int.from_bytes(digest.digest(), "little") % (self.vocab_size - 1)
-        return token + 1 if token >= self.eos else token
+        if not self.eos_below:
+            return self._next_of(digest, None)
+        coin = self._coin.copy()
+        coin.update(key)
+        return self._next_of(digest, coin)
 
     def generate(self, prompt: Sequence[int], max_tokens: int, ignore_eos: bool) -> list[int]:
-        """The sequential reference: the request run alone, token by token. The context grows
-        in place as the hash reads it (a copy of it per token cost as much as the hash), and is
-        made bytes only for a scripted model's lookup."""
-        context = array("i", prompt)  # C int: DTYPE's 4 bytes, in the machine's order
+        """The sequential reference: the request run alone, token by token. A hash reads its
+        input as a stream, so the hashers take the prompt once and then each token as it comes;
+        a digest is the hash of what they read so far (the same as hashing it whole, without
+        reading the context again for every token). The context is kept as bytes only for a
+        scripted model's lookup."""
+        start = array("i", prompt)  # C int: DTYPE's 4 bytes, in the machine's order
+        digest, coin = self._hash.copy(), self._coin.copy() if self.eos_below else None
+        digest.update(start)
+        if coin is not None:
+            coin.update(start)
+        context = start if self.script else None
         out: list[int] = []
+        one = array("i", [0])
         while len(out) < max_tokens:
-            scripted = self.script.get(context.tobytes()) if self.script else None
-            token = scripted if scripted is not None else self._hashed(context)
+            scripted = self.script.get(context.tobytes()) if context is not None else None
+            token = scripted if scripted is not None else self._next_of(digest, coin)
             out.append(token)
-            context.append(token)
+            one[0] = token
+            digest.update(one)
+            if coin is not None:
+                coin.update(one)
+            if context is not None:
+                context.append(token)
             if token == self.eos and not ignore_eos:
                 break
         return out
+
+    def _next_of(self, digest: blake2b, coin: blake2b | None) -> int:
+        """The next token after the context hashers `digest` and `coin` (None: no EOS coin) have
+        read so far (a digest does not end the stream)."""
+        if coin is not None and int.from_bytes(coin.digest(), "little") < self.eos_below:
+            return self.eos
+        token = int.from_bytes(digest.digest(), "little") % (self.vocab_size - 1)
+        return token + 1 if token >= self.eos else token

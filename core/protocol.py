@@ -126,6 +126,21 @@ class Books(NamedTuple):
     pending: tuple[int, ...] = ()  # uids waiting for admission, in queue order
 
 
+class DerivedBooks(Books):
+    """Books that also say which of their page lists were made from that list's snapshot in
+    the books before: `free_from` the free list's, `held_from[i]` holding i's (the same tuple
+    where the list is unchanged; None: a list made afresh). A list and the one it was made from
+    agree on their common length (pages appended at its end, or its tail cut off), so a checker
+    that holds the earlier snapshot judges only the pages that came or went, not the whole list
+    again (thousands of pages, at every iteration). Optional: plain `Books` are as valid, only
+    dearer to check.
+    """
+
+    # (class defaults: what `_replace` and `_make` give, which set no provenance)
+    free_from: tuple[int, ...] | None = None
+    held_from: tuple[tuple[int, ...] | None, ...] = ()
+
+
 @runtime_checkable
 class HasBooks(Protocol):
     """The optional capability: white-box checks read it between iterations."""

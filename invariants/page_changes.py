@@ -4,8 +4,10 @@ A decode iteration moves a few pages between lists of a few thousand: judging th
 that much instead of a pass over every page. Each list is matched to its last snapshot under
 the same key (compared as tuples, in C, mostly by identity of their ints) and recognised as
 unchanged, grown at its end, or cut at its head or tail; its lost and gained pages are then
-exactly the difference. Any other change counts as the whole old list lost and the whole new one
-gained, which is as exact, only slower.
+exactly the difference. A list the scheduler says it made from the last one (`DerivedBooks`: grown
+or cut at its tail) is recognised by identity of that one, without comparing them. Any other
+change counts as the whole old list lost and the whole new one gained, which is as exact, only
+slower.
 """
 
 from __future__ import annotations
@@ -27,14 +29,23 @@ class PageChanges:
         self._last, self._next = lists, {}
         self.lost, self.gained = [], []
 
-    def add(self, key: Hashable, pages: tuple[int, ...]) -> bool:
+    def add(
+        self, key: Hashable, pages: tuple[int, ...], made_from: tuple[int, ...] | None = None
+    ) -> bool:
         """One list of the snapshot: what it lost and gained since the last one under `key`.
-        False when it is the same list."""
+        False when it is the same list. `made_from`: the list the scheduler made this one from
+        (`DerivedBooks`): if that is the last one, the two agree on their common length."""
         self._next[key] = pages
         before = self._last.get(key, ())
         if before is pages:
             return False
         n, m = len(pages), len(before)
+        if made_from is before:
+            if n > m:
+                self.gained += pages[m:]
+            elif n < m:
+                self.lost += before[n:]
+            return n != m
         if n == m:
             if pages == before:
                 return False

@@ -14,7 +14,7 @@ from itertools import chain
 
 import numpy as np
 
-from overlapcheck.core.protocol import Books
+from overlapcheck.core.protocol import Books, DerivedBooks
 from overlapcheck.core.trace import HOST, PAGE_TABLE, TOKEN_POOL, Op
 from overlapcheck.invariants.base import Invariant
 from overlapcheck.invariants.page_arrays import PageArrays
@@ -22,6 +22,7 @@ from overlapcheck.invariants.page_changes import PageChanges
 
 _ROW_BUFFERS = (TOKEN_POOL, PAGE_TABLE)  # the buffers a slot is a row of
 _min, _max = np.minimum.reduce, np.maximum.reduce
+_NONE_FROM: tuple[tuple[int, ...] | None, ...] = ()
 
 
 class SlotNotInFlight(Invariant):
@@ -181,11 +182,17 @@ class PagesConserved(Invariant):
         page a list lost, another list gained (so every page is still listed exactly once), and
         the locked pages are still cached. False sends the snapshot to the full check."""
         changes = self._changes
-        changes.add("free", books.free_pages)
+        live = books.live
+        free_from, held_from = None, _NONE_FROM
+        if type(books) is DerivedBooks:  # the scheduler says which lists it made from which
+            free_from, held_from = books.free_from, books.held_from
+        if len(held_from) != len(live):
+            held_from = (None,) * len(live)
+        changes.add("free", books.free_pages, free_from)
         cached_changed = changes.add("cached", books.cached_pages)
         seen: set[int] = set()
-        for i, h in enumerate(books.live):
-            changes.add(h.uid if h.uid not in seen else (h.uid, i), h.pages)
+        for i, (h, made_from) in enumerate(zip(live, held_from, strict=True)):
+            changes.add(h.uid if h.uid not in seen else (h.uid, i), h.pages, made_from)
             seen.add(h.uid)
         changes.done()
         if not changes.moved_only():

@@ -38,8 +38,9 @@ class Req:
     slot: int = -1
     cells: list[int] = field(default_factory=list)  # host copy of page_table[slot, :]
     own_pages: list[int] = field(default_factory=list)  # pages allocated for this request
-    # `own_pages` as the books list it, kept between iterations: None after every change of
-    # `own_pages` (all of them in cache/manager.py).
+    # `own_pages` as the books last listed it, kept between iterations: always a prefix of
+    # `own_pages`, which only grows at its end (`CacheManager.grow`) until it is replaced (then
+    # this is None again; all of that in cache/manager.py).
     books_pages: tuple[int, ...] | None = None
     handle: CacheHandle | None = None  # locked prefix-cache match
     cached_len: int = 0

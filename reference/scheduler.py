@@ -20,7 +20,7 @@ from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.device import Device, Event, ForwardOutput
 from overlapcheck.core.errors import InvariantError
 from overlapcheck.core.messages import AbortMsg, OutMsg, RejectMsg, TokenMsg, UserMsg
-from overlapcheck.core.protocol import Books, Holding, MessageSource
+from overlapcheck.core.protocol import Books, DerivedBooks, Holding, MessageSource
 from overlapcheck.core.rules import max_output, rejection
 from overlapcheck.core.speculative import Drafter, is_verify
 from overlapcheck.core.trace import PAGE_TABLE, TOKEN_POOL
@@ -96,17 +96,28 @@ class Scheduler:
 
         Raises InvariantError where the tree contradicts itself (a lock count gone negative).
         Pages and slots are not counted here: `pages-conserved` and `slot-not-in-flight` judge
-        them from these books, so counting them twice per iteration bought nothing.
+        them from these books, so counting them twice per iteration bought nothing. Each page
+        list made from its snapshot in the books before says so (`DerivedBooks`).
         """
         cached, locked = self.cache.prefix.books_pages()
         # Taken at every iteration: `tuple.__new__` is what `Holding._make` and `Books._make`
         # do, without a Python frame each; `DONE_STATES` is `Req.done`'s, without its call.
         make, done = tuple.__new__, DONE_STATES
         held = []
+        held_from: list[tuple[int, ...] | None] = []
         for r in self.held:
-            pages = r.books_pages
-            if pages is None:  # (the same tuple while the pages stay: compared by identity)
-                pages = r.books_pages = tuple(r.own_pages)
+            # The same tuple while the pages stay (compared by identity), and made from it
+            # while the request only grows (`own_pages` is then that tuple and more).
+            last, own = r.books_pages, r.own_pages
+            if last is None or len(last) > len(own):
+                pages = r.books_pages = tuple(own)
+                held_from.append(None)
+            elif len(last) < len(own):
+                pages = r.books_pages = last + tuple(own[len(last) :])
+                held_from.append(last)
+            else:
+                pages = last
+                held_from.append(last)  # made from itself
             slot = None if r.slot < 0 else r.slot  # a preempted request may still hold its slot
             held.append(make(Holding, (r.uid, slot, pages, r.state in done, r.preempted)))
         holdings = tuple(held)
@@ -115,8 +126,13 @@ class Scheduler:
         if swapped:
             pending += [r.uid for r in swapped]
         free_slots = tuple(self.table.free_slots())
-        free_pages = self.cache.allocator.free_snapshot()
-        return make(Books, (holdings, free_slots, free_pages, cached, locked, tuple(pending)))
+        allocator = self.cache.allocator
+        free_pages = allocator.free_snapshot()
+        books = make(
+            DerivedBooks, (holdings, free_slots, free_pages, cached, locked, tuple(pending))
+        )
+        books.free_from, books.held_from = allocator.snapshot_from, tuple(held_from)
+        return books
 
     def use_drafter(self, drafter: Drafter) -> None:
         """Draft with `drafter` instead of prompt lookup (a replay's: `TakesDrafter`)."""

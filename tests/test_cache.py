@@ -117,7 +117,13 @@ def test_the_books_snapshots_are_what_the_allocator_and_the_tree_hold_after_any_
         elif op == "free":
             taken = sorted(set(range(24)) - set(alloc.free_pages()) - set(tree.cached_pages()))
             alloc.free(taken[: data.draw(st.integers(0, 2))])
-        assert alloc.free_snapshot() == tuple(alloc.free_pages())
+        last = alloc._snapshot
+        snapshot = alloc.free_snapshot()
+        assert snapshot == tuple(alloc.free_pages())
+        made_from = alloc.snapshot_from  # None, or the last snapshot (itself if unchanged)
+        assert made_from is None or made_from is last
+        if made_from is not None:  # what `DerivedBooks.free_from` promises
+            assert snapshot[: len(made_from)] == made_from[: len(snapshot)]
         assert tree.books_pages() == (tuple(tree.cached_pages()), tuple(tree.locked_pages()))
 
 

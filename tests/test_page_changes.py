@@ -22,9 +22,10 @@ from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.bench.sim_speed import decode_workload
 from overlapcheck.core.config import PreemptionKind, SchedulerConfig
 from overlapcheck.core.device import Device
-from overlapcheck.core.protocol import Books, Holding, MessageSink, MessageSource
+from overlapcheck.core.protocol import Books, DerivedBooks, Holding, MessageSink, MessageSource
 from overlapcheck.harness.runner import RunResult, run_scenario
 from overlapcheck.invariants.base import InvariantViolated
+from overlapcheck.invariants.page_changes import PageChanges
 from overlapcheck.invariants.resources import PagesConserved
 from overlapcheck.reference.scheduler import Scheduler
 from overlapcheck.scenarios.named import named_scenario
@@ -188,6 +189,63 @@ def broken(draw: st.DrawFn, n: int, books: Books) -> Books:
 def test_judged_from_the_change_as_in_full_at_every_step(case: tuple[int, list[Books]]) -> None:
     n, steps = case
     judged_alike(n, steps)
+
+
+def claimed(steps: list[Books]) -> list[Books]:
+    """The same books as `DerivedBooks` that say, of each list, that it was made from the one
+    before under the same key wherever the two agree on their common length (true claims, as
+    the reference's): faulty books included, so that their faults meet the claimed path."""
+    out: list[Books] = []
+    last: Books | None = None
+    for books in steps:
+        derived = tuple.__new__(DerivedBooks, books)
+        if last is not None:
+            held = {h.uid: h.pages for h in last.live}
+            derived.free_from = _agreeing(last.free_pages, books.free_pages)
+            derived.held_from = tuple(_agreeing(held.get(h.uid), h.pages) for h in books.live)
+        out.append(derived)
+        last = books
+    return out
+
+
+def _agreeing(before: tuple[int, ...] | None, pages: tuple[int, ...]) -> tuple[int, ...] | None:
+    if before is None:
+        return None
+    n = min(len(before), len(pages))
+    return before if before[:n] == pages[:n] else None
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(long_books())
+def test_judged_from_the_lists_they_were_made_from_as_in_full_at_every_step(
+    case: tuple[int, list[Books]],
+) -> None:
+    n, steps = case
+    judged_alike(n, claimed(steps))
+
+
+def test_the_claimed_lists_do_reach_the_path_that_trusts_them() -> None:
+    """Claims that change what `add` does: a list made from its last one, not the same one."""
+    trusted = 0
+    orig = PageChanges.add
+
+    def counting(
+        self: PageChanges, key: object, pages: tuple[int, ...], made_from: object = None
+    ) -> bool:
+        nonlocal trusted
+        trusted += made_from is not None and made_from is self._last.get(key, ()) is not pages
+        return orig(self, key, pages, made_from)  # type: ignore[arg-type]
+
+    @settings(max_examples=100, deadline=None, database=None, derandomize=True)
+    @given(long_books())
+    def count(case: tuple[int, list[Books]]) -> None:
+        n, steps = case
+        judged_alike(n, claimed(steps))
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(PageChanges, "add", counting)
+        count()
+    assert trusted > 200
 
 
 def test_the_generated_books_do_reach_the_incremental_path_and_its_faults() -> None:
@@ -474,6 +532,7 @@ def test_the_reference_books_keep_unchanged_lists_as_the_same_tuples(
     iteration to the next (the check then compares by identity), and every list is what the
     managers hold now."""
     seen: list[Books] = []
+    claims = [0, 0]  # lists made from themselves (unchanged), from the last books' ones
 
     class Watching(Scheduler):
         def books(self) -> Books:
@@ -483,6 +542,22 @@ def test_the_reference_books_keep_unchanged_lists_as_the_same_tuples(
             assert books.cached_pages == tuple(prefix.cached_pages())
             assert books.locked_pages == tuple(prefix.locked_pages())
             assert [h.pages for h in books.live] == [tuple(r.own_pages) for r in self.held]
+            assert isinstance(books, DerivedBooks)
+            # Each list made from the last books' list (or itself), agreeing with it on their
+            # common length: what pages-conserved then trusts.
+            last = seen[-1] if seen else None
+            before = {h.uid: h.pages for h in last.live} if last is not None else {}
+            pairs = [(books.free_from, books.free_pages, last.free_pages if last else None)]
+            pairs += [
+                (f, h.pages, before.get(h.uid))
+                for f, h in zip(books.held_from, books.live, strict=True)
+            ]
+            for made_from, pages, was in pairs:
+                if made_from is not None:
+                    assert made_from is was or made_from is pages
+                    n = min(len(made_from), len(pages))
+                    assert made_from[:n] == pages[:n]
+                    claims[made_from is was and was is not pages] += 1
             seen.append(books)
             return books
 
@@ -511,6 +586,7 @@ def test_the_reference_books_keep_unchanged_lists_as_the_same_tuples(
     assert kept > 0 or scenario.config.page_size == 1  # (a page per token: grows every step)
     assert any(b.cached_pages for b in seen)
     assert any(b.locked_pages for b in seen) or name == "preemption"
+    assert claims[0] > 0 and claims[1] > 0
 
 
 def test_books_outside_the_contract_after_right_ones_are_judged_as_in_full() -> None:

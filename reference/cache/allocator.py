@@ -18,7 +18,10 @@ class PageAllocator:
         self._free = list(range(num_pages - 1, -1, -1))
         self._is_free = [True] * num_pages
         self._num_flagged_free = num_pages
-        self._snapshot: tuple[int, ...] | None = None  # `free_snapshot()` until the list changes
+        # `free_snapshot()` as last made: None after pages were freed; after allocations only,
+        # the free list is a prefix of it. `snapshot_from`: see `free_snapshot`.
+        self._snapshot: tuple[int, ...] | None = None
+        self.snapshot_from: tuple[int, ...] | None = None
 
     @property
     def num_free(self) -> int:
@@ -27,8 +30,7 @@ class PageAllocator:
     def allocate(self) -> int:
         if not self._free:
             raise InvariantError("pages-conserved", "allocate with no free page")
-        page = self._free.pop()
-        self._snapshot = None
+        page = self._free.pop()  # (the snapshot stays: the list is a prefix of it)
         self._is_free[page] = False
         self._num_flagged_free -= 1
         return page
@@ -58,7 +60,15 @@ class PageAllocator:
 
     def free_snapshot(self) -> tuple[int, ...]:
         """The free list as a tuple, highest first: the same tuple until the list changes (the
-        books ask at every iteration, and an unchanged list is then recognised by identity)."""
-        if self._snapshot is None:
-            self._snapshot = tuple(self._free)
-        return self._snapshot
+        books ask at every iteration, and an unchanged list is then recognised by identity).
+        After allocations only, cut from the last one. `snapshot_from` is then what it was
+        made from: that one, itself (unchanged), or None (made afresh)."""
+        last, free = self._snapshot, self._free
+        if last is None:
+            snapshot, self.snapshot_from = tuple(free), None
+        elif len(last) != len(free):
+            snapshot, self.snapshot_from = last[: len(free)], last
+        else:
+            snapshot = self.snapshot_from = last  # unchanged: made from itself
+        self._snapshot = snapshot
+        return snapshot

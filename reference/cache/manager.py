@@ -50,8 +50,7 @@ class CacheManager:
             if self.allocator.num_free == 0:
                 self.allocator.free(self.prefix.evict(1))
             page = self.allocator.allocate()
-            req.own_pages.append(page)
-            req.books_pages = None
+            req.own_pages.append(page)  # (`books_pages` stays its prefix)
             req.cells += range(page * ps, page * ps + ps)
 
     def release(self, req: Req, forget: bool = True) -> None:

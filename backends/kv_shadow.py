@@ -37,8 +37,6 @@ def _powers(base: int, n: int) -> np.ndarray:
     return out
 
 
-_B, _TWO = np.uint64(_BASE), np.uint64(2)
-
 _POS_BITS = 24  # a cell's `meta` packs (writer op seq << _POS_BITS) | position
 
 
@@ -115,7 +113,7 @@ class ForwardReads:
     one_each: bool  # one new position per sequence (a decode batch): `ids[i]` is row i's
     written: np.ndarray
     ids: np.ndarray
-    new_keys: np.ndarray
+    new_keys: np.ndarray  # int64: the keys' bits
     samples: tuple[int, ...] | None = None  # set when the kernel ends
     # A verify forward (core/speculative.py): per sequence, the end of its committed positions
     # (the rest of its new positions are drafts or padding: not judged as the request's), and
@@ -144,8 +142,12 @@ class KvShadow:
         self.epoch = 0
         self.log: list[Mutation] = []
         self.trimmed = 0
+        self._key64 = self.key.view(np.int64)  # the same keys, for int64 arithmetic
         self._where = np.full(num_cells, -1, dtype=np.int64)  # scratch of `as_read`
-        self._ranges: dict[int, np.ndarray] = {}  # arange(n), never written
+        # Per batch size n, never written: arange(n), and n copies of _BASE and of 2
+        self._ranges: dict[int, np.ndarray] = {}
+        self._times: dict[int, np.ndarray] = {}
+        self._twos: dict[int, np.ndarray] = {}
 
     def read(
         self,
@@ -163,34 +165,17 @@ class KvShadow:
         `written` and `ids`: the cells of the new positions, row by row, and the ids read there."""
         first, last = starts.tolist(), ends.tolist()
         n = len(last)
-        m = max(last, default=0)
-        if cells.shape[1] != m:
-            cells = cells[:, :m]
-        every = self._ranges.get(n)
-        if every is None:
-            every = self._ranges[n] = np.arange(n)
-        # (ends > starts everywhere and as many new positions as sequences: one each)
-        one_each = n == len(ids) and n > 0 and min(map(operator.sub, last, first)) > 0
+        # One new position per sequence (a decode batch): as many ids as sequences and none
+        # without a new position. (The cells then have max(ends) columns: none to cut.)
+        one_each = n == len(ids) and n > 0 and not any(map(operator.ge, first, last))
         if one_each:
-            rows, cols = every, starts
-            # What each sequence's last cached cell holds now, as the kernel reads it.
-            base = self.key[cells[every, starts - 1]]
-            if 0 in first:
-                base[starts == 0] = 0
-            new_keys = base * _B
-            np.add(new_keys, ids, out=new_keys, dtype=np.uint64, casting="unsafe")  # (wraps)
-            new_keys += _TWO
-        elif len(ids):
-            counts = np.maximum(ends - starts, 0)
-            rows = np.repeat(every, counts)
-            at = np.cumsum(counts) - counts
-            cols = np.arange(len(rows)) - np.repeat(at - starts, counts)
-            end = np.minimum(np.maximum(starts - 1, 0), m - 1)
-            base = np.where(starts > 0, self.key[cells[every, end]], 0)
-            new_keys = self._extend(base, ids, rows, cols, starts, counts)
+            rows, cols = self._decode_rows(n), starts
+            new_keys = self._decode_keys(cells, starts, first, ids)
         else:
-            rows = cols = np.zeros(0, dtype=np.int64)
-            new_keys = np.zeros(0, dtype=np.uint64)
+            m = max(last, default=0)
+            if cells.shape[1] != m:
+                cells = cells[:, :m]
+            rows, cols, new_keys = self._new_keys(cells, starts, ends, ids, m)
         self.reads[op] = ForwardReads(
             op,
             self.epoch,
@@ -208,6 +193,50 @@ class KvShadow:
             ids,
             new_keys,
         )
+
+    def _decode_rows(self, n: int) -> np.ndarray:
+        """arange(n), with the constants of `_decode_keys` for n sequences made alongside."""
+        every = self._ranges.get(n)
+        if every is None:
+            every = self._ranges[n] = np.arange(n)
+            self._times[n] = np.full(n, _BASE, dtype=np.int64)
+            self._twos[n] = np.full(n, 2, dtype=np.int64)
+        return every
+
+    def _decode_keys(
+        self, cells: np.ndarray, starts: np.ndarray, first: list[int], ids: np.ndarray
+    ) -> np.ndarray:
+        """The key of each sequence's one new position: the key its last cached cell holds now
+        (0 for none), extended by its id. In int64 (the same bits as uint64, and int32 ids add
+        to it without a cast); the constants are whole arrays, as a scalar operand costs numpy
+        more than the arithmetic on a handful of keys."""
+        n, m = cells.shape
+        # cells[i, starts[i] - 1] as a flat index (a 2-d fancy index costs twice as much)
+        before = np.arange(-1, n * m - 1, m)
+        before += starts
+        base: np.ndarray = self._key64[cells.ravel()[before]]
+        if 0 in first:
+            base[starts == 0] = 0
+        base *= self._times[n]  # (int64 wraps as uint64 does)
+        base += ids
+        base += self._twos[n]
+        return base
+
+    def _new_keys(
+        self, cells: np.ndarray, starts: np.ndarray, ends: np.ndarray, ids: np.ndarray, m: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Rows, columns and keys (int64 bits) of the new positions, any number per sequence."""
+        if not len(ids):
+            empty = np.zeros(0, dtype=np.int64)
+            return empty, empty, empty
+        every = self._decode_rows(len(starts))
+        counts = np.maximum(ends - starts, 0)
+        rows = np.repeat(every, counts)
+        at = np.cumsum(counts) - counts
+        cols = np.arange(len(rows)) - np.repeat(at - starts, counts)
+        end = np.minimum(np.maximum(starts - 1, 0), m - 1)
+        base = np.where(starts > 0, self.key[cells[every, end]], 0)
+        return rows, cols, self._extend(base, ids, rows, cols, starts, counts).view(np.int64)
 
     def _extend(
         self,
@@ -304,7 +333,7 @@ class KvShadow:
         rec = self.reads[op]
         written = rec.written
         self._mutate(KvWrite(written, self.key[written], self.meta[written], op))
-        self.key[written] = rec.new_keys
+        self._key64[written] = rec.new_keys
         self.meta[written] = rec.new[1] | (op << _POS_BITS)
         rec.samples = tuple(samples)
         rec.emitted = emitted

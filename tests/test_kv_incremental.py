@@ -8,8 +8,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from overlapcheck.backends.kv_shadow import KvShadow, PrefixHash
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.backends.sim.device import SimDevice
 from overlapcheck.core.batch import RowWrite
@@ -179,3 +183,37 @@ def test_named_scenarios_judge_the_same_both_ways(
     scenario = named_scenario(name).with_config(faults=frozenset(faults))
     result, _ = judged_both_ways(monkeypatch, scenario)
     assert result.ok is not bool(faults)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(st.data())
+def test_a_decode_batchs_keys_are_the_general_paths(data: st.DataObject) -> None:
+    # The shadow computes a decode batch's keys (one new position per sequence) in a few whole-
+    # batch ops; they must be what the general path (any number of new positions) computes, and
+    # what extending the last cached cell's key by the id gives.
+    num_cells = data.draw(st.integers(1, 40))
+    n = data.draw(st.integers(1, 9))
+    starts = np.array(data.draw(st.lists(st.integers(0, 12), min_size=n, max_size=n)))
+    width = int(starts.max()) + 1
+    cells = np.array(
+        data.draw(st.lists(st.integers(0, num_cells - 1), min_size=n * width, max_size=n * width))
+    ).reshape(n, width)
+    ids = np.array(
+        data.draw(st.lists(st.integers(-(2**31), 2**31 - 1), min_size=n, max_size=n)),
+        dtype=np.int32,
+    )
+    shadow = KvShadow(num_cells, 16)
+    shadow.key[:] = data.draw(
+        st.lists(st.integers(0, 2**64 - 1), min_size=num_cells, max_size=num_cells)
+    )
+    rows = np.arange(n)
+    written = cells[rows, starts]
+    shadow.read(0, rows, cells, starts, starts + 1, cells, cells, written, ids)
+    rec = shadow.reads[0]
+    assert rec.one_each
+    general = shadow._new_keys(cells, starts, starts + 1, ids, width)
+    assert general[0].tolist() == rows.tolist() and general[1].tolist() == starts.tolist()
+    assert rec.new_keys.tolist() == general[2].tolist()
+    before = [int(shadow.key[cells[i, s - 1]]) if s else 0 for i, s in enumerate(starts.tolist())]
+    extended = [PrefixHash.extend(k, t) for k, t in zip(before, ids.tolist(), strict=True)]
+    assert rec.new_keys.view(np.uint64).tolist() == extended

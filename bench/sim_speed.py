@@ -4,7 +4,7 @@ on; and what the checks cost on top, as a ratio of CPU times from the same run.
 The check sets run in turn, round after round, so that a load that comes and goes on a shared
 machine weighs on each of them alike; the ratio is the median over the rounds of each round's
 all-invariants CPU time over its footprints-only one (process time: time spent waiting for a
-core does not count)."""
+core does not count), printed with the quartiles of those ratios."""
 
 from __future__ import annotations
 
@@ -29,6 +29,8 @@ class SpeedResult:
     median_cpu_seconds: float = 0.0
     # this check set's CPU time over footprints-only's, round by round: the median
     cost_ratio: float = 1.0
+    # the middle half of those ratios (the quartiles): how much the machine moved them
+    cost_spread: tuple[float, float] = (1.0, 1.0)
 
     @property
     def iterations_per_second(self) -> float:
@@ -67,7 +69,13 @@ CHECK_SETS: tuple[tuple[str, list[str] | None], ...] = (
 )
 
 
-def measure(rounds: int = 5) -> list[SpeedResult]:
+# A run takes a fraction of a second, and on a shared or virtual machine one run in a few can
+# take a third longer than its neighbours: 15 rounds give a median ratio that moves by a few
+# hundredths between invocations where 5 rounds moved it by a tenth and more.
+ROUNDS = 15
+
+
+def measure(rounds: int = ROUNDS) -> list[SpeedResult]:
     """Each check set of `CHECK_SETS`, once per round, in turn."""
     scenario = decode_workload()
     walls: list[list[float]] = [[] for _ in CHECK_SETS]
@@ -96,6 +104,7 @@ def measure(rounds: int = 5) -> list[SpeedResult]:
                 cpu_time[0],
                 cpu_time[len(cpu_time) // 2],
                 ratios[len(ratios) // 2],
+                (ratios[len(ratios) // 4], ratios[(3 * len(ratios)) // 4]),
             )
         )
     return rows
@@ -103,18 +112,24 @@ def measure(rounds: int = 5) -> list[SpeedResult]:
 
 def main() -> list[SpeedResult]:
     rows = measure()
-    print("simulator speed: decode batch 8, overlap loop, 256 tokens per request (5 rounds)")
+    print(
+        f"simulator speed: decode batch 8, overlap loop, 256 tokens per request ({ROUNDS} rounds)"
+    )
     print(
         f"{'checks':<18}{'iterations':>11}{'best s':>9}{'iter/s':>10}{'median':>10}{'sim/wall':>10}"
-        f"{'cost':>7}"
+        f"{'cost':>7}{'middle half':>14}"
     )
     for r in rows:
         print(
             f"{r.invariants:<18}{r.iterations:>11}{r.wall_seconds:>9.3f}"
             f"{r.iterations_per_second:>10.0f}{r.median_iterations_per_second:>10.0f}"
             f"{r.sim_to_wall:>10.4f}{r.cost_ratio:>6.2f}x"
+            f"{r.cost_spread[0]:>8.2f}-{r.cost_spread[1]:.2f}"
         )
-    print("cost: CPU time over footprints only's, the median of the rounds' ratios")
+    print(
+        "cost: CPU time over footprints only's, the median of the rounds' ratios "
+        "(middle half: their quartiles)"
+    )
     return rows
 
 

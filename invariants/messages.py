@@ -66,7 +66,7 @@ class ExactLength(Invariant):
             self.fail(
                 f"token sent for a request that must be rejected ({req.rejection})", (msg.uid,)
             )
-        if not req.live and req.finished_step is None:
+        if req.finished_step is None and (req.aborted_step is not None or req.rejected):
             return  # aborted or rejected: abort-silent and the reject check judge it
         n = len(req.tokens)
         limit = req.max_output

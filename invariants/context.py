@@ -18,7 +18,7 @@ from overlapcheck.core.messages import AbortMsg, InMsg, OutMsg, RejectMsg, UserM
 from overlapcheck.core.protocol import Books, HasBooks
 from overlapcheck.core.rules import max_output, rejection
 from overlapcheck.core.trace import Op, Trace, TraceView
-from overlapcheck.invariants.forward_shape import ShapeCache
+from overlapcheck.invariants.forward_shape import ForwardIndex, ShapeCache
 from overlapcheck.invariants.races import Clocks
 
 if TYPE_CHECKING:
@@ -176,6 +176,7 @@ class RunContext:
         self.device = device
         self.kv_shadow = kv_shadow  # what the device records of each KV cell, if it keeps one
         self.shapes = ShapeCache(scenario.config.max_seq_len)  # forwards' rows and lengths
+        self.forwards = ForwardIndex()  # the trace's forwards, for the checks that read them
         self.backend_name = backend_name
         self.scheduler = scheduler
         self.ledger = RequestLedger(scenario.config)  # the requests as received and answered

@@ -1,11 +1,17 @@
 """Each forward's sequences as its page-table read shows them: their rows (slots) and context
-lengths. Read from the footprint alone, so it holds for any scheduler."""
+lengths. Read from the footprint alone, so it holds for any scheduler. And the run's forwards
+(and KV offloads), found once for every check that reads them."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from operator import attrgetter
+
 import numpy as np
 
-from overlapcheck.core.trace import PAGE_TABLE, Op
+from overlapcheck.core.trace import KV_OFFLOAD, PAGE_TABLE, Op
+
+_KIND = attrgetter("kind")
 
 
 def forward_shape(op: Op, width: int) -> tuple[np.ndarray, np.ndarray]:
@@ -31,6 +37,8 @@ class ShapeCache:
         self.width = width
         self._op: Op | None = None
         self._shape = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+        self._lists_op: Op | None = None
+        self._lists: tuple[list[int], list[int]] = ([], [])
 
     def rows(self, op: Op) -> np.ndarray:
         """Each sequence's row (slot)."""
@@ -40,7 +48,44 @@ class ShapeCache:
         """Each sequence's context length."""
         return self._get(op)[1]
 
+    def lists(self, op: Op) -> tuple[list[int], list[int]]:
+        """`rows` and `ends` as lists (the checks loop over them in Python)."""
+        if self._lists_op is not op:
+            rows, ends = self._get(op)
+            self._lists_op, self._lists = op, (rows.tolist(), ends.tolist())
+        return self._lists
+
     def _get(self, op: Op) -> tuple[np.ndarray, np.ndarray]:
         if self._op is not op:
             self._op, self._shape = op, forward_shape(op, self.width)
         return self._shape
+
+
+class ForwardIndex:
+    """The forwards of one run's trace in issue order, with their places in it, and its KV
+    offloads to the host that name a request: found once, as ops are issued, for every check
+    that reads them (`progress`, `work-bound`, `slot-not-in-flight`). Each of them scanning
+    every new op for its forwards cost more than its own work on them."""
+
+    def __init__(self) -> None:
+        self.scanned = 0  # ops looked at
+        self.forwards: list[Op] = []
+        self.places: list[int] = []  # each forward's index in the trace
+        self.offloads: list[Op] = []
+
+    def update(self, ops: Sequence[Op]) -> int:
+        """Take in the ops issued since the last call; how many there are."""
+        start, end = self.scanned, len(ops)
+        if start == end:
+            return end
+        new = ops[start:end]
+        kinds = list(map(_KIND, new))  # then searched in C: most ops are not forwards
+        at = 0
+        for _ in range(kinds.count("forward")):
+            at = kinds.index("forward", at) + 1
+            self.forwards.append(new[at - 1])
+            self.places.append(start + at - 1)
+        if KV_OFFLOAD in kinds:
+            self.offloads += [op for op in new if op.kind == KV_OFFLOAD and op.uids]
+        self.scanned = end
+        return end

@@ -8,18 +8,24 @@ only the trace (uids and footprints of `forward` ops) and the messages.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from overlapcheck.core.trace import Op, TraceView
 from overlapcheck.invariants.context import Request
-from overlapcheck.invariants.forward_shape import forward_shape
+from overlapcheck.invariants.forward_shape import ForwardIndex, forward_shape
 
 Attributed = tuple[Op, tuple[Request | None, ...]]
 
 
 class ForwardFeed:
+    """A check's forwards with their requests. One feed is pulled either from the trace
+    (`pull`) or from the run's index of forwards (`pull_indexed`), never both."""
+
     def __init__(self) -> None:
-        self.seen = 0
+        self.seen = 0  # ops pulled
+        self.taken = 0  # of the index's forwards (`pull_indexed`)
         self.current: dict[int, Request] = {}  # uid -> the instance its forwards run for now
 
     def pull(self, trace: TraceView) -> list[Attributed]:
@@ -33,6 +39,17 @@ class ForwardFeed:
         return [
             (op, tuple(map(attribute, op.uids))) for op in ops[start:end] if op.kind == "forward"
         ]
+
+    def pull_indexed(self, index: ForwardIndex, ops: Sequence[Op]) -> list[Attributed]:
+        """`pull`, from the index of the run whose trace's ops are `ops`."""
+        end = index.update(ops)
+        if self.seen == end:
+            return []
+        self.seen = end
+        forwards, start = index.forwards, self.taken
+        self.taken = len(forwards)
+        attribute = self.current.get
+        return [(op, tuple(map(attribute, op.uids))) for op in forwards[start:]]
 
     def admit(self, req: Request | None) -> None:
         """A request booked by the harness (call after `pull`): its uid's forwards are now its."""

@@ -36,13 +36,14 @@ class NoHiddenSync(TraceScanner):
         clocks = self.run.clocks
         hb = clocks.hb
         n = clocks.advance()
-        while self.seen < n:
-            seq = self.seen
-            self.seen += 1
+        recorded_by = self.recorded_by
+        for seq in range(self.seen, n):
             op = ops[seq]
             if op.records is not None:
-                self.recorded_by[op.records] = op.seq
-            if op.kind == "forward":
+                recorded_by[op.records] = op.seq
+            kind = op.kind
+            if kind == "forward":
+                self.seen = seq + 1  # a finding here leaves the next scan to go on after it
                 if self.last is not None:
                     for wait in self.suspects:
                         if op.step == wait.step or self.last[0].step == wait.step:
@@ -52,7 +53,7 @@ class NoHiddenSync(TraceScanner):
                 assert vc is not None  # kept for every forward
                 self.last = (op, agent, int(vc[agent]))
                 self.covered = False
-            elif op.kind == "host_wait" and self.last is not None and op.waits is not None:
+            elif kind == "host_wait" and self.last is not None and op.waits is not None:
                 event = hb.events.get(op.waits)
                 # Only the first wait that covers the forward can block on it: after that the
                 # host knows it finished, and a later wait (an idle-time check, say) covers it
@@ -60,6 +61,7 @@ class NoHiddenSync(TraceScanner):
                 if event is not None and event[self.last[1]] >= self.last[2] and not self.covered:
                     self.suspects.append(op)
                     self.covered = True
+        self.seen = n
 
     def _report(self, wait: Op, forward: Op, following: Op) -> None:
         assert wait.waits is not None

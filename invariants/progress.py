@@ -18,7 +18,7 @@ import numpy as np
 
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.messages import InMsg, OutMsg, TokenMsg, UserMsg
-from overlapcheck.core.trace import KV_OFFLOAD, TOKEN_POOL, Op
+from overlapcheck.core.trace import TOKEN_POOL, Op
 from overlapcheck.invariants.base import Invariant
 from overlapcheck.invariants.context import Request
 from overlapcheck.invariants.forwards import ForwardFeed
@@ -40,6 +40,7 @@ class Progress(Invariant):
         self.preemptions = 0  # since the last token
         self.first: str = ""  # what the first of them was
         self.tokens = 0  # token messages sent by the last pull
+        self.offloads = 0  # of the run's KV offloads (`ForwardIndex`), pulled
 
     def on_receive(self, msg: InMsg, req: Request | None) -> None:
         self._pull()
@@ -82,31 +83,32 @@ class Progress(Invariant):
         if tokens != self.tokens:
             self.tokens = tokens
             self.since, self.preemptions = None, 0
-        trace = self.run.trace
-        start = self.feed.seen
-        if start == len(trace.ops):
+        ops, index = self.run.trace.ops, self.run.forwards
+        if self.feed.seen == len(ops):
             return  # nothing issued since the last pull
-        offloads = [
-            op for op in trace.ops[start : len(trace.ops)] if op.kind == KV_OFFLOAD and op.uids
-        ]
-        for op, reqs in self.feed.pull(trace):
+        pulled = self.feed.pull_indexed(index, ops)
+        offloads = index.offloads[self.offloads :]  # issued since the last pull, as the forwards
+        self.offloads = len(index.offloads)
+        for op, reqs in pulled:
             self._forward(op, reqs)
         for op in offloads:
             self._preempted(f"{op.label} swaps out request {op.uids[0]}")
 
     def _forward(self, op: Op, reqs: tuple[Request | None, ...]) -> None:
-        width = self.run.config.max_seq_len
-        ends = self.run.shapes.ends(op)
+        ends = self.run.shapes.lists(op)[1]
         if len(ends) != len(reqs):
             return
-        starts = _starts(op, ends, width)
-        for req, start, end in zip(reqs, starts.tolist(), ends.tolist(), strict=True):
+        starts = _starts(op, ends, self.run.config.max_seq_len)
+        computed = self.computed
+        for req, start, end in zip(reqs, starts, ends, strict=True):
             if req is None:
                 continue
-            done = self.computed.get(req.index, 0)
+            done = computed.get(req.index, 0)
             if start < done:
                 self._preempted(f"{op.label} recomputes request {req.uid} from position {start}")
-            self.computed[req.index] = max(done, end) if start >= done else end
+                computed[req.index] = end
+            elif end > done:
+                computed[req.index] = end
 
     def _preempted(self, what: str) -> None:
         if self.since is None:
@@ -114,15 +116,15 @@ class Progress(Invariant):
         self.preemptions += 1
 
 
-def _starts(op: Op, ends: np.ndarray, width: int) -> np.ndarray:
+def _starts(op: Op, ends: list[int], width: int) -> list[int]:
     """Each sequence's first new position, from the forward's token-pool read (its input ids,
     sequence by sequence, one row each)."""
     read = next((a.cells for a in op.accesses if a.buffer == TOKEN_POOL and a.mode == "r"), None)
     if read is None or len(read) == len(ends):  # one new token each: the last position
-        return ends - 1
+        return [end - 1 for end in ends]
     rows = read // width
     begins = np.flatnonzero(np.diff(rows, prepend=-1) != 0)
     if len(begins) != len(ends):
-        return ends - 1
-    starts: np.ndarray = read[begins] % width
+        return [end - 1 for end in ends]
+    starts: list[int] = (read[begins] % width).tolist()
     return starts

@@ -54,8 +54,9 @@ class _Shadow:
         self.regions: dict[str, tuple[int, int]] = {}  # buffer -> (first cell, cells)
         self.fixed: dict[str, int] = {}  # buffer -> first cell, for regions of a declared size
         # buffer -> its region's views: writers, and each agent's read clocks (forgotten when
-        # the region moves or the arrays are reallocated)
-        self.views: dict[str, tuple[np.ndarray, np.ndarray, list[np.ndarray]]] = {}
+        # the region moves, the arrays are reallocated or an agent appears)
+        self.views: dict[str, tuple[np.ndarray, list[np.ndarray]]] = {}
+        self.agents = 0  # the agents the views have read rows for
 
     def base(self, buffer: str, cells: np.ndarray, size: int | None = None) -> int:
         """Where `buffer`'s region starts, grown to hold `cells` (non-negative indices). A region
@@ -73,13 +74,19 @@ class _Shadow:
         size = max(top + 1, 8) if region is None else max(top + 1, 2 * region[1])
         return self._place(buffer, size, region)
 
-    def view(self, buffer: str) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    def view(self, buffer: str) -> tuple[np.ndarray, list[np.ndarray]]:
         """`buffer`'s region as views into the shadow, indexed by the buffer's own cells: its
-        writers, its read clocks (agents by cells), and each agent's row of those."""
+        writers, and the read clocks of each agent known so far (`agents`)."""
         start, size = self.regions[buffer]
-        reads = self.reads[:, start : start + size]
-        found = self.views[buffer] = (self.writer[start : start + size], reads, list(reads))
+        reads = self.reads[: self.agents, start : start + size]
+        found = self.views[buffer] = (self.writer[start : start + size], list(reads))
         return found
+
+    def know(self, agents: int) -> None:
+        """The trace has `agents` agents now: views made for fewer are forgotten."""
+        if agents != self.agents:
+            self.agents = agents
+            self.views.clear()
 
     def _place(self, buffer: str, size: int, region: tuple[int, int] | None) -> int:
         self.views.pop(buffer, None)
@@ -225,6 +232,7 @@ class RaceDetector:
             self.clocks = Clocks(trace)
         clocks = self.clocks
         n = clocks.advance()
+        self.shadow.know(len(clocks.hb.agents))
         ops = trace.ops
         self.sizes = trace.sizes
         while self.checked < n:
@@ -283,17 +291,17 @@ class RaceDetector:
         for acc in unsure:
             # Only the agents whose latest read of the buffer this op is not ordered after can
             # have read one of its cells unordered with it.
-            rows = (views.get(acc.buffer) or shadow.view(acc.buffer))[2]
+            rows = (views.get(acc.buffer) or shadow.view(acc.buffer))[1]
             marks = marks_of[acc.buffer]
             for b in marks[3]:
-                if marks[1][b] > vc[b] and _count(rows[b][acc.cells] > vc[b]):
+                if marks[1][b] > vc[b] and _max(rows[b][acc.cells]) > vc[b]:
                     return self._one_by_one(op, a, vc, op.accesses)
         clock = vc[a]
         value = clock * MAX_AGENTS + a
         for acc, marks in touched:
             view = views.get(acc.buffer) or shadow.view(acc.buffer)
             if acc.mode == "r":
-                view[2][a][acc.cells] = clock
+                view[1][a][acc.cells] = clock
                 if not marks[1][a]:
                     marks[3].append(a)
                 marks[1][a] = clock

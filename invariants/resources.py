@@ -39,7 +39,8 @@ class SlotNotInFlight(Invariant):
     id = "slot-not-in-flight"
 
     def __init__(self) -> None:
-        self.seen = 0
+        self.seen = 0  # ops judged
+        self.taken = 0  # of the run's forwards (`ForwardIndex`), judged
         self.owner: dict[int, tuple[int, int, int, int]] = {}  # row -> uid, agent, clock, op seq
 
     def on_ops(self) -> None:
@@ -60,26 +61,27 @@ class SlotNotInFlight(Invariant):
         width = self.run.config.max_seq_len
         clocks = self.run.clocks
         n = clocks.advance()
-        start = self.seen
-        if start == n:
+        if self.seen == n:
             return
-        forwards = [
-            (start + i, op)
-            for i, op in enumerate(ops[start:n])
-            if op.kind == "forward" and op.agent != HOST
-        ]
-        for seq, op in forwards:
-            self.seen = seq + 1  # a finding here leaves the next call to go on after this one
+        index, shapes, owner = self.run.forwards, self.run.shapes, self.owner
+        index.update(ops)
+        forwards, places = index.forwards, index.places
+        for k in range(self.taken, len(forwards)):
+            # a finding here leaves the next call to go on after this forward
+            seq, self.taken, self.seen = places[k], k + 1, places[k] + 1
+            op = forwards[k]
+            if op.agent == HOST:
+                continue
             agent, vc = clocks.agent[seq], clocks.vc[seq]
             assert vc is not None  # kept for every forward
             clock = int(vc[agent])
-            for uid, row in zip(op.uids, self.run.shapes.rows(op).tolist(), strict=False):
-                prev = self.owner.get(row)
+            for uid, row in zip(op.uids, shapes.lists(op)[0], strict=False):
+                prev = owner.get(row)
                 if prev is not None and prev[0] != uid:
                     unordered = self._unordered_use(prev, seq, row, width)
                     if unordered is not None:
                         self._report(ops[prev[3]], ops[unordered], op, uid, prev[0], row)
-                self.owner[row] = (uid, agent, clock, op.seq)
+                owner[row] = (uid, agent, clock, op.seq)
         self.seen = n
 
     def _unordered_use(

@@ -50,16 +50,16 @@ class WorkBound(Invariant):
         self._check()
 
     def _check(self) -> None:
-        for op, reqs in self.feed.pull(self.run.trace):
+        for op, reqs in self.feed.pull_indexed(self.run.forwards, self.run.trace.ops):
             self._judge(op, reqs)
 
     def _judge(self, op: Op, reqs: tuple[Request | None, ...]) -> None:
         cfg = self.run.config
-        ends = self.run.shapes.ends(op)
+        ends = self.run.shapes.lists(op)[1]
         if len(ends) != len(reqs):
             return
         context: np.ndarray | None = None
-        for i, (req, end) in enumerate(zip(reqs, ends.tolist(), strict=True)):
+        for i, (req, end) in enumerate(zip(reqs, ends, strict=True)):
             if req is None:
                 continue
             limits = self.limits.get(req.index)
@@ -67,12 +67,16 @@ class WorkBound(Invariant):
                 prompt = len(req.msg.input_ids)
                 limits = self.limits[req.index] = (prompt, cfg.pages_for(prompt + req.max_output))
             prompt, reserved = limits
-            if end >= prompt:
+            # (`_sampled`'s two findings, asked here: a call per sequence costs more)
+            if end >= prompt and (
+                end - prompt >= req.max_output
+                or (req.finish_ops is not None and op.seq >= req.finish_ops)
+            ):
                 self._sampled(op, req, end - prompt)
             if end > reserved:  # fewer positions than reserved pages can never be too many pages
                 if context is None:
                     context = next(a.cells for a in op.accesses if a.buffer == KV and a.mode == "r")
-                start = int(ends[:i].sum())  # where the sequence's context starts in the read
+                start = sum(ends[:i])  # where the sequence's context starts in the read
                 pages = np.unique(context[start : start + end] // cfg.page_size)
                 if len(pages) > reserved:
                     self.fail(

@@ -22,13 +22,17 @@ from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.backends.sim.timing import SeededDelay, Timing
 from overlapcheck.backends.sim.toy_model import ToyModel
 from overlapcheck.core.protocol import Books, Holding
-from overlapcheck.core.trace import HOST, Access, Op, Trace
+from overlapcheck.core.trace import HOST, KV_OFFLOAD, TOKEN_POOL, Access, Op, Trace
 from overlapcheck.harness.runner import run_scenario
 from overlapcheck.invariants.base import InvariantViolated
+from overlapcheck.invariants.forward_shape import ForwardIndex, ShapeCache
+from overlapcheck.invariants.forwards import ForwardFeed
 from overlapcheck.invariants.page_arrays import PageArrays
+from overlapcheck.invariants.progress import _starts
 from overlapcheck.invariants.races import Race, RaceDetector, VectorClock
 from overlapcheck.invariants.resources import PagesConserved, SlotNotInFlight
 from overlapcheck.reference.cache.manager import page_fault, pages_add_up
+from overlapcheck.scenarios.named import named_scenario
 from overlapcheck.scenarios.strategies import scenarios
 
 FAST = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -339,3 +343,83 @@ def test_the_streamed_reference_is_the_model_run_on_each_whole_context(
         if whole[-1] == model.eos and not ignore_eos:
             break
     assert out == whole
+
+
+# -- the run's index of forwards, for progress, work-bound and slot-not-in-flight ---------------
+
+KINDS = ("forward", "h2d", KV_OFFLOAD, "record", "wait", "d2h")
+
+
+@st.composite
+def op_batches(draw: st.DrawFn) -> list[list[Op]]:
+    """Ops issued in batches (a pull between two), of every kind, some forwards on the host,
+    some offloads naming no request."""
+    batches, seq = [], 0
+    for _ in range(draw(st.integers(1, 8))):
+        batch = []
+        for _ in range(draw(st.integers(0, 12))):
+            kind = draw(st.sampled_from(KINDS))
+            uids = tuple(draw(st.lists(st.integers(0, 5), max_size=4)))
+            agent = draw(st.sampled_from((HOST, "engine", "scheduler")))
+            batch.append(Op(seq, agent, kind, 0, "", 0.0, uids=uids))
+            seq += 1
+        batches.append(batch)
+    return batches
+
+
+@FAST
+@given(op_batches(), st.data())
+def test_the_forward_index_pulls_what_a_scan_of_the_new_ops_pulls(
+    batches: list[list[Op]], data: st.DataObject
+) -> None:
+    trace, index = Trace(), ForwardIndex()
+    scanned, indexed = ForwardFeed(), ForwardFeed()
+    for batch in batches:
+        for op in batch:
+            trace.add(op)
+        for _ in range(data.draw(st.integers(1, 2))):  # a second pull finds nothing new
+            assert indexed.pull_indexed(index, trace.ops) == scanned.pull(trace)
+            assert indexed.seen == scanned.seen == len(trace.ops)
+        uid = data.draw(st.integers(0, 5))
+        req = SimpleNamespace(uid=uid, rejection=None, aborted_step=None)
+        for feed in (scanned, indexed):
+            feed.admit(req)  # type: ignore[arg-type]
+    ops = trace.ops
+    assert index.forwards == [op for op in ops if op.kind == "forward"]
+    assert index.places == [i for i, op in enumerate(ops) if op.kind == "forward"]
+    assert index.offloads == [op for op in ops if op.kind == KV_OFFLOAD and op.uids]
+
+
+def numpy_starts(op: Op, ends: np.ndarray, width: int) -> np.ndarray:
+    """`progress`'s first new position of each sequence, as it was computed in numpy."""
+    read = next((a.cells for a in op.accesses if a.buffer == TOKEN_POOL and a.mode == "r"), None)
+    if read is None or len(read) == len(ends):
+        return ends - 1
+    rows = read // width
+    begins = np.flatnonzero(np.diff(rows, prepend=-1) != 0)
+    if len(begins) != len(ends):
+        return ends - 1
+    starts: np.ndarray = read[begins] % width
+    return starts
+
+
+@pytest.mark.parametrize("name", ["preemption", "shared-prefix", "chunked-long"])
+def test_progress_finds_each_forwards_starts_as_numpy_did(name: str) -> None:
+    scenario = named_scenario(name)
+    if name == "preemption":
+        scenario = scenario.with_config(preemption="recompute", page_alloc="on-demand")
+    result = run_scenario(scenario, SimBackend(), [])
+    width = scenario.config.max_seq_len
+    forwards = [op for op in result.trace.ops if op.kind == "forward"]
+    assert forwards
+    shapes = ShapeCache(width)
+    for op in forwards:
+        rows, ends = shapes.lists(op)
+        assert (rows, ends) == (shapes.rows(op).tolist(), shapes.ends(op).tolist())
+        assert _starts(op, ends, width) == numpy_starts(op, shapes.ends(op), width).tolist()
+    # prefills and recomputes among them, not only one new token each
+    assert any(
+        _starts(op, e, width) != [x - 1 for x in e]
+        for op in forwards
+        for e in [shapes.ends(op).tolist()]
+    )

@@ -12,7 +12,7 @@ slower.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 
 
 class PageChanges:
@@ -62,6 +62,30 @@ class PageChanges:
         self.lost += before
         self.gained += pages
         return True
+
+    def add_many(
+        self,
+        keys: list[Hashable],
+        lists: list[tuple[int, ...]],
+        made_from: Sequence[tuple[int, ...] | None],
+    ) -> None:
+        """`add` for each key, list and what it was made from, in order, with the common case
+        (made from its last one, or it is the last one) in one loop, not a call each: a decode
+        iteration grows every request's list."""
+        last, nxt, gained, lost = self._last.get, self._next, self.gained, self.lost
+        for key, pages, base in zip(keys, lists, made_from, strict=True):
+            before = last(key, ())
+            if pages is before:
+                nxt[key] = pages
+            elif base is before:
+                nxt[key] = pages
+                n, m = len(pages), len(before)
+                if n > m:
+                    gained += pages[m:]
+                elif n < m:
+                    lost += before[n:]
+            else:
+                self.add(key, pages, base)
 
     def done(self) -> None:
         """The snapshot is over: a list of the last one that is not in it lost all its pages."""

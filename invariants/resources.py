@@ -192,10 +192,14 @@ class PagesConserved(Invariant):
             held_from = (None,) * len(live)
         changes.add("free", books.free_pages, free_from)
         cached_changed = changes.add("cached", books.cached_pages)
-        seen: set[int] = set()
-        for i, (h, made_from) in enumerate(zip(live, held_from, strict=True)):
-            changes.add(h.uid if h.uid not in seen else (h.uid, i), h.pages, made_from)
-            seen.add(h.uid)
+        keys: list[Hashable] = [h.uid for h in live]
+        if len(set(keys)) != len(keys):  # a second holding of one uid (a broken scheduler's)
+            seen: set[Hashable] = set()  # is another list
+            keys = []
+            for i, h in enumerate(live):
+                keys.append(h.uid if h.uid not in seen else (h.uid, i))
+                seen.add(h.uid)
+        changes.add_many(keys, [h.pages for h in live], held_from)
         changes.done()
         if not changes.moved_only():
             return False

@@ -113,7 +113,7 @@ class Scheduler:
                 pages = r.books_pages = tuple(own)
                 held_from.append(None)
             elif len(last) < len(own):
-                pages = r.books_pages = last + tuple(own[len(last) :])
+                pages = r.books_pages = tuple(own)  # (a single copy: cheaper than last + tail)
                 held_from.append(last)
             else:
                 pages = last

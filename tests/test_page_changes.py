@@ -612,3 +612,41 @@ def test_books_outside_the_contract_after_right_ones_are_judged_as_in_full() -> 
         except Exception as e:
             got = type(e)
         assert got == expected
+
+
+@st.composite
+def list_changes(draw: st.DrawFn) -> tuple[dict[object, tuple[int, ...]], list[tuple]]:
+    """Last snapshots by key, and the next one's (key, list, made_from): lists unchanged,
+    grown or cut with a claim, changed otherwise with a wrong or no claim, keys repeated."""
+    keys = draw(st.lists(st.integers(0, 5), min_size=1, max_size=8))
+    pages = st.lists(st.integers(0, 30), max_size=6).map(tuple)
+    last = {k: draw(pages) for k in set(keys) if draw(st.booleans())}
+    items = []
+    for key in keys:
+        before = last.get(key, ())
+        how = draw(st.sampled_from(("same", "grown", "cut", "other", "wrong-claim")))
+        if how == "same":
+            items.append((key, before, draw(st.sampled_from((None, before)))))
+        elif how == "grown":
+            items.append((key, before + draw(pages), before))
+        elif how == "cut":
+            items.append((key, before[: draw(st.integers(0, len(before)))], before))
+        else:
+            claim = draw(pages) if how == "wrong-claim" else None
+            items.append((key, draw(pages), claim))
+    return last, items
+
+
+@settings(max_examples=300, deadline=None)
+@given(list_changes())
+def test_add_many_is_add_one_by_one(
+    case: tuple[dict[object, tuple[int, ...]], list[tuple]],
+) -> None:
+    last, items = case
+    one, many = PageChanges(), PageChanges()
+    one.start_over(dict(last))
+    many.start_over(dict(last))
+    for key, pages, made_from in items:
+        one.add(key, pages, made_from)
+    many.add_many([i[0] for i in items], [i[1] for i in items], [i[2] for i in items])
+    assert (many.lost, many.gained, many._next) == (one.lost, one.gained, one._next)

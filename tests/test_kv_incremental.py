@@ -242,7 +242,7 @@ def test_a_clean_decode_is_judged_as_a_steady_batch() -> None:
 FAULT_LISTS = [[], *([f] for f in sorted(FAULTS))]
 
 
-@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(scenarios(), st.sampled_from(FAULT_LISTS))
 def test_generated_runs_judge_the_same_as_steady_batches_by_sequence_and_in_full(
     scenario: Scenario, faults: list[str]

@@ -19,9 +19,7 @@ the write starts). The new positions a forward computed join the trust once its 
 followed, if no other write of the same forward hit the same cells. A forward whose sequences'
 cached reads all lie within trusts compares only its new positions' input ids with the requests'
 tokens (the same first wrong position, given a right prefix); any other forward compares every
-position of the read that `KvShadow.as_read` rebuilds. A decode batch that runs again as it was
-(the same requests on the same slots, each one position on, its starts the trusts' lengths) passes
-those trust checks as a whole, and its ids are compared with the last samples in one go (`_Steady`).
+position of the read that `KvShadow.as_read` rebuilds.
 
 The simulator keeps the shadow; a device without one (the real engine) skips the check with a
 notice. The footprints say which cells the host meant; the shadow says what the kernel really read.
@@ -53,30 +51,6 @@ class _Trust:
     slot: int
     length: int
     generation: int
-
-
-@dataclass(slots=True)
-class _Steady:
-    """A decode batch that runs again and again: the same requests in the same order on the same
-    slots, one new position each, every request's trust reaching its start. While it lasts, its
-    forwards need no sequence-by-sequence look at the trusts: a forward whose starts are the
-    trusts' lengths passes each of those checks, and is judged by comparing its ids with the
-    tokens sampled for those positions, all at once. The trusts themselves stay as judging each
-    sequence would leave them; only `joining` (the forward whose write extends each trust from
-    `starts` to `ends`) is kept here instead of in `KvProvenance.joining`. Invariant: each
-    context knows `lengths[i] + 1` tokens (two more while a join is pending), the last one at
-    `lengths[i]` being `tokens[i]` once the join is followed."""
-
-    reqs: tuple[Request | None, ...]
-    contexts: list[_Context]
-    slots: list[int]
-    trusts: list[_Trust]
-    lengths: list[int]  # each trust's length
-    tokens: list[int]  # each request's token at its position `lengths[i]`, after the join
-    room: int  # forwards left before one reaches past the hashed width
-    joining: int | None  # the forward whose write is still to be followed
-    starts: list[int]
-    ends: list[int]
 
 
 class _Context:
@@ -129,7 +103,6 @@ class KvProvenance(Invariant):
         # Per forward not yet followed past its write: (trust, start, end, first) of each
         # sequence whose new positions start..end join its trust (at written[first:]).
         self.joining: dict[int, list[tuple[_Trust, int, int, int]]] = {}
-        self.steady: _Steady | None = None  # (while set, `joining` is empty)
 
     def bind(self, run: RunContext) -> None:
         super().bind(run)
@@ -197,12 +170,6 @@ class KvProvenance(Invariant):
         return ctx
 
     def _judge(self, op: Op, reqs: tuple[Request | None, ...], rec: ForwardReads) -> None:
-        steady = self.steady
-        if steady is not None:
-            if reqs == steady.reqs and self._judge_steady(op, rec, steady):
-                return
-            if self.steady is not None:
-                self._unsteady()
         starts = rec.first
         if len(reqs) != len(starts):
             return  # the device read another batch shape than issued: no-race reports that
@@ -279,101 +246,6 @@ class KvProvenance(Invariant):
             if ctx is not None and end == ctx.known and ctx.prompt_len <= end < ctx.limit:
                 ctx.tokens.append(token)
                 ctx.known = end + 1
-        if rec.one_each and rec.op in self.joining and self.incremental:
-            self._steady_from(rec, reqs, contexts)
-
-    def _steady_from(
-        self, rec: ForwardReads, reqs: tuple[Request | None, ...], contexts: list[_Context | None]
-    ) -> None:
-        """A decode forward judged right whose every sequence joins its trust (and the only
-        one still to join): its batch is judged as a steady one from the next forward on, while
-        that one is its like."""
-        joining = self.joining[rec.op]
-        n = len(joining)
-        if len(self.joining) != 1 or n != len(contexts) or n > _SMALL_WRITE or None in contexts:
-            return
-        if len(set(map(id, contexts))) != n:
-            return  # a request twice in one batch
-        ends = zip(contexts, rec.last, strict=True)
-        if any(ctx.known != end + 1 for ctx, end in ends):  # type: ignore[union-attr]
-            return  # a sample that did not extend its request's context
-        assert self.shadow is not None
-        del self.joining[rec.op]
-        self.steady = _Steady(
-            reqs,
-            contexts,  # type: ignore[arg-type]
-            rec.slots,
-            [trust for trust, _, _, _ in joining],
-            rec.first,
-            list(rec.samples),  # type: ignore[arg-type]
-            self.shadow.hash.width - max(rec.last),
-            rec.op,
-            rec.first,
-            rec.last,
-        )
-
-    def _judge_steady(self, op: Op, rec: ForwardReads, steady: _Steady) -> bool:
-        """Judge a forward of the steady batch, as `_judge` would (False: it is not one)."""
-        if not (
-            rec.one_each
-            and rec.judged is None
-            and rec.epoch >= self.followed
-            and steady.room > 0
-            and rec.slots == steady.slots
-        ):
-            return False
-        if rec.epoch > self.followed:
-            self._follow(rec.epoch)
-            if self.steady is not steady:
-                return False  # given up while following: a cut trust, or none left
-        if steady.joining is not None or rec.first != steady.lengths:
-            return False
-        # Each sequence's trust covers its cached positions (the same generation, slot and a
-        # length of its start); it knows one token past the start (none is reported unknown),
-        # and that token is `tokens[i]`.
-        ids = rec.ids.tolist()
-        if ids != steady.tokens:
-            i = next(i for i, (a, b) in enumerate(zip(ids, steady.tokens, strict=True)) if a != b)
-            self._report(op, rec, steady.reqs[i], steady.contexts[i], i, rec.first[i])  # type: ignore[arg-type]
-        steady.joining, steady.starts, steady.ends = rec.op, rec.first, rec.last
-        steady.room -= 1
-        samples = rec.samples
-        assert samples is not None
-        for ctx, token in zip(steady.contexts, samples, strict=True):  # (each one at its `known`)
-            ctx.tokens.append(token)
-            ctx.known += 1
-        steady.tokens = list(samples)
-        return True
-
-    def _unsteady(self) -> None:
-        """The steady batch is over: its forward still to join goes back to `joining`."""
-        steady = self.steady
-        assert steady is not None
-        self.steady = None
-        if steady.joining is not None:
-            self.joining[steady.joining] = [
-                (trust, start, end, i)
-                for i, (trust, start, end) in enumerate(
-                    zip(steady.trusts, steady.starts, steady.ends, strict=True)
-                )
-            ]
-
-    def _join_steady(self, mut: KvWrite, steady: _Steady) -> None:
-        """The steady batch's write, followed: each trust takes its new position."""
-        cells = mut.cells.tolist()
-        flags = self.flags
-        if any(map(flags.__getitem__, cells)):
-            self._distrust()
-            return
-        if len(set(cells)) != len(cells) or steady.lengths != steady.starts:
-            self._unsteady()  # (the join as one sequence at a time, with nothing changed)
-            self._follow_write(mut)
-            return
-        for trust, end in zip(steady.trusts, steady.ends, strict=True):
-            trust.length = end
-        for cell in cells:
-            flags[cell] = 1
-        steady.lengths, steady.joining = steady.ends, None
 
     @staticmethod
     def _new_at(rec: ForwardReads) -> list[int]:
@@ -439,11 +311,7 @@ class KvProvenance(Invariant):
         for k in range(self.followed - trimmed, epoch - trimmed):
             mut = log[k]
             if type(mut) is KvWrite:
-                steady = self.steady
-                if steady is not None and mut.op == steady.joining:
-                    self._join_steady(mut, steady)
-                else:
-                    self._follow_write(mut)
+                self._follow_write(mut)
                 continue
             by_slot = self.by_slot
             for slot, start, values in mut.rows:  # type: ignore[union-attr]
@@ -452,8 +320,6 @@ class KvProvenance(Invariant):
                     for trust in trusts:
                         if trust.length > start and len(values):
                             trust.length = start
-                            if self.steady is not None:
-                                self._unsteady()
         self.followed = epoch
 
     def _follow_write(self, mut: KvWrite) -> None:
@@ -485,7 +351,6 @@ class KvProvenance(Invariant):
         self.flagged[:] = 0
         self.by_slot.clear()
         self.joining.clear()
-        self.steady = None
 
     def _report(
         self, op: Op, rec: ForwardReads, req: Request, ctx: _Context, i: int, p: int

@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from typing import Any
-from unittest.mock import patch
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from overlapcheck.backends.kv_shadow import KvShadow, PrefixHash
@@ -25,9 +23,7 @@ from overlapcheck.core.scenario import RequestSpec, Scenario
 from overlapcheck.core.trace import PAGE_TABLE
 from overlapcheck.harness.runner import RunResult, run_scenario
 from overlapcheck.invariants.kv_provenance import KvProvenance
-from overlapcheck.reference.faults import FAULTS
 from overlapcheck.scenarios.named import named_scenario
-from overlapcheck.scenarios.strategies import scenarios
 
 Edit = Callable[[SimDevice, list[RowWrite]], list[RowWrite]]
 
@@ -221,68 +217,3 @@ def test_a_decode_batchs_keys_are_the_general_paths(data: st.DataObject) -> None
     before = [int(shadow.key[cells[i, s - 1]]) if s else 0 for i, s in enumerate(starts.tolist())]
     extended = [PrefixHash.extend(k, t) for k, t in zip(before, ids.tolist(), strict=True)]
     assert rec.new_keys.view(np.uint64).tolist() == extended
-
-
-def test_a_clean_decode_is_judged_as_a_steady_batch() -> None:
-    steady = [0]
-    real = KvProvenance._judge_steady
-
-    def counted(self: KvProvenance, *args: object) -> bool:
-        judged = real(self, *args)  # type: ignore[arg-type]
-        steady[0] += judged
-        return judged
-
-    with patch.object(KvProvenance, "_judge_steady", counted):
-        result = run_scenario(two_decoding(), SimBackend(), ["kv-provenance"])
-    assert result.ok
-    forwards = sum(op.kind == "forward" for op in result.trace.ops)
-    assert steady[0] >= forwards - 3
-
-
-FAULT_LISTS = [[], *([f] for f in sorted(FAULTS))]
-
-
-@settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
-@given(scenarios(), st.sampled_from(FAULT_LISTS))
-def test_generated_runs_judge_the_same_as_steady_batches_by_sequence_and_in_full(
-    scenario: Scenario, faults: list[str]
-) -> None:
-    # The steady batch (`_judge_steady`) judges a decode forward as judging each sequence's
-    # trust would, which judges it as judging every position would: the same trace, the same
-    # violations, with each of them on.
-    scenario = scenario.with_config(faults=frozenset(faults))
-
-    def run() -> tuple[str, list[object]]:
-        result = run_scenario(scenario, SimBackend(), ["kv-provenance"], keep_going=True)
-        return result.trace_hash, [v.to_json() for v in result.violations]
-
-    steadily = run()
-    with patch.object(KvProvenance, "_steady_from", lambda self, *args: None):
-        by_sequence = run()
-    with patch.object(KvProvenance, "incremental", False):
-        in_full = run()
-    assert steadily == by_sequence == in_full
-
-
-def test_a_wrong_input_id_in_a_steady_batch_is_reported_where_it_is_read(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # Thirty forwards in, request 1's input id is off by one when the kernel reads it (as if its
-    # last sample had not landed): a forward of the steady batch, judged by its ids alone.
-    real = SimDevice._read_inputs
-    calls: dict[int, tuple[SimDevice, int]] = {}
-
-    def read(self: SimDevice, parity: int, n: int, op: int) -> Any:
-        count = calls.get(id(self), (self, 0))[1] + 1
-        calls[id(self)] = (self, count)
-        if count == 30:
-            meta = self.metadata[parity, : n * self.fields].reshape(n, self.fields)
-            self.token_pool[int(meta[1, 0]), int(meta[1, 1])] += 1
-        return real(self, parity, n, op)
-
-    monkeypatch.setattr(SimDevice, "_read_inputs", read)
-    result, _ = judged_both_ways(monkeypatch, two_decoding())
-    v = result.violations[0]
-    assert v.invariant == "kv-provenance" and v.uids == (1,)
-    assert "the input id it gathers from token_pool is" in v.message
-    assert result.trace.ops[v.details["forward"]].step >= 25

@@ -300,9 +300,10 @@ class KvShadow:
         reads = self.reads
         reads.pop(op, None)
         keep = followed
-        for rec in reads.values():
-            if rec.epoch < keep:
-                keep = rec.epoch
+        if reads:  # the oldest record held read first (`read` adds them as epochs grow)
+            oldest = next(iter(reads.values())).epoch
+            if oldest < keep:
+                keep = oldest
         if keep - self.trimmed > 32:  # (trimmed now and then: a few entries cost nothing)
             del self.log[: keep - self.trimmed]
             self.trimmed = keep
@@ -332,7 +333,8 @@ class KvShadow:
     ) -> None:
         rec = self.reads[op]
         written = rec.written
-        self._mutate(KvWrite(written, self.key[written], self.meta[written], op))
+        self.log.append(KvWrite(written, self.key[written], self.meta[written], op))  # (`_mutate`)
+        self.epoch += 1
         self._key64[written] = rec.new_keys
         self.meta[written] = rec.new[1] | (op << _POS_BITS)
         rec.samples = tuple(samples)

@@ -103,6 +103,9 @@ class KvProvenance(Invariant):
         # Per forward not yet followed past its write: (trust, start, end, first) of each
         # sequence whose new positions start..end join its trust (at written[first:]).
         self.joining: dict[int, list[tuple[_Trust, int, int, int]]] = {}
+        # The last forward's requests and their contexts (a decode batch's are the same each time)
+        self.batch: tuple[Request | None, ...] = ()
+        self.batch_contexts: list[_Context | None] = []
 
     def bind(self, run: RunContext) -> None:
         super().bind(run)
@@ -120,7 +123,7 @@ class KvProvenance(Invariant):
     def on_receive(self, msg: InMsg, req: Request | None) -> None:
         if self.shadow is None:
             return
-        self.pending.extend(self.feed.pull(self.run.trace))
+        self.pending.extend(self.feed.pull_indexed(self.run.forwards, self.run.trace.ops))
         if isinstance(msg, UserMsg):
             self.feed.admit(req)
 
@@ -149,7 +152,7 @@ class KvProvenance(Invariant):
 
     def _check(self) -> None:
         assert self.shadow is not None
-        self.pending.extend(self.feed.pull(self.run.trace))
+        self.pending.extend(self.feed.pull_indexed(self.run.forwards, self.run.trace.ops))
         reads = self.shadow.reads
         while self.pending:
             op, reqs = self.pending[0]
@@ -176,8 +179,12 @@ class KvProvenance(Invariant):
         # A verify forward's drafts and padding are not the request's tokens (yet): only its
         # committed positions are judged.
         ends = rec.last if rec.judged is None else rec.judged.tolist()
-        get, context = self.contexts.get, self._context
-        contexts = [None if r is None else (get(r.index) or context(r)) for r in reqs]
+        if reqs == self.batch:  # (requests compare by identity)
+            contexts = self.batch_contexts
+        else:
+            get, context = self.contexts.get, self._context
+            contexts = [None if r is None else (get(r.index) or context(r)) for r in reqs]
+            self.batch, self.batch_contexts = reqs, contexts
         # Only a read after everything followed so far can be judged against the trusts (a
         # forward read out of issue order is judged in full).
         current = rec.epoch >= self.followed
@@ -187,13 +194,51 @@ class KvProvenance(Invariant):
         # first new position whose input id is not the request's token there. (A position no
         # forward sampled yet is reported first, wherever it is.) A trust then ends where the
         # new positions start, and takes them once this forward's write is followed.
-        trusted, generation = current and self.incremental, self.generation
+        trusted = current and self.incremental
+        if rec.one_each and rec.judged is None:
+            trusted, wrong, joining = self._judge_decode(op, rec, reqs, contexts, trusted)
+        else:
+            trusted, wrong, joining = self._judge_new(op, rec, reqs, contexts, ends, trusted)
+        if not trusted:
+            self._judge_all(op, rec, reqs, contexts, ends)
+            if current:
+                self._trust(rec, contexts, ends)
+        elif wrong is not None:
+            i, p = wrong
+            self._report(op, rec, reqs[i], contexts[i], i, p)  # type: ignore[arg-type]
+        elif joining:
+            self.joining[rec.op] = joining
+        assert rec.samples is not None
+        if rec.emitted is not None:
+            for ctx, end, tokens in zip(contexts, ends, rec.emitted, strict=True):
+                for t, token in enumerate(tokens if ctx is not None else ()):
+                    ctx.sampled(end + t, token)  # type: ignore[union-attr]
+            return
+        for ctx, end, token in zip(contexts, ends, rec.samples, strict=True):
+            # (`_Context.sampled`, inline: this runs once per sequence of every forward)
+            if ctx is not None and end == ctx.known and ctx.prompt_len <= end < ctx.limit:
+                ctx.tokens.append(token)
+                ctx.known = end + 1
+
+    def _judge_new(
+        self,
+        op: Op,
+        rec: ForwardReads,
+        reqs: tuple[Request | None, ...],
+        contexts: list[_Context | None],
+        ends: list[int],
+        trusted: bool,
+    ) -> tuple[bool, tuple[int, int] | None, list[tuple[_Trust, int, int, int]]]:
+        """Whether every sequence's cached reads lie within its trust (each such trust cut back to
+        where its new positions start), the first new position whose input id is wrong, and the
+        sequences whose new positions join their trusts once this forward's write is followed."""
+        generation = self.generation
         ids = rec.ids.tolist() if rec.one_each else None
         at = None if ids is not None else self._new_at(rec)
         wrong: tuple[int, int] | None = None
         joining: list[tuple[_Trust, int, int, int]] = []
         for i, (ctx, start, end, slot) in enumerate(
-            zip(contexts, starts, ends, rec.slots, strict=True)
+            zip(contexts, rec.first, ends, rec.slots, strict=True)
         ):
             if ctx is None:
                 continue
@@ -226,26 +271,43 @@ class KvProvenance(Invariant):
                     wrong = i, start + int(bad[0])
             if at[i] >= 0:  # type: ignore[index]
                 joining.append((trust, start, end, at[i]))  # type: ignore[index]
-        if not trusted:
-            self._judge_all(op, rec, reqs, contexts, ends)
-            if current:
-                self._trust(rec, contexts, ends)
-        elif wrong is not None:
-            i, p = wrong
-            self._report(op, rec, reqs[i], contexts[i], i, p)  # type: ignore[arg-type]
-        elif joining:
-            self.joining[rec.op] = joining
-        assert rec.samples is not None
-        if rec.emitted is not None:
-            for ctx, end, tokens in zip(contexts, ends, rec.emitted, strict=True):
-                for t, token in enumerate(tokens if ctx is not None else ()):
-                    ctx.sampled(end + t, token)  # type: ignore[union-attr]
-            return
-        for ctx, end, token in zip(contexts, ends, rec.samples, strict=True):
-            # (`_Context.sampled`, inline: this runs once per sequence of every forward)
-            if ctx is not None and end == ctx.known and ctx.prompt_len <= end < ctx.limit:
-                ctx.tokens.append(token)
-                ctx.known = end + 1
+        return trusted, wrong, joining
+
+    def _judge_decode(
+        self,
+        op: Op,
+        rec: ForwardReads,
+        reqs: tuple[Request | None, ...],
+        contexts: list[_Context | None],
+        trusted: bool,
+    ) -> tuple[bool, tuple[int, int] | None, list[tuple[_Trust, int, int, int]]]:
+        """`_judge_new` for a decode batch (each sequence's one new position is its last judged
+        one, at `start`, and its id is `ids[i]`), with what that makes constant taken out."""
+        generation, slots, ids = self.generation, rec.slots, rec.ids.tolist()
+        wrong: tuple[int, int] | None = None
+        joining: list[tuple[_Trust, int, int, int]] = []
+        for i, start in enumerate(rec.first):
+            ctx = contexts[i]
+            if ctx is None:
+                continue
+            if start >= ctx.known:
+                self._report(op, rec, reqs[i], ctx, i, ctx.known)  # type: ignore[arg-type]
+            if not trusted:
+                continue
+            trust = ctx.trust
+            if (
+                trust is None
+                or trust.generation != generation
+                or trust.slot != slots[i]
+                or trust.length < start
+            ):
+                trusted = False
+                continue
+            trust.length = start
+            if wrong is None and ids[i] != ctx.tokens[start]:
+                wrong = i, start
+            joining.append((trust, start, start + 1, i))
+        return trusted, wrong, joining
 
     @staticmethod
     def _new_at(rec: ForwardReads) -> list[int]:
@@ -313,12 +375,12 @@ class KvProvenance(Invariant):
             if type(mut) is KvWrite:
                 self._follow_write(mut)
                 continue
-            by_slot = self.by_slot
+            trusts_of = self.by_slot.get
             for slot, start, values in mut.rows:  # type: ignore[union-attr]
-                trusts = by_slot.get(slot)
-                if trusts:
+                trusts = trusts_of(slot)
+                if trusts and len(values):
                     for trust in trusts:
-                        if trust.length > start and len(values):
+                        if trust.length > start:
                             trust.length = start
         self.followed = epoch
 
@@ -335,9 +397,9 @@ class KvProvenance(Invariant):
             return
         if joining is None or len(set(cells)) != len(cells):
             return  # where a cell was written twice, the later write holds it
-        generation = self.generation
         for trust, start, end, first in joining:
-            if trust.length == start and trust.generation == generation:
+            # (every trust `joining` names is of this generation: `_distrust` empties it)
+            if trust.length == start:
                 trust.length = end
                 if end == start + 1:
                     flags[cells[first]] = 1

@@ -267,6 +267,12 @@ def _build(
     return sched
 
 
+# Objects the interpreter itself keeps frozen: Python 3.12 starts with a few hundred constant
+# tuples there (3.11 with none). The first run thaws them into the oldest generation, where they
+# live for ever like any module's constants; a caller that froze nothing leaves 0 or this count.
+_FROZEN_AT_START = gc.get_freeze_count()
+
+
 @contextmanager
 def _fewer_collections() -> Iterator[None]:
     """A run allocates many small objects that live until it ends (the trace), and the default
@@ -282,7 +288,7 @@ def _fewer_collections() -> Iterator[None]:
     frozen objects of its own (`gc.freeze()` before forking workers, say) nothing is frozen or
     unfrozen here, since unfreezing would thaw theirs too."""
     old = gc.get_threshold()
-    ours = gc.get_freeze_count() == 0
+    ours = gc.get_freeze_count() in (0, _FROZEN_AT_START)
     gc.set_threshold(max(old[0], 50_000), old[1], old[2])
     try:
         yield

@@ -119,7 +119,11 @@ class Progress(Invariant):
 def _starts(op: Op, ends: list[int], width: int) -> list[int]:
     """Each sequence's first new position, from the forward's token-pool read (its input ids,
     sequence by sequence, one row each)."""
-    read = next((a.cells for a in op.accesses if a.buffer == TOKEN_POOL and a.mode == "r"), None)
+    read = None
+    for access in op.accesses:  # (a loop, not `next` over a generator: once per forward)
+        if access.buffer == TOKEN_POOL and access.mode == "r":
+            read = access.cells
+            break
     if read is None or len(read) == len(ends):  # one new token each: the last position
         return [end - 1 for end in ends]
     rows = read // width

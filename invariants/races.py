@@ -43,13 +43,15 @@ class _Shadow:
 
     `writer[cell]` is the last write as `clock * MAX_AGENTS + agent` (0: never written: clocks
     start at 1); `reads[agent, cell]` the agent's clock at its last read (0: none; a write does
-    not clear it). The ops behind a race are found again from (agent, clock)
-    (`HappensBefore.op_of`).
+    not clear it). The host's reads are not kept: the host issues every op, so every op after a
+    host read is ordered after it and none can overwrite it unordered. The ops behind a race are
+    found again from (agent, clock) (`HappensBefore.op_of`).
     """
 
     def __init__(self) -> None:
         self.writer = np.zeros(1024, dtype=_CELL)
         self.reads = np.zeros((MAX_AGENTS, 1024), dtype=_CELL)
+        self.rows = list(self.reads)  # its rows, each agent's (slicing a row is cheaper)
         self.used = 0
         self.regions: dict[str, tuple[int, int]] = {}  # buffer -> (first cell, cells)
         self.fixed: dict[str, int] = {}  # buffer -> first cell, for regions of a declared size
@@ -78,8 +80,9 @@ class _Shadow:
         """`buffer`'s region as views into the shadow, indexed by the buffer's own cells: its
         writers, and the read clocks of each agent known so far (`agents`)."""
         start, size = self.regions[buffer]
-        reads = self.reads[: self.agents, start : start + size]
-        found = self.views[buffer] = (self.writer[start : start + size], list(reads))
+        end = start + size
+        reads = [row[start:end] for row in self.rows[: self.agents]]
+        found = self.views[buffer] = (self.writer[start:end], reads)
         return found
 
     def know(self, agents: int) -> None:
@@ -98,7 +101,7 @@ class _Shadow:
             reads = np.zeros((MAX_AGENTS, capacity), dtype=_CELL)
             writer[:base] = self.writer[:base]
             reads[:, :base] = self.reads[:, :base]
-            self.writer, self.reads = writer, reads
+            self.writer, self.reads, self.rows = writer, reads, list(reads)
             self.views.clear()
         if region is not None:
             old, cells_before = region
@@ -233,17 +236,19 @@ class RaceDetector:
         clocks = self.clocks
         n = clocks.advance()
         self.shadow.know(len(clocks.hb.agents))
-        ops = trace.ops
+        ops, kept, agent = trace.ops, clocks.vc, clocks.agent
         self.sizes = trace.sizes
-        while self.checked < n:
-            seq = self.checked
-            self.checked += 1
+        for seq in range(self.checked, n):
+            vc = kept[seq]
+            if vc is None:
+                continue  # no accesses (nor a forward): nothing to check
             op = ops[seq]
-            vc = clocks.vc[seq]
-            if vc is not None and op.accesses:
-                race = self._op(op, clocks.agent[seq], vc)
+            if op.accesses:
+                race = self._op(op, agent[seq], vc)
                 if race is not None:
+                    self.checked = seq + 1  # the next call goes on after it
                     return race
+        self.checked = n
         return None
 
     def _op(self, op: Op, a: int, vc: VectorClock) -> Race | None:
@@ -301,10 +306,11 @@ class RaceDetector:
         for acc, marks in touched:
             view = views.get(acc.buffer) or shadow.view(acc.buffer)
             if acc.mode == "r":
-                view[1][a][acc.cells] = clock
-                if not marks[1][a]:
-                    marks[3].append(a)
-                marks[1][a] = clock
+                if a:  # (the host's reads are not kept: see `_Shadow`)
+                    view[1][a][acc.cells] = clock
+                    if not marks[1][a]:
+                        marks[3].append(a)
+                    marks[1][a] = clock
             else:
                 view[0][acc.cells] = value  # the reads stay: see `_store`
                 if not marks[0][a]:
@@ -340,7 +346,7 @@ class RaceDetector:
         """Record a checked op's accesses, at the agent's `clock`, in the shadow: `cells` in the
         one cell space, the first `split` of them read, the rest written."""
         shadow = self.shadow
-        if split:
+        if split and a:  # (the host's reads are not kept: see `_Shadow`)
             shadow.reads[a][cells[:split]] = clock
         # The reads before a write stay: each is ordered before it (or that was a race), so
         # before any later op ordered after it, and a later op not ordered after it races with
@@ -356,7 +362,10 @@ class RaceDetector:
         return marks
 
     def _raise(self, buffer: str, read: bool, a: int, clock: int) -> None:
-        """Agent `a` accessed `buffer` at `clock`: its watermark of that mode is now `clock`."""
+        """Agent `a` accessed `buffer` at `clock`: its watermark of that mode is now `clock`
+        (the host's reads have none: see `_Shadow`)."""
+        if read and not a:
+            return
         marks = self._marks(buffer)
         if not marks[read][a]:
             marks[3 if read else 2].append(a)
@@ -393,8 +402,9 @@ class RaceDetector:
             first = self.hb.op_of(int(w_agent[i]), int(w_clock[i]))
             return self._race(kind, acc, cells[unordered], first, op)
         if acc.mode == "r":
-            shadow.reads[a][at] = vc[a]
-            self._raise(acc.buffer, True, a, int(vc[a]))
+            if a:  # (the host's reads are not kept: see `_Shadow`)
+                shadow.reads[a][at] = vc[a]
+                self._raise(acc.buffer, True, a, int(vc[a]))
             return None
         n = len(self.hb.agents)
         reads = shadow.reads[:n, at] > vc[:n, None]

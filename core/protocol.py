@@ -56,7 +56,7 @@ the trace, the footprints and the messages.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from overlapcheck.core.config import SchedulerConfig
@@ -99,12 +99,13 @@ class Holding(NamedTuple):
     again), or hold pages whose KV was copied to the host (swap: its `slot` is None while out).
 
     A NamedTuple: a scheduler builds one per live request at every step, and a frozen dataclass
-    costs several times as much to build.
+    costs several times as much to build. `pages`: any immutable sequence of ints, as the books'
+    page lists are (see `Books`).
     """
 
     uid: int
     slot: int | None
-    pages: tuple[int, ...]
+    pages: Sequence[int]
     finished: bool = False
     preempted: bool = False
 
@@ -116,29 +117,37 @@ class Books(NamedTuple):
     `cached_pages` may overlap pages held by live requests (a shared prefix); `free_pages` must not.
 
     A NamedTuple, as `Holding` is: a scheduler builds one at every step.
+
+    The page lists (these and `Holding.pages`) are any immutable `Sequence[int]`: tuples, or
+    views that share storage with the scheduler's own lists (the reference hands out read-only
+    int64 `memoryview`s, `reference/cache/snapshots.py`), provided a later change of those lists
+    never changes a snapshot already handed out: the checks keep the last books' lists to judge
+    the next ones against. The checks only iterate, index, slice and measure them, and compare
+    them only with the same list's earlier snapshot (a comparison that fails, as a `memoryview`
+    and a tuple's does, costs time, never a verdict).
     """
 
     live: tuple[Holding, ...]
     free_slots: tuple[int, ...]
-    free_pages: tuple[int, ...]
-    cached_pages: tuple[int, ...] = ()
-    locked_pages: tuple[int, ...] = ()  # cached pages a live request's match pins (a subset)
+    free_pages: Sequence[int]
+    cached_pages: Sequence[int] = ()
+    locked_pages: Sequence[int] = ()  # cached pages a live request's match pins (a subset)
     pending: tuple[int, ...] = ()  # uids waiting for admission, in queue order
 
 
 class DerivedBooks(Books):
     """Books that also say which of their page lists were made from that list's snapshot in
-    the books before: `free_from` the free list's, `held_from[i]` holding i's (the same tuple
-    where the list is unchanged; None: a list made afresh). A list and the one it was made from
-    agree on their common length (pages appended at its end, or its tail cut off), so a checker
-    that holds the earlier snapshot judges only the pages that came or went, not the whole list
-    again (thousands of pages, at every iteration). Optional: plain `Books` are as valid, only
-    dearer to check.
+    the books before: `free_from` the free list's, `held_from[i]` holding i's (that very object,
+    compared by identity; the list itself where it is unchanged; None: a list made afresh). A
+    list and the one it was made from agree on their common length (pages appended at its end,
+    or its tail cut off), so a checker that holds the earlier snapshot judges only the pages
+    that came or went, not the whole list again (thousands of pages, at every iteration).
+    Optional: plain `Books` are as valid, only dearer to check.
     """
 
     # (class defaults: what `_replace` and `_make` give, which set no provenance)
-    free_from: tuple[int, ...] | None = None
-    held_from: tuple[tuple[int, ...] | None, ...] = ()
+    free_from: Sequence[int] | None = None
+    held_from: tuple[Sequence[int] | None, ...] = ()
 
 
 @runtime_checkable

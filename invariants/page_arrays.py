@@ -3,19 +3,21 @@
 A scheduler's books are a fresh snapshot every iteration, and converting a few thousand Python
 ints costs more than the check that reads them. Between two snapshots a list mostly stays the
 same, grows at its end (a request's pages), or loses its head or tail (a free list the allocator
-takes from): each of those is recognised by comparing tuples (in C, mostly by identity) against
-the previous snapshot of the same list, and only new pages are converted. The array is always
-exactly the tuple: anything else is converted whole.
+takes from): each of those is recognised by comparing the list (in C: a tuple mostly by identity,
+a `memoryview` by value) with the previous snapshot of the same list, and only new pages are
+converted. The array is always exactly the list: anything else is converted whole.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 
 import numpy as np
 
 
-def _convert(pages: tuple[int, ...]) -> np.ndarray:
+def _convert(pages: Sequence[int]) -> np.ndarray:
+    if type(pages) is memoryview and pages.format == "q":  # (the reference's: one buffer copy)
+        return np.array(pages, np.int64)
     return np.fromiter(pages, np.int64, len(pages))
 
 
@@ -23,10 +25,10 @@ class PageArrays:
     """Per list (any hashable key): its last snapshot and that snapshot as an array."""
 
     def __init__(self) -> None:
-        self._last: dict[Hashable, tuple[tuple[int, ...], np.ndarray]] = {}
-        self._next: dict[Hashable, tuple[tuple[int, ...], np.ndarray]] = {}
+        self._last: dict[Hashable, tuple[Sequence[int], np.ndarray]] = {}
+        self._next: dict[Hashable, tuple[Sequence[int], np.ndarray]] = {}
 
-    def array(self, key: Hashable, pages: tuple[int, ...]) -> np.ndarray:
+    def array(self, key: Hashable, pages: Sequence[int]) -> np.ndarray:
         """`pages` as an int64 array, kept for the next snapshot under `key`."""
         out = self._derive(self._last.get(key), pages)
         self._next[key] = (pages, out)
@@ -37,9 +39,7 @@ class PageArrays:
         self._last, self._next = self._next, {}
 
     @staticmethod
-    def _derive(
-        last: tuple[tuple[int, ...], np.ndarray] | None, pages: tuple[int, ...]
-    ) -> np.ndarray:
+    def _derive(last: tuple[Sequence[int], np.ndarray] | None, pages: Sequence[int]) -> np.ndarray:
         if last is None:
             return _convert(pages)
         before, array = last

@@ -2,7 +2,8 @@
 
 A decode iteration moves a few pages between lists of a few thousand: judging the change costs
 that much instead of a pass over every page. Each list is matched to its last snapshot under
-the same key (compared as tuples, in C, mostly by identity of their ints) and recognised as
+the same key (compared in C: tuples mostly by identity of their ints, the reference's
+`memoryview`s by value) and recognised as
 unchanged, grown at its end, or cut at its head or tail; its lost and gained pages are then
 exactly the difference. A list the scheduler says it made from the last one (`DerivedBooks`: grown
 or cut at its tail) is recognised by identity of that one, without comparing them. Any other
@@ -19,18 +20,18 @@ class PageChanges:
     """Per list (any hashable key): its last snapshot; per snapshot: the pages lost and gained."""
 
     def __init__(self) -> None:
-        self._last: dict[Hashable, tuple[int, ...]] = {}
-        self._next: dict[Hashable, tuple[int, ...]] = {}
+        self._last: dict[Hashable, Sequence[int]] = {}
+        self._next: dict[Hashable, Sequence[int]] = {}
         self.lost: list[int] = []
         self.gained: list[int] = []
 
-    def start_over(self, lists: dict[Hashable, tuple[int, ...]]) -> None:
+    def start_over(self, lists: dict[Hashable, Sequence[int]]) -> None:
         """The next snapshot is compared with `lists` (by key), and with nothing else."""
         self._last, self._next = lists, {}
         self.lost, self.gained = [], []
 
     def add(
-        self, key: Hashable, pages: tuple[int, ...], made_from: tuple[int, ...] | None = None
+        self, key: Hashable, pages: Sequence[int], made_from: Sequence[int] | None = None
     ) -> bool:
         """One list of the snapshot: what it lost and gained since the last one under `key`.
         False when it is the same list. `made_from`: the list the scheduler made this one from
@@ -66,8 +67,8 @@ class PageChanges:
     def add_many(
         self,
         keys: list[Hashable],
-        lists: list[tuple[int, ...]],
-        made_from: Sequence[tuple[int, ...] | None],
+        lists: list[Sequence[int]],
+        made_from: Sequence[Sequence[int] | None],
     ) -> None:
         """`add` for each key, list and what it was made from, in order, with the common case
         (made from its last one, or it is the last one) in one loop, not a call each: a decode
@@ -80,7 +81,9 @@ class PageChanges:
             elif base is before:
                 nxt[key] = pages
                 n, m = len(pages), len(before)
-                if n > m:
+                if n == m + 1:  # (a decode step's one page: no slice to make)
+                    gained.append(pages[m])
+                elif n > m:
                     gained += pages[m:]
                 elif n < m:
                     lost += before[n:]

@@ -9,7 +9,7 @@ and also from the books when the scheduler has them. `pages-conserved` needs the
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from itertools import chain
 
 import numpy as np
@@ -22,7 +22,7 @@ from overlapcheck.invariants.page_changes import PageChanges
 
 _ROW_BUFFERS = (TOKEN_POOL, PAGE_TABLE)  # the buffers a slot is a row of
 _min, _max = np.minimum.reduce, np.maximum.reduce
-_NONE_FROM: tuple[tuple[int, ...] | None, ...] = ()
+_NONE_FROM: tuple[Sequence[int] | None, ...] = ()
 
 
 class SlotNotInFlight(Invariant):
@@ -149,7 +149,7 @@ class PagesConserved(Invariant):
         # its lists, and its locked pages (a subset of its cached ones).
         self._changes = PageChanges()
         self._based = False
-        self._locked: tuple[int, ...] = ()
+        self._locked: Sequence[int] = ()
 
     def on_step_end(self) -> None:
         books = self.run.books()  # the reference raises its own InvariantError here
@@ -214,10 +214,10 @@ class PagesConserved(Invariant):
         return True
 
     @staticmethod
-    def _lists(books: Books) -> dict[Hashable, tuple[int, ...]]:
+    def _lists(books: Books) -> dict[Hashable, Sequence[int]]:
         """The books' page lists by key: free, cached, and each holding by uid (a second
         holding of one uid, a broken scheduler's, is another list)."""
-        lists: dict[Hashable, tuple[int, ...]] = {
+        lists: dict[Hashable, Sequence[int]] = {
             "free": books.free_pages,
             "cached": books.cached_pages,
         }

@@ -7,6 +7,7 @@ from enum import Enum
 
 from overlapcheck.core.messages import SamplingParams
 from overlapcheck.reference.cache.base import CacheHandle
+from overlapcheck.reference.cache.snapshots import PageSnapshots
 
 
 class ReqState(Enum):
@@ -38,10 +39,10 @@ class Req:
     slot: int = -1
     cells: list[int] = field(default_factory=list)  # host copy of page_table[slot, :]
     own_pages: list[int] = field(default_factory=list)  # pages allocated for this request
-    # `own_pages` as the books last listed it, kept between iterations: always a prefix of
-    # `own_pages`, which only grows at its end (`CacheManager.grow`) until it is replaced (then
-    # this is None again; all of that in cache/manager.py).
-    books_pages: tuple[int, ...] | None = None
+    # The books' snapshots of `own_pages`, kept between iterations: the last is always a
+    # prefix of `own_pages`, which only grows at its end (`CacheManager.grow`) until it is
+    # replaced (then these are reset; all of that in cache/manager.py).
+    books_pages: PageSnapshots = field(default_factory=PageSnapshots)
     handle: CacheHandle | None = None  # locked prefix-cache match
     cached_len: int = 0
     table_len: int = 0  # page_table entries already copied to the device

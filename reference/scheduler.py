@@ -12,7 +12,7 @@ it, message stream included (see `reference/faults.py`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from overlapcheck.core.batch import BatchInput, Phase, RowWrite, SeqWork
@@ -96,28 +96,22 @@ class Scheduler:
 
         Raises InvariantError where the tree contradicts itself (a lock count gone negative).
         Pages and slots are not counted here: `pages-conserved` and `slot-not-in-flight` judge
-        them from these books, so counting them twice per iteration bought nothing. Each page
-        list made from its snapshot in the books before says so (`DerivedBooks`).
+        them from these books, so counting them twice per iteration bought nothing. The free
+        list and each request's pages are immutable views that share storage with the books
+        before (`cache/snapshots.py`), and each says which snapshot it was made from
+        (`DerivedBooks`).
         """
         cached, locked = self.cache.prefix.books_pages()
         # Taken at every iteration: `tuple.__new__` is what `Holding._make` and `Books._make`
         # do, without a Python frame each; `DONE_STATES` is `Req.done`'s, without its call.
         make, done = tuple.__new__, DONE_STATES
         held = []
-        held_from: list[tuple[int, ...] | None] = []
+        held_from: list[Sequence[int] | None] = []
         for r in self.held:
-            # The same tuple while the pages stay (compared by identity), and made from it
-            # while the request only grows (`own_pages` is then that tuple and more).
-            last, own = r.books_pages, r.own_pages
-            if last is None or len(last) > len(own):
-                pages = r.books_pages = tuple(own)
-                held_from.append(None)
-            elif len(last) < len(own):
-                pages = r.books_pages = tuple(own)  # (a single copy: cheaper than last + tail)
-                held_from.append(last)
-            else:
-                pages = last
-                held_from.append(last)  # made from itself
+            # The same snapshot while the pages stay (compared by identity), and a longer view
+            # of its storage while the request only grows (`cache/snapshots.py`): no copy.
+            pages, made_from = r.books_pages.after_appends(r.own_pages)
+            held_from.append(made_from)
             slot = None if r.slot < 0 else r.slot  # a preempted request may still hold its slot
             held.append(make(Holding, (r.uid, slot, pages, r.state in done, r.preempted)))
         holdings = tuple(held)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -10,6 +12,7 @@ from overlapcheck.core.errors import InvariantError
 from overlapcheck.reference.cache.allocator import PageAllocator
 from overlapcheck.reference.cache.base import CacheHandle
 from overlapcheck.reference.cache.radix import RadixCache
+from overlapcheck.reference.cache.snapshots import PageSnapshots
 
 
 def cells(pages: list[int], page_size: int) -> list[int]:
@@ -95,6 +98,7 @@ def test_the_books_snapshots_are_what_the_allocator_and_the_tree_hold_after_any_
     alloc, tree = PageAllocator(24), RadixCache(page_size)
     handles: list[CacheHandle | None] = []
     tokens = st.lists(st.integers(0, 2), min_size=1, max_size=8)
+    kept: list[tuple[Sequence[int], tuple[int, ...]]] = []  # each snapshot, and a copy
     for _ in range(data.draw(st.integers(1, 25))):
         op = data.draw(st.sampled_from(("insert", "match", "unlock", "evict", "alloc", "free")))
         if op == "insert":
@@ -117,14 +121,17 @@ def test_the_books_snapshots_are_what_the_allocator_and_the_tree_hold_after_any_
         elif op == "free":
             taken = sorted(set(range(24)) - set(alloc.free_pages()) - set(tree.cached_pages()))
             alloc.free(taken[: data.draw(st.integers(0, 2))])
-        last = alloc._snapshot
+        last = alloc._snapshots.last
         snapshot = alloc.free_snapshot()
-        assert snapshot == tuple(alloc.free_pages())
+        assert tuple(snapshot) == tuple(alloc.free_pages())
         made_from = alloc.snapshot_from  # None, or the last snapshot (itself if unchanged)
         assert made_from is None or made_from is last
         if made_from is not None:  # what `DerivedBooks.free_from` promises
-            assert snapshot[: len(made_from)] == made_from[: len(snapshot)]
+            assert tuple(snapshot[: len(made_from)]) == tuple(made_from[: len(snapshot)])
+        kept.append((snapshot, tuple(snapshot)))
         assert tree.books_pages() == (tuple(tree.cached_pages()), tuple(tree.locked_pages()))
+    # An earlier snapshot never changes as the free list does (they share storage).
+    assert all(tuple(snapshot) == copy for snapshot, copy in kept)
 
 
 def test_the_tree_is_checked_again_after_a_split() -> None:
@@ -139,3 +146,36 @@ def test_the_tree_is_checked_again_after_a_split() -> None:
     upper.lock_ref = -1
     with pytest.raises(InvariantError, match="lock count < 0"):
         tree.books_pages()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.data())
+def test_page_snapshots_stay_what_the_list_was_while_it_grows_shrinks_and_is_replaced(
+    data: st.DataObject,
+) -> None:
+    """`PageSnapshots` share one array between snapshots: each is the list as it was when
+    taken, however the list changes afterwards (appends past the array's room, pops, a reset
+    and a new list), says truly what it was made from, and cannot be written through."""
+    grows = data.draw(st.booleans())  # a request's pages, or a free list
+    pages = list(range(40, 0, -1))
+    snaps = PageSnapshots()
+    kept: list[tuple[Sequence[int], tuple[int, ...]]] = []
+    for _ in range(data.draw(st.integers(1, 40))):
+        change = data.draw(st.sampled_from(("same", "change", "reset")))
+        if change == "reset":
+            pages = data.draw(st.lists(st.integers(0, 99), max_size=40))
+            snaps.reset()
+        elif change == "change" and grows:
+            pages += data.draw(st.lists(st.integers(0, 99), min_size=1, max_size=20))
+        elif change == "change":
+            del pages[len(pages) - data.draw(st.integers(0, len(pages))) :]
+        last = snaps.last
+        snapshot, made_from = (snaps.after_appends if grows else snaps.after_pops)(pages)
+        assert tuple(snapshot) == tuple(pages)
+        assert made_from is None or made_from is last
+        if change == "same" and last is not None:
+            assert snapshot is last is made_from
+        kept.append((snapshot, tuple(snapshot)))
+        with pytest.raises(TypeError):
+            snapshot[0:0] = b""  # type: ignore[index]
+    assert all(tuple(snapshot) == copy for snapshot, copy in kept)

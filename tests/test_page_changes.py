@@ -10,7 +10,8 @@ the incremental path is the one that meets the fault.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from array import array
+from collections.abc import Callable, Sequence
 from itertools import pairwise
 from types import SimpleNamespace
 
@@ -208,11 +209,41 @@ def claimed(steps: list[Books]) -> list[Books]:
     return out
 
 
-def _agreeing(before: tuple[int, ...] | None, pages: tuple[int, ...]) -> tuple[int, ...] | None:
+def _agreeing(before: Sequence[int] | None, pages: Sequence[int]) -> Sequence[int] | None:
     if before is None:
         return None
     n = min(len(before), len(pages))
-    return before if before[:n] == pages[:n] else None
+    return before if tuple(before[:n]) == tuple(pages[:n]) else None
+
+
+def as_views(steps: list[Books], every: int) -> list[Books]:
+    """The same books with page lists as read-only int64 `memoryview`s (the reference's kind):
+    every list (`every` 1), or every other one, alternating from step to step (2: a list and
+    its last snapshot then differ in kind, and compare unequal)."""
+    out = []
+    for k, books in enumerate(steps):
+
+        def view(pages: Sequence[int], i: int, k: int = k) -> Sequence[int]:
+            return memoryview(array("q", pages)).toreadonly() if (i + k) % every == 0 else pages
+
+        live = tuple(h._replace(pages=view(h.pages, i)) for i, h in enumerate(books.live, 3))
+        free, cached = view(books.free_pages, 0), view(books.cached_pages, 1)
+        out.append(Books(live, books.free_slots, free, cached, view(books.locked_pages, 2)))
+    return out
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(long_books(), st.sampled_from((1, 2)), st.booleans())
+def test_page_lists_as_views_are_judged_as_the_same_tuples(
+    case: tuple[int, list[Books]], every: int, claims: bool
+) -> None:
+    """Any immutable `Sequence[int]` will do for a page list: views (or a mix of views and
+    tuples) get the verdicts tuples get, step by step, carried or fresh, claimed or not."""
+    n, steps = case
+    views = as_views(steps, every)
+    if claims:
+        steps, views = claimed(steps), claimed(views)
+    assert judged_alike(n, views) == judged_alike(n, steps)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -532,16 +563,18 @@ def test_the_reference_books_keep_unchanged_lists_as_the_same_tuples(
     iteration to the next (the check then compares by identity), and every list is what the
     managers hold now."""
     seen: list[Books] = []
+    copies: list[list[tuple[int, ...]]] = []  # each books' lists as tuples, when handed out
     claims = [0, 0]  # lists made from themselves (unchanged), from the last books' ones
 
     class Watching(Scheduler):
         def books(self) -> Books:
             books = super().books()
             prefix = self.cache.prefix
-            assert books.free_pages == tuple(self.cache.allocator.free_pages())
-            assert books.cached_pages == tuple(prefix.cached_pages())
-            assert books.locked_pages == tuple(prefix.locked_pages())
-            assert [h.pages for h in books.live] == [tuple(r.own_pages) for r in self.held]
+            assert tuple(books.free_pages) == tuple(self.cache.allocator.free_pages())
+            assert tuple(books.cached_pages) == tuple(prefix.cached_pages())
+            assert tuple(books.locked_pages) == tuple(prefix.locked_pages())
+            assert [tuple(h.pages) for h in books.live] == [tuple(r.own_pages) for r in self.held]
+            copies.append(as_tuples(books))
             assert isinstance(books, DerivedBooks)
             # Each list made from the last books' list (or itself), agreeing with it on their
             # common length: what pages-conserved then trusts.
@@ -556,7 +589,7 @@ def test_the_reference_books_keep_unchanged_lists_as_the_same_tuples(
                 if made_from is not None:
                     assert made_from is was or made_from is pages
                     n = min(len(made_from), len(pages))
-                    assert made_from[:n] == pages[:n]
+                    assert tuple(made_from[:n]) == tuple(pages[:n])
                     claims[made_from is was and was is not pages] += 1
             seen.append(books)
             return books
@@ -574,6 +607,8 @@ def test_the_reference_books_keep_unchanged_lists_as_the_same_tuples(
 
     assert run_scenario(scenario, SimBackend(), [ID], scheduler=watched).ok
     assert (made[0].preemptions > 0) == (preemption != "none")
+    # Snapshots that share storage with the scheduler's lists never changed afterwards.
+    assert [as_tuples(b) for b in seen] == copies
     pairs = list(pairwise(seen))
     assert sum(a.free_pages is b.free_pages for a, b in pairs) > 0
     assert sum(a.cached_pages is b.cached_pages for a, b in pairs) > 0
@@ -587,6 +622,12 @@ def test_the_reference_books_keep_unchanged_lists_as_the_same_tuples(
     assert any(b.cached_pages for b in seen)
     assert any(b.locked_pages for b in seen) or name == "preemption"
     assert claims[0] > 0 and claims[1] > 0
+
+
+def as_tuples(books: Books) -> list[tuple[int, ...]]:
+    """The books' page lists, copied into tuples."""
+    lists = [books.free_pages, books.cached_pages, books.locked_pages]
+    return [tuple(pages) for pages in (*lists, *(h.pages for h in books.live))]
 
 
 def test_books_outside_the_contract_after_right_ones_are_judged_as_in_full() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from overlapcheck.core.errors import InvariantError
+from overlapcheck.reference.cache.snapshots import PageSnapshots
 
 
 class PageAllocator:
@@ -18,10 +19,10 @@ class PageAllocator:
         self._free = list(range(num_pages - 1, -1, -1))
         self._is_free = [True] * num_pages
         self._num_flagged_free = num_pages
-        # `free_snapshot()` as last made: None after pages were freed; after allocations only,
-        # the free list is a prefix of it. `snapshot_from`: see `free_snapshot`.
-        self._snapshot: tuple[int, ...] | None = None
-        self.snapshot_from: tuple[int, ...] | None = None
+        # `free_snapshot()`'s: reset when pages are freed; after allocations only, the free
+        # list is a prefix of the last one. `snapshot_from`: see `free_snapshot`.
+        self._snapshots = PageSnapshots()
+        self.snapshot_from: memoryview | None = None
 
     @property
     def num_free(self) -> int:
@@ -30,7 +31,7 @@ class PageAllocator:
     def allocate(self) -> int:
         if not self._free:
             raise InvariantError("pages-conserved", "allocate with no free page")
-        page = self._free.pop()  # (the snapshot stays: the list is a prefix of it)
+        page = self._free.pop()  # (the snapshots stay: the list is a prefix of the last)
         self._is_free[page] = False
         self._num_flagged_free -= 1
         return page
@@ -46,7 +47,7 @@ class PageAllocator:
                 freed.append(page)
         finally:  # the pages before a double free are free, as when freed one by one
             if freed:
-                self._snapshot = None
+                self._snapshots.reset()
                 # Two sorted runs (or a few): a merge, not a full sort.
                 self._free += sorted(freed, reverse=True)
                 self._free.sort(reverse=True)
@@ -58,17 +59,11 @@ class PageAllocator:
     def free_pages(self) -> list[int]:
         return list(self._free)  # highest first: callers that need another order sort it
 
-    def free_snapshot(self) -> tuple[int, ...]:
-        """The free list as a tuple, highest first: the same tuple until the list changes (the
-        books ask at every iteration, and an unchanged list is then recognised by identity).
-        After allocations only, cut from the last one. `snapshot_from` is then what it was
-        made from: that one, itself (unchanged), or None (made afresh)."""
-        last, free = self._snapshot, self._free
-        if last is None:
-            snapshot, self.snapshot_from = tuple(free), None
-        elif len(last) != len(free):
-            snapshot, self.snapshot_from = last[: len(free)], last
-        else:
-            snapshot = self.snapshot_from = last  # unchanged: made from itself
-        self._snapshot = snapshot
+    def free_snapshot(self) -> memoryview:
+        """The free list, highest first, as an immutable snapshot (a read-only int64
+        `memoryview`, `cache/snapshots.py`): the same object until the list changes (the books
+        ask at every iteration, and an unchanged list is then recognised by identity). After
+        allocations only, a shorter view of the last one's storage, not a copy. `snapshot_from`
+        is then what it was made from: that one, itself (unchanged), or None (made afresh)."""
+        snapshot, self.snapshot_from = self._snapshots.after_pops(self._free)
         return snapshot

@@ -50,7 +50,7 @@ class CacheManager:
             if self.allocator.num_free == 0:
                 self.allocator.free(self.prefix.evict(1))
             page = self.allocator.allocate()
-            req.own_pages.append(page)  # (`books_pages` stays its prefix)
+            req.own_pages.append(page)  # (the books' last snapshot stays its prefix)
             req.cells += range(page * ps, page * ps + ps)
 
     def release(self, req: Req, forget: bool = True) -> None:
@@ -70,7 +70,7 @@ class CacheManager:
         self.prefix.unlock(req.handle)
         if forget:
             req.handle, req.own_pages, req.cells = None, [], []
-            req.books_pages = None
+            req.books_pages.reset()
 
     def check_integrity(self, live: Iterable[Req]) -> None:
         """free + cached + held by live requests == all pages, and no page is counted twice."""

@@ -64,8 +64,8 @@ class ShapeCache:
 class ForwardIndex:
     """The forwards of one run's trace in issue order, with their places in it, and its KV
     offloads to the host that name a request: found once, as ops are issued, for every check
-    that reads them (`progress`, `work-bound`, `slot-not-in-flight`, `kv-provenance`). Each of
-    them scanning every new op for its forwards cost more than its own work on them."""
+    that reads them (`progress`, `work-bound`, `slot-not-in-flight`). Each of them scanning
+    every new op for its forwards cost more than its own work on them."""
 
     def __init__(self) -> None:
         self.scanned = 0  # ops looked at

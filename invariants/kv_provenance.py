@@ -123,7 +123,7 @@ class KvProvenance(Invariant):
     def on_receive(self, msg: InMsg, req: Request | None) -> None:
         if self.shadow is None:
             return
-        self.pending.extend(self.feed.pull_indexed(self.run.forwards, self.run.trace.ops))
+        self.pending.extend(self.feed.pull(self.run.trace))
         if isinstance(msg, UserMsg):
             self.feed.admit(req)
 
@@ -152,7 +152,7 @@ class KvProvenance(Invariant):
 
     def _check(self) -> None:
         assert self.shadow is not None
-        self.pending.extend(self.feed.pull_indexed(self.run.forwards, self.run.trace.ops))
+        self.pending.extend(self.feed.pull(self.run.trace))
         reads = self.shadow.reads
         while self.pending:
             op, reqs = self.pending[0]

@@ -156,7 +156,7 @@ def run_scenario(
             "(see core/protocol.py); the black-box checks still run"
         )
         checks.checks = [inv for inv in checks.checks if inv not in skipped]
-    with _fewer_collections():
+    with _fewer_collections(move_out=backend.name == "sim"):
         watchdog = Watchdog(hang_timeout_for(backend, hang_timeout), deadline)
         completed = drive(sched, ctx, checks, step_bound(scenario), harness.log, watchdog)
     violations, notices = checks.violations, ctx.notices
@@ -274,21 +274,25 @@ _FROZEN_AT_START = gc.get_freeze_count()
 
 
 @contextmanager
-def _fewer_collections() -> Iterator[None]:
+def _fewer_collections(move_out: bool) -> Iterator[None]:
     """A run allocates many small objects that live until it ends (the trace), and the default
     gen-0 threshold makes the collector rescan them thousands of times. Raise it for the run.
 
-    At the end, the run's objects go straight to the oldest generation (freeze, then unfreeze)
-    before the threshold comes back: restored over tens of thousands of young objects, it set off
-    a collection that scanned them all, and now and then a full one (12% of a search's time).
-    They die by reference count when the caller drops the result; a cycle among them waits for
-    the next full collection, like any long-lived garbage.
+    With `move_out`, at the end the run's objects go straight to the oldest generation (freeze,
+    then unfreeze) before the threshold comes back: restored over tens of thousands of young
+    objects, it set off a collection that scanned them all, and now and then a full one (12% of a
+    search's time). They die by reference count when the caller drops the result; a cycle among
+    them waits for the next full collection, like any long-lived garbage. That suits the
+    simulator's runs, whose objects are small. A real engine's hold device memory (its KV pool,
+    the attention kernels' workspaces) in such cycles: left young, they are freed by the
+    collections of the next few runs, where the oldest generation kept them until the H200 ran
+    out of memory in the CUDA suite. So they stay young (`move_out` False).
 
     The caller's collector is left as found: the threshold is restored, and when the caller has
     frozen objects of its own (`gc.freeze()` before forking workers, say) nothing is frozen or
     unfrozen here, since unfreezing would thaw theirs too."""
     old = gc.get_threshold()
-    ours = gc.get_freeze_count() in (0, _FROZEN_AT_START)
+    ours = move_out and gc.get_freeze_count() in (0, _FROZEN_AT_START)
     gc.set_threshold(max(old[0], 50_000), old[1], old[2])
     try:
         yield

@@ -53,6 +53,23 @@ def test_the_interpreters_own_frozen_objects_do_not_stop_the_run_moving_its_obje
         gc.unfreeze()
 
 
+def test_a_real_engines_run_leaves_its_objects_young(
+    collector: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its objects hold device memory in reference cycles: the next collections must see them.
+    class AnotherEngine(SimBackend):
+        name = "another-engine"
+
+    gc.freeze()
+    try:
+        monkeypatch.setattr(runner, "_FROZEN_AT_START", gc.get_freeze_count())
+        frozen = gc.get_freeze_count()
+        run_scenario(named_scenario("basic"), AnotherEngine())
+        assert gc.get_freeze_count() == frozen  # nothing frozen and thawed: nothing moved out
+    finally:
+        gc.unfreeze()
+
+
 def test_a_run_leaves_the_callers_frozen_objects_frozen(collector: None) -> None:
     gc.freeze()  # what a server does before forking its workers
     try:

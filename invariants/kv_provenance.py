@@ -195,10 +195,7 @@ class KvProvenance(Invariant):
         # forward sampled yet is reported first, wherever it is.) A trust then ends where the
         # new positions start, and takes them once this forward's write is followed.
         trusted = current and self.incremental
-        if rec.one_each and rec.judged is None:
-            trusted, wrong, joining = self._judge_decode(op, rec, reqs, contexts, trusted)
-        else:
-            trusted, wrong, joining = self._judge_new(op, rec, reqs, contexts, ends, trusted)
+        trusted, wrong, joining = self._judge_new(op, rec, reqs, contexts, ends, trusted)
         if not trusted:
             self._judge_all(op, rec, reqs, contexts, ends)
             if current:
@@ -271,42 +268,6 @@ class KvProvenance(Invariant):
                     wrong = i, start + int(bad[0])
             if at[i] >= 0:  # type: ignore[index]
                 joining.append((trust, start, end, at[i]))  # type: ignore[index]
-        return trusted, wrong, joining
-
-    def _judge_decode(
-        self,
-        op: Op,
-        rec: ForwardReads,
-        reqs: tuple[Request | None, ...],
-        contexts: list[_Context | None],
-        trusted: bool,
-    ) -> tuple[bool, tuple[int, int] | None, list[tuple[_Trust, int, int, int]]]:
-        """`_judge_new` for a decode batch (each sequence's one new position is its last judged
-        one, at `start`, and its id is `ids[i]`), with what that makes constant taken out."""
-        generation, slots, ids = self.generation, rec.slots, rec.ids.tolist()
-        wrong: tuple[int, int] | None = None
-        joining: list[tuple[_Trust, int, int, int]] = []
-        for i, start in enumerate(rec.first):
-            ctx = contexts[i]
-            if ctx is None:
-                continue
-            if start >= ctx.known:
-                self._report(op, rec, reqs[i], ctx, i, ctx.known)  # type: ignore[arg-type]
-            if not trusted:
-                continue
-            trust = ctx.trust
-            if (
-                trust is None
-                or trust.generation != generation
-                or trust.slot != slots[i]
-                or trust.length < start
-            ):
-                trusted = False
-                continue
-            trust.length = start
-            if wrong is None and ids[i] != ctx.tokens[start]:
-                wrong = i, start
-            joining.append((trust, start, start + 1, i))
         return trusted, wrong, joining
 
     @staticmethod

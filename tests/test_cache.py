@@ -156,7 +156,8 @@ def test_page_snapshots_stay_what_the_list_was_while_it_grows_shrinks_and_is_rep
     """`PageSnapshots` share one array between snapshots: each is the list as it was when
     taken, however the list changes afterwards (appends past the array's room, pops, a reset
     and a new list), says truly what it was made from, and cannot be written through."""
-    grows = data.draw(st.booleans())  # a request's pages, or a free list
+    # a request's pages (appends), a free list (pops), or a list that does both in turn
+    mode = data.draw(st.sampled_from(("grows", "shrinks", "both")))
     pages = list(range(40, 0, -1))
     snaps = PageSnapshots()
     kept: list[tuple[Sequence[int], tuple[int, ...]]] = []
@@ -165,7 +166,8 @@ def test_page_snapshots_stay_what_the_list_was_while_it_grows_shrinks_and_is_rep
         if change == "reset":
             pages = data.draw(st.lists(st.integers(0, 99), max_size=40))
             snaps.reset()
-        elif change == "change" and grows:
+        grows = mode == "grows" or (mode == "both" and data.draw(st.booleans()))
+        if change == "change" and grows:
             pages += data.draw(st.lists(st.integers(0, 99), min_size=1, max_size=20))
         elif change == "change":
             del pages[len(pages) - data.draw(st.integers(0, len(pages))) :]

@@ -26,13 +26,15 @@ class PageSnapshots:
     """
 
     # `_store`: a writable view of the array (items set through it cost less than through the
-    # array); `_view`: its read-only twin, which snapshots are cut from; `_n`: `last`'s length.
-    __slots__ = ("_n", "_store", "_view", "last")
+    # array); `_view`: its read-only twin, which snapshots are cut from; `_n`: `last`'s length;
+    # `_top`: the longest snapshot cut from this array (entries below it are never written again:
+    # appends after pops below it take a fresh array).
+    __slots__ = ("_n", "_store", "_top", "_view", "last")
 
     def __init__(self) -> None:
         self._store = memoryview(array("q"))
         self._view = self._store.toreadonly()
-        self._n = 0
+        self._n = self._top = 0
         self.last: memoryview | None = None
 
     def reset(self) -> None:
@@ -46,13 +48,15 @@ class PageSnapshots:
             return self._afresh(pages, max(_MIN_ROOM, 2 * n)), None
         if n == m:
             return last, last
+        if m < self._top:  # an earlier, longer snapshot holds the entries past `last`
+            return self._afresh(pages, max(_MIN_ROOM, 2 * n)), last
         if n > len(self._store):  # full: a larger array (the old one stays with its snapshots)
             self._move(2 * n)
         if n == m + 1:  # (a decode step's one page: cheaper than a slice)
             self._store[m] = pages[m]
         else:
             self._store[m:n] = array("q", pages[m:n])
-        self._n = n
+        self._n = self._top = n
         snapshot = self.last = self._view[:n]
         return snapshot, last
 
@@ -74,7 +78,7 @@ class PageSnapshots:
             store.frombytes(bytes(store.itemsize * (room - n)))
         self._store = memoryview(store)
         self._view = self._store.toreadonly()
-        self._n = n
+        self._n = self._top = n
         snapshot = self.last = self._view[:n]
         return snapshot
 

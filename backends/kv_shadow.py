@@ -333,8 +333,7 @@ class KvShadow:
     ) -> None:
         rec = self.reads[op]
         written = rec.written
-        self.log.append(KvWrite(written, self.key[written], self.meta[written], op))  # (`_mutate`)
-        self.epoch += 1
+        self._mutate(KvWrite(written, self.key[written], self.meta[written], op))
         self._key64[written] = rec.new_keys
         self.meta[written] = rec.new[1] | (op << _POS_BITS)
         rec.samples = tuple(samples)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
 from typing import NamedTuple
 
 import numpy as np
@@ -28,12 +29,15 @@ _BASE = 0x100000001B3  # odd, so invertible modulo 2**64
 _MASK = (1 << 64) - 1
 
 
+@cache
 def _powers(base: int, n: int) -> np.ndarray:
-    out = np.empty(n, dtype=np.uint64)
-    value = 1
-    for i in range(n):
-        out[i] = value
+    """base**i modulo 2**64 for i < n, read-only: made once per width for every run's shadow."""
+    values, value = [], 1
+    for _ in range(n):
+        values.append(value)
         value = value * base & _MASK
+    out = np.array(values, dtype=np.uint64)
+    out.flags.writeable = False
     return out
 
 

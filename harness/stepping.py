@@ -74,35 +74,42 @@ class Checks:
             except InvariantViolated as err:
                 self.record(err.violation)
 
-    def message(self, msg: OutMsg, req: Request | None, num_ops: int) -> None:
+    def message(
+        self, msg: OutMsg, req: Request | None, num_ops: int, routine: bool = False
+    ) -> None:
         """A message sent when the trace held `num_ops` ops: check by check in order, its
         `on_ops` (only if ops were issued since the last message: a batch's messages come in a
         burst with no device call between them) and its `on_message` (not for a live request's
-        token, if it reads only those that come after their request ended: `ended_only`)."""
+        token, if it reads only those that come after their request ended: `ended_only`; not
+        for a `routine` token, `RequestLedger.routine`, if it judges none: `judges_routine`)."""
         fresh = num_ops != self._ops_at_message
         self._ops_at_message = num_ops
         calls = self._on_message
         if calls is None:
             calls = self._on_message = self._message_calls()
-        routine = req is not None and not req.late and isinstance(msg, TokenMsg)
-        for method in calls[2 * fresh + routine]:
+        live = req is not None and not req.late and isinstance(msg, TokenMsg)
+        for method in calls[3 * fresh + live + routine]:
             try:
                 method(msg, req)
             except InvariantViolated as err:
                 self.record(err.violation)
 
     def _message_calls(self) -> list[list[Callable[..., None]]]:
-        """The calls for a message, by 2 * (ops issued since the last one) + (a live request's
-        token)."""
+        """The calls for a message, by 3 * (ops issued since the last one) + (a live request's
+        token) + (a routine one)."""
         ops, messages = set(self.listening("on_ops")), set(self.listening("on_message"))
         calls: list[list[Callable[..., None]]] = []
         for fresh in (False, True):
-            for routine in (False, True):
+            for kind in range(3):  # another message, a live request's token, a routine one
                 found: list[Callable[..., None]] = []
                 for inv in self.checks:
                     if fresh and inv in ops:
                         found.append(inv.ops_at_message)
-                    if inv in messages and not (routine and inv.ended_only):
+                    if (
+                        inv in messages
+                        and not (kind and inv.ended_only)
+                        and not (kind == 2 and not inv.judges_routine)
+                    ):
                         found.append(inv.on_message)
                 calls.append(found)
         return calls
@@ -182,9 +189,10 @@ class Harness:
         if self.log is not None:
             self.log.append(Logged("send", msg, step, len(ctx.trace.ops), now))
         num_ops = len(ctx.trace.ops)
-        req = ctx.ledger.answer(msg, step, num_ops)
+        ledger = ctx.ledger
+        req = ledger.answer(msg, step, num_ops)
         self._observe(msg, now)
-        self.checks.message(msg, req, num_ops)
+        self.checks.message(msg, req, num_ops, ledger.routine)
 
 
 def drive(
@@ -309,7 +317,7 @@ def check_after(
                 checks.notify("on_receive", msg, req)
             else:
                 req = ctx.ledger.answer(msg, step, event.num_ops)
-                checks.message(msg, req, event.num_ops)
+                checks.message(msg, req, event.num_ops, ctx.ledger.routine)
         if completed:  # the run reached its end-of-run checks: so do these, on the final state
             view.at(len(ran.device.trace.ops))
             ctx.step, ctx.frozen_now, ctx.live_books = ran.step, ran.now(), True

@@ -61,6 +61,9 @@ class Invariant:
     so it costs nothing.
     `ended_only`: `on_message` judges nothing in a token for a request that was live when it
     came (`not req.late`), so the harness calls it only for the other messages.
+    `judges_routine`: False where `on_message` judges nothing in a routine token (a live
+    request's token that is neither its last nor EOS: `RequestLedger.routine`), most of a run's
+    messages; the harness then does not call it for one.
     """
 
     id: str = ""
@@ -71,6 +74,7 @@ class Invariant:
     deferrable: bool = True
     active: bool = True
     ended_only: bool = False
+    judges_routine: bool = True
 
     def bind(self, run: RunContext) -> None:
         self.run = run

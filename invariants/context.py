@@ -71,6 +71,9 @@ class RequestLedger:
         self.latest: dict[int, Request] = {}  # uid -> its most recent request
         self._to_reject: dict[int, list[Request]] = {}  # uid -> requests owed a RejectMsg
         self.token_messages = 0  # sent so far, for any uid
+        # The last message answered was a routine token: a live request's, neither its last
+        # (not finished, below its max_tokens) nor EOS. Most checks judge nothing in one.
+        self.routine = False
 
     def receive(
         self, msg: InMsg, step: int, expected: Callable[[UserMsg, int], Expected | None]
@@ -97,6 +100,7 @@ class RequestLedger:
         """Book an outgoing message, sent when the trace held `num_ops` ops; the request it
         belongs to (None: a uid never received)."""
         if isinstance(msg, RejectMsg):
+            self.routine = False
             owed = self._to_reject.get(msg.uid)
             req = owed.pop(0) if owed else self.live.pop(msg.uid, None) or self.latest.get(msg.uid)
             if req is not None:
@@ -104,6 +108,7 @@ class RequestLedger:
                 req.reject_reason = msg.reason
             return req
         self.token_messages += 1
+        self.routine = False
         req = self.live.get(msg.uid) or self.latest.get(msg.uid)
         if req is None:
             return None
@@ -115,6 +120,10 @@ class RequestLedger:
             if msg.finished:
                 req.finished_step = step
                 del self.live[msg.uid]
+            else:
+                self.routine = (
+                    msg.token != self.config.eos_token_id and len(req.tokens) < req.max_output
+                )
         return req
 
     def owed_rejections(self) -> list[Request]:

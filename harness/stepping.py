@@ -172,6 +172,8 @@ class Harness:
                 self.log.append(Logged("receive", msg, ctx.step, len(ctx.trace.ops), ctx.now()))
             req = ctx.ledger.receive(msg, ctx.step, self.expected)
             self.checks.notify("on_receive", msg, req)
+            if isinstance(msg, UserMsg):
+                ctx.attribution.received(ctx.trace.ops, req)
         return msgs
 
     def next_arrival(self) -> float | None:
@@ -315,6 +317,8 @@ def check_after(
             elif isinstance(msg, UserMsg | AbortMsg):
                 req = ctx.ledger.receive(msg, step, expected)
                 checks.notify("on_receive", msg, req)
+                if isinstance(msg, UserMsg):
+                    ctx.attribution.received(view.ops, req)
             else:
                 req = ctx.ledger.answer(msg, step, event.num_ops)
                 checks.message(msg, req, event.num_ops, ctx.ledger.routine)

@@ -130,6 +130,39 @@ class RequestLedger:
         return [r for owed in self._to_reject.values() for r in owed]
 
 
+# A forward with the request instance of each of its sequences (None: none known for the uid).
+Attributed = tuple[Op, tuple[Request | None, ...]]
+
+
+class Attribution:
+    """The run's forwards (`ForwardIndex`) in issue order, each with the request instance of each
+    of its sequences: attributed once, for every check that reads them (each attributing them
+    again cost more than its own work on them). The harness books each user message with
+    `received` after the checks' `on_receive` (which pull first), so a forward issued before a
+    uid came back stays with the earlier request."""
+
+    def __init__(self, index: ForwardIndex) -> None:
+        self.index = index
+        self.current: dict[int, Request] = {}  # uid -> the instance its forwards run for now
+        self.forwards: list[Attributed] = []
+
+    def update(self, ops: Sequence[Op]) -> list[Attributed]:
+        """Every forward among `ops` (the run's trace as issued so far), attributed."""
+        index, done = self.index, len(self.forwards)
+        index.update(ops)
+        if done != len(index.forwards):
+            attribute = self.current.get
+            self.forwards += [(op, tuple(map(attribute, op.uids))) for op in index.forwards[done:]]
+        return self.forwards
+
+    def received(self, ops: Sequence[Op], req: Request | None) -> None:
+        """A user message booked as `req`: the forwards issued before it stay with the requests
+        they ran for; the uid's later forwards are `req`'s (if it is served)."""
+        self.update(ops)
+        if req is not None and req.rejection is None and req.aborted_step is None:
+            self.current[req.uid] = req
+
+
 class _Prefix(Sequence[Op]):
     """The first `limit` ops of a list, as a list-like the checks scan."""
 
@@ -186,6 +219,7 @@ class RunContext:
         self.kv_shadow = kv_shadow  # what the device records of each KV cell, if it keeps one
         self.shapes = ShapeCache(scenario.config.max_seq_len)  # forwards' rows and lengths
         self.forwards = ForwardIndex()  # the trace's forwards, for the checks that read them
+        self.attribution = Attribution(self.forwards)  # and the requests they ran for
         self.backend_name = backend_name
         self.scheduler = scheduler
         self.ledger = RequestLedger(scenario.config)  # the requests as received and answered

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from overlapcheck.backends.kv_shadow import ForwardReads, KvShadow, KvWrite, PrefixHash
-from overlapcheck.core.messages import InMsg, UserMsg
+from overlapcheck.core.messages import InMsg
 from overlapcheck.core.trace import Op
 from overlapcheck.invariants.base import Invariant
 from overlapcheck.invariants.context import Request, RunContext
@@ -123,9 +123,7 @@ class KvProvenance(Invariant):
     def on_receive(self, msg: InMsg, req: Request | None) -> None:
         if self.shadow is None:
             return
-        self.pending.extend(self.feed.pull(self.run.trace))
-        if isinstance(msg, UserMsg):
-            self.feed.admit(req)
+        self.pending.extend(self.feed.pull(self.run))
 
     def on_ops(self) -> None:
         # A message may be the first sign of a forward that ran: judge its reads before the
@@ -152,7 +150,7 @@ class KvProvenance(Invariant):
 
     def _check(self) -> None:
         assert self.shadow is not None
-        self.pending.extend(self.feed.pull(self.run.trace))
+        self.pending.extend(self.feed.pull(self.run))
         reads = self.shadow.reads
         while self.pending:
             op, reqs = self.pending[0]

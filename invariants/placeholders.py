@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 from overlapcheck.core.batch import PLACEHOLDER, SPEC_FIELDS
-from overlapcheck.core.messages import InMsg, OutMsg, TokenMsg, UserMsg
+from overlapcheck.core.messages import InMsg, OutMsg, TokenMsg
 from overlapcheck.core.speculative import SHIFT_FIELD
 from overlapcheck.core.trace import METADATA, SPEC_OUT, Op
 from overlapcheck.invariants.base import TraceScanner
@@ -54,8 +54,6 @@ class Placeholders(TraceScanner):
 
     def on_receive(self, msg: InMsg, req: Request | None) -> None:
         self._scan()
-        if isinstance(msg, UserMsg):
-            self.feed.admit(req)
 
     def on_message(self, msg: OutMsg, req: Request | None) -> None:
         if isinstance(msg, TokenMsg) and msg.token < 0:
@@ -65,7 +63,7 @@ class Placeholders(TraceScanner):
 
     def _scan(self) -> None:
         ops = self.run.trace.ops
-        attributed = {op.seq: reqs for op, reqs in self.feed.pull(self.run.trace)}
+        attributed = {op.seq: reqs for op, reqs in self.feed.pull(self.run)}
         for i in range(self.seen, len(ops)):
             op = ops[i]
             if op.kind == "resolve":
@@ -94,7 +92,7 @@ class Placeholders(TraceScanner):
             if not 0 <= index < len(op.uids):
                 continue
             uid = op.uids[index]
-            req = self.feed.current.get(uid)
+            req = self.run.attribution.current.get(uid)
             if req is None:
                 continue
             writer, latest = self.writer.get(cell), self.latest.get(req.index)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from overlapcheck.core.config import SchedulerConfig
-from overlapcheck.core.messages import InMsg, OutMsg, TokenMsg, UserMsg
+from overlapcheck.core.messages import InMsg, OutMsg, TokenMsg
 from overlapcheck.core.trace import TOKEN_POOL, Op
 from overlapcheck.invariants.base import Invariant
 from overlapcheck.invariants.context import Request
@@ -44,8 +44,6 @@ class Progress(Invariant):
 
     def on_receive(self, msg: InMsg, req: Request | None) -> None:
         self._pull()
-        if isinstance(msg, UserMsg):
-            self.feed.admit(req)
 
     def on_ops(self) -> None:
         self._pull()
@@ -86,7 +84,7 @@ class Progress(Invariant):
         ops, index = self.run.trace.ops, self.run.forwards
         if self.feed.seen == len(ops):
             return  # nothing issued since the last pull
-        pulled = self.feed.pull_indexed(index, ops)
+        pulled = self.feed.pull(self.run)
         offloads = index.offloads[self.offloads :]  # issued since the last pull, as the forwards
         self.offloads = len(index.offloads)
         for op, reqs in pulled:

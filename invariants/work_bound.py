@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from overlapcheck.core.messages import InMsg, UserMsg
+from overlapcheck.core.messages import InMsg
 from overlapcheck.core.trace import KV, Op
 from overlapcheck.invariants.base import Invariant
 from overlapcheck.invariants.context import Request
@@ -36,8 +36,6 @@ class WorkBound(Invariant):
 
     def on_receive(self, msg: InMsg, req: Request | None) -> None:
         self._check()
-        if isinstance(msg, UserMsg):
-            self.feed.admit(req)
 
     def on_ops(self) -> None:
         if self.feed.seen != len(self.run.trace.ops):  # only new ops need judging
@@ -50,7 +48,7 @@ class WorkBound(Invariant):
         self._check()
 
     def _check(self) -> None:
-        for op, reqs in self.feed.pull_indexed(self.run.forwards, self.run.trace.ops):
+        for op, reqs in self.feed.pull(self.run):
             self._judge(op, reqs)
 
     def _judge(self, op: Op, reqs: tuple[Request | None, ...]) -> None:

@@ -25,6 +25,7 @@ from overlapcheck.core.protocol import Books, Holding
 from overlapcheck.core.trace import HOST, KV_OFFLOAD, TOKEN_POOL, Access, Op, Trace
 from overlapcheck.harness.runner import run_scenario
 from overlapcheck.invariants.base import InvariantViolated
+from overlapcheck.invariants.context import Attribution
 from overlapcheck.invariants.forward_shape import ForwardIndex, ShapeCache
 from overlapcheck.invariants.forwards import ForwardFeed
 from overlapcheck.invariants.page_arrays import PageArrays
@@ -369,22 +370,36 @@ def op_batches(draw: st.DrawFn) -> list[list[Op]]:
 
 @FAST
 @given(op_batches(), st.data())
-def test_the_forward_index_pulls_what_a_scan_of_the_new_ops_pulls(
+def test_every_feed_gets_each_forward_with_the_requests_of_its_time(
     batches: list[list[Op]], data: st.DataObject
 ) -> None:
-    trace, index = Trace(), ForwardIndex()
-    scanned, indexed = ForwardFeed(), ForwardFeed()
+    """The run's forwards are attributed once (`Attribution`) for every check's feed: each feed,
+    pulled whenever, gets every forward once, in issue order, with the request each of its uids
+    named when it was issued (a uid booked again later does not take over its earlier forwards)."""
+    trace = Trace()
+    run = SimpleNamespace(trace=trace, attribution=Attribution(ForwardIndex()))
+    eager, lazy = ForwardFeed(), ForwardFeed()
+    expected: list[Any] = []
+    got_eager: list[Any] = []
+    got_lazy: list[Any] = []
+    current: dict[int, Any] = {}
     for batch in batches:
         for op in batch:
             trace.add(op)
-        for _ in range(data.draw(st.integers(1, 2))):  # a second pull finds nothing new
-            assert indexed.pull_indexed(index, trace.ops) == scanned.pull(trace)
-            assert indexed.seen == scanned.seen == len(trace.ops)
+            if op.kind == "forward":
+                expected.append((op, tuple(current.get(uid) for uid in op.uids)))
+        got_eager += eager.pull(run)  # type: ignore[arg-type]
+        assert eager.seen == len(trace.ops)
+        assert eager.pull(run) == []  # type: ignore[arg-type]  # nothing new
+        if data.draw(st.booleans()):
+            got_lazy += lazy.pull(run)  # type: ignore[arg-type]
         uid = data.draw(st.integers(0, 5))
         req = SimpleNamespace(uid=uid, rejection=None, aborted_step=None)
-        for feed in (scanned, indexed):
-            feed.admit(req)  # type: ignore[arg-type]
-    ops = trace.ops
+        run.attribution.received(trace.ops, req)
+        current[uid] = req
+    got_lazy += lazy.pull(run)  # type: ignore[arg-type]
+    assert got_eager == got_lazy == expected
+    ops, index = trace.ops, run.attribution.index
     assert index.forwards == [op for op in ops if op.kind == "forward"]
     assert index.places == [i for i, op in enumerate(ops) if op.kind == "forward"]
     assert index.offloads == [op for op in ops if op.kind == KV_OFFLOAD and op.uids]

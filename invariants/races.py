@@ -221,7 +221,9 @@ class RaceDetector:
         # agent's own accesses are in its past, so they never stand in the way.)
         # With each, the agents whose entry is not 0, in the order they first accessed it: only
         # they can stand in the way, so a test looks at a buffer's one or two agents, not all
-        # MAX_AGENTS (a `map` over all of them cost more than the rest of the fast path).
+        # MAX_AGENTS (a `map` over all of them cost more than the rest of the fast path). The
+        # host is never among them: it issues every op, so every op after one of its writes is
+        # ordered after it (and its reads are not kept, see `_Shadow`).
         self.marks: dict[str, Marks] = {}
 
     @property
@@ -313,7 +315,7 @@ class RaceDetector:
                     marks[1][a] = clock
             else:
                 view[0][acc.cells] = value  # the reads stay: see `_store`
-                if not marks[0][a]:
+                if a and not marks[0][a]:  # (the host's writes stand in nobody's way)
                     marks[2].append(a)
                 marks[0][a] = clock
         return None
@@ -367,7 +369,7 @@ class RaceDetector:
         if read and not a:
             return
         marks = self._marks(buffer)
-        if not marks[read][a]:
+        if a and not marks[read][a]:  # (nor do its writes stand in anybody's way)
             marks[3 if read else 2].append(a)
         marks[read][a] = clock
 

@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from overlapcheck.bench.worktree import ROOT, revision_tree
 
 _RUN = """
 import json, sys
@@ -92,17 +92,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="overlapcheck-verdicts-") as tmp:
         jobs_file = Path(tmp) / "jobs.jsonl"
         jobs_file.write_text("".join(json.dumps(j) + "\n" for j in jobs))
-        other = Path(tmp) / "rev"
-        subprocess.run(
-            ["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(other), args.rev],
-            check=True,
-        )
-        try:
+        with revision_tree(args.rev) as other:
             ours, theirs = verdicts(ROOT, jobs_file), verdicts(other, jobs_file)
-        finally:
-            subprocess.run(
-                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(other)], check=True
-            )
     differ = [i for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) if a != b]
     violating = sum(bool(v[1]) for v in ours)
     print(

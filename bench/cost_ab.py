@@ -1,0 +1,75 @@
+"""The checks' CPU cost (`bench --speed`'s `cost` column) of this checkout against another
+revision's, on the same machine, the two taking turns.
+
+A virtual or shared machine moves a run's CPU time by half from one second to the next (measured
+on the 2-core machine and the 16-core H200 guest alike), and one `bench --speed` moves its median
+ratio by a tenth between invocations: one invocation of each revision says nothing about a change
+of a few hundredths. Here each revision runs `--reps` separate processes of `--rounds` rounds,
+alternating, and the median of their medians is compared.
+
+    python -m overlapcheck.bench.cost_ab --rev main --reps 5 --rounds 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from overlapcheck.bench.worktree import ROOT, revision_tree
+
+_MEASURE = """
+import json, sys
+from overlapcheck.bench.sim_speed import measure
+rows = measure(int(sys.argv[1]))
+print(json.dumps({r.invariants: r.cost_ratio for r in rows}))
+"""
+
+
+def cost(tree: Path, rounds: int) -> dict[str, float]:
+    """One process of `rounds` rounds from `tree`: each check set's cost ratio."""
+    env = os.environ | {"PYTHONPATH": str(tree / ".typing"), "OPENBLAS_NUM_THREADS": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", _MEASURE, str(rounds)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=tree,
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"{tree}: {out.stderr.strip().splitlines()[-1:]}")
+    ratios: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    return ratios
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rev", default="HEAD~1", help="the revision to compare with")
+    parser.add_argument("--reps", type=int, default=5, help="processes per revision")
+    parser.add_argument("--rounds", type=int, default=15, help="rounds per process")
+    args = parser.parse_args()
+    if args.reps < 1 or args.rounds < 1:
+        parser.error("--reps and --rounds must be at least 1")
+    runs: dict[str, list[dict[str, float]]] = {"this checkout": [], args.rev: []}
+    with revision_tree(args.rev) as other:
+        for rep in range(args.reps):
+            for name, tree in (("this checkout", ROOT), (args.rev, other)):
+                ratios = cost(tree, args.rounds)
+                runs[name].append(ratios)
+                shown = "  ".join(f"{k} {v:.3f}" for k, v in ratios.items() if v != 1.0)
+                print(f"{name:>14} process {rep + 1}: {shown}", flush=True)
+    print("median of the processes' median cost ratios:")
+    for name, found in runs.items():
+        sets = found[0].keys()
+        medians = "  ".join(f"{k} {statistics.median(r[k] for r in found):.3f}" for k in sets)
+        print(f"{name:>14}: {medians}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

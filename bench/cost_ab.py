@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
-from overlapcheck.bench.worktree import ROOT, revision_tree
+from overlapcheck.bench.worktree import ROOT, revision_tree, run_from
 
 _MEASURE = """
 import json, sys
@@ -32,18 +30,8 @@ print(json.dumps({r.invariants: r.cost_ratio for r in rows}))
 
 def cost(tree: Path, rounds: int) -> dict[str, float]:
     """One process of `rounds` rounds from `tree`: each check set's cost ratio."""
-    env = os.environ | {"PYTHONPATH": str(tree / ".typing"), "OPENBLAS_NUM_THREADS": "1"}
-    out = subprocess.run(
-        [sys.executable, "-c", _MEASURE, str(rounds)],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=tree,
-    )
-    if out.returncode != 0:
-        raise SystemExit(f"{tree}: {out.stderr.strip().splitlines()[-1:]}")
-    ratios: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    out = run_from(tree, _MEASURE, str(rounds), OPENBLAS_NUM_THREADS="1")
+    ratios: dict[str, float] = json.loads(out.strip().splitlines()[-1])
     return ratios
 
 

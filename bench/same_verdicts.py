@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from overlapcheck.bench.worktree import ROOT, revision_tree
+from overlapcheck.bench.worktree import ROOT, revision_tree, run_from
 
 _RUN = """
 import json, sys
@@ -68,18 +66,7 @@ def generate(examples: int, seed: int) -> list[dict[str, Any]]:
 
 
 def verdicts(tree: Path, jobs_file: Path) -> list[Any]:
-    env = os.environ | {"PYTHONPATH": str(tree / ".typing")}
-    out = subprocess.run(
-        [sys.executable, "-c", _RUN, str(jobs_file)],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=tree,
-    )
-    if out.returncode != 0:
-        raise SystemExit(f"{tree}: {out.stderr.strip().splitlines()[-1:]}")
-    return [json.loads(line) for line in out.stdout.splitlines()]
+    return [json.loads(line) for line in run_from(tree, _RUN, str(jobs_file)).splitlines()]
 
 
 def main() -> int:

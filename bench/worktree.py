@@ -3,7 +3,9 @@ two revisions (`same_verdicts`, `cost_ab`). Run from it with `PYTHONPATH=<tree>/
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,3 +35,19 @@ def revision_tree(rev: str) -> Iterator[Path]:
             subprocess.run(
                 ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=True
             )
+
+
+def run_from(tree: Path, code: str, *args: str, **env: str) -> str:
+    """The stdout of `python -c code args...` run from `tree`'s code (its `.typing`), with `env`
+    added to the environment. SystemExit with the last line of its stderr if it fails."""
+    out = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        env=os.environ | {"PYTHONPATH": str(tree / ".typing")} | env,
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=tree,
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"{tree}: {out.stderr.strip().splitlines()[-1:]}")
+    return out.stdout

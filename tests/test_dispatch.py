@@ -47,3 +47,30 @@ def test_each_check_hears_the_messages_it_can_judge() -> None:
     assert ended.messages == [("TokenMsg", 1), ("TokenMsg", 2), ("RejectMsg", 1)]
     assert every.ops == ended.ops == 3  # at the first message and after each new op
     assert idle.messages == [] and idle.ops == 0
+
+
+def test_a_check_that_judges_no_routine_token_hears_only_the_others() -> None:
+    """`judges_routine = False`: no call for a live request's token before its last one that is
+    not EOS (`RequestLedger.routine`); the last token, an EOS, a late token and a rejection
+    still reach it, and every token reaches a check that judges them all."""
+    ledger = RequestLedger(SchedulerConfig())  # EOS is 2
+    every, quiet = Heard(), Heard()
+    quiet.judges_routine = False
+    checks = Checks([every, quiet], keep_going=True)
+    ledger.receive(UserMsg(1, (5, 6), SamplingParams(max_tokens=4)), 0, lambda msg, n: None)
+    sent: list[OutMsg] = [
+        TokenMsg(1, 7, False),  # routine
+        TokenMsg(1, 2, False),  # EOS, not finished: not routine
+        TokenMsg(1, 8, False),  # routine (ignore_eos is off, but the output is not over yet)
+        TokenMsg(1, 9, True),  # the last one
+        TokenMsg(1, 9, False),  # after the finish: late
+        RejectMsg(1, "busy"),
+    ]
+    routine = []
+    for msg in sent:
+        req = ledger.answer(msg, 0, 3)
+        routine.append(ledger.routine)
+        checks.message(msg, req, 3, ledger.routine)
+    assert routine == [True, False, True, False, False, False]
+    assert len(every.messages) == 6
+    assert quiet.messages == [("TokenMsg", 1), ("TokenMsg", 1), ("TokenMsg", 1), ("RejectMsg", 1)]

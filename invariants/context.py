@@ -99,8 +99,8 @@ class RequestLedger:
     def answer(self, msg: OutMsg, step: int, num_ops: int) -> Request | None:
         """Book an outgoing message, sent when the trace held `num_ops` ops; the request it
         belongs to (None: a uid never received)."""
+        self.routine = False
         if isinstance(msg, RejectMsg):
-            self.routine = False
             owed = self._to_reject.get(msg.uid)
             req = owed.pop(0) if owed else self.live.pop(msg.uid, None) or self.latest.get(msg.uid)
             if req is not None:
@@ -108,7 +108,6 @@ class RequestLedger:
                 req.reject_reason = msg.reason
             return req
         self.token_messages += 1
-        self.routine = False
         req = self.live.get(msg.uid) or self.latest.get(msg.uid)
         if req is None:
             return None

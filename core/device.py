@@ -159,6 +159,10 @@ class Device(ABC):
     def wait_event(self, stream: Stream, event: Event) -> None:
         """Work issued on `stream` from now on runs after `event` fired."""
 
+    def close(self) -> None:  # noqa: B027 (most devices hold nothing to let go of)
+        """The run is over: let go of what would keep its objects in reference cycles (the
+        harness calls it once the scheduler is idle; the clock and the trace still read)."""
+
     def resolve(self, batch: BatchInput, stream: Stream) -> None:
         """Enqueue on `stream` the resolution of `batch`'s placeholders: read, for each sequence
         with a `source`, what the previous batch's forward wrote into `spec_out` for that source,

@@ -168,6 +168,9 @@ def run_scenario(
         violations = sorted(late + violations, key=lambda v: v.step)
         violations = violations if keep_going else violations[:1]
         notices = notices + [n for n in late_notices if n not in notices]
+    ctx.detach()
+    simulated = device.now()
+    device.close()
     return RunResult(
         scenario=scenario,
         backend=backend.name,
@@ -176,7 +179,7 @@ def run_scenario(
         violations=violations,
         trace=device.trace,
         iterations=ctx.step,
-        simulated_seconds=device.now(),
+        simulated_seconds=simulated,
         wall_seconds=time.perf_counter() - started,
         scheduler=sched,
         notices=notices,
@@ -281,8 +284,9 @@ def _fewer_collections(move_out: bool) -> Iterator[None]:
     With `move_out`, at the end the run's objects go straight to the oldest generation (freeze,
     then unfreeze) before the threshold comes back: restored over tens of thousands of young
     objects, it set off a collection that scanned them all, and now and then a full one (12% of a
-    search's time). They die by reference count when the caller drops the result; a cycle among
-    them waits for the next full collection, like any long-lived garbage. That suits the
+    search's time). They die by reference count when the caller drops the result: the run
+    breaks its own cycles at its end (`RunContext.detach`, `Device.close`); one of a user's
+    scheduler waits for the next full collection, like any long-lived garbage. That suits the
     simulator's runs, whose objects are small. A real engine's hold device memory (its KV pool,
     the attention kernels' workspaces) in such cycles: left young, they are freed by the
     collections of the next few runs, where the oldest generation kept them until the H200 ran

@@ -245,6 +245,13 @@ class RunContext:
         # Checked once: isinstance against a runtime-checkable protocol costs microseconds.
         self._with_books = scheduler if isinstance(scheduler, HasBooks) else None
 
+    def detach(self) -> None:
+        """The run is over: forget the scheduler. It holds the harness, which holds this
+        context: a cycle through the whole run (trace, checks, books) that only a full
+        collection frees; without it the run is freed when its result is dropped."""
+        self.scheduler = None
+        self._books = None
+
     def scheduler_ran(self) -> None:
         """The scheduler may have changed its books (the harness calls this around `step()`)."""
         self._books = None

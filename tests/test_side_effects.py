@@ -53,6 +53,29 @@ def test_the_interpreters_own_frozen_objects_do_not_stop_the_run_moving_its_obje
         gc.unfreeze()
 
 
+@pytest.mark.parametrize("invariants", [[], None], ids=["footprints only", "every check"])
+def test_a_dropped_result_frees_its_run_without_a_collection(
+    collector: None, invariants: list[str] | None
+) -> None:
+    # Cycles through the run (scheduler -> harness -> context -> scheduler; the simulator's
+    # stream loops, suspended with the device in their frames) kept every run's trace and checks
+    # until a full collection: a search touched fresh memory at every example.
+    run_scenario(named_scenario("shared-prefix"), SimBackend(), invariants)
+    gc.collect()
+    result = run_scenario(named_scenario("shared-prefix"), SimBackend(), invariants)
+    assert result.ok and result.trace.ops
+    del result
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        gc.collect()
+        kinds = {type(obj).__name__ for obj in gc.garbage}
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    # (the reference's radix tree links each node to its parent: a few nodes, no trace)
+    assert not kinds & {"Op", "Access", "Message", "Trace", "RunContext", "SimDevice", "Checks"}
+
+
 def test_a_real_engines_run_leaves_its_objects_young(
     collector: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:

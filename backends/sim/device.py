@@ -178,9 +178,11 @@ class SimDevice(Device):
         self.compute = Unit("compute")
         self._queues: dict[str, _StreamQueue] = {}
         self._launch: tuple[float, float] | None = None  # while launching: the phase's start, end
+        self._loops: list[Generator[simpy.Event, Any, None]] = []
         for stream in (self.scheduler_stream, self.engine_stream, self.transfer_stream):
             queue = self._queues[stream.name] = _StreamQueue(self.env)
-            self.env.process(self._stream_loop(queue))
+            self._loops.append(self._stream_loop(queue))
+            self.env.process(self._loops[-1])
         width = config.max_seq_len
         self.token_pool = np.full((config.num_slots + 1, width), -1, dtype=DTYPE)
         self.page_table = np.full((config.num_slots, width), -1, dtype=np.int64)
@@ -227,6 +229,14 @@ class SimDevice(Device):
     def _advance(self, seconds: float) -> None:
         if seconds > 0:
             self.env.run(until=self.env.now + seconds)
+
+    def close(self) -> None:
+        """The run is over: end the streams' loops. Each waits in an event of the environment
+        the device holds, its frame holding the device: a cycle that kept the whole trace until
+        the next full collection (every run touching fresh memory). The clock still reads."""
+        for loop in self._loops:
+            loop.close()
+        self._loops.clear()
 
     # -- stream side --------------------------------------------------------------------------
 

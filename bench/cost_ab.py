@@ -37,7 +37,9 @@ def cost(tree: Path, rounds: int) -> dict[str, float]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rev", default="HEAD~1", help="the revision to compare with")
+    parser.add_argument(
+        "--rev", default="HEAD~1", help="the revision to compare with, or a folder of its files"
+    )
     parser.add_argument("--reps", type=int, default=5, help="processes per revision")
     parser.add_argument("--rounds", type=int, default=15, help="rounds per process")
     args = parser.parse_args()

@@ -17,7 +17,13 @@ ROOT = Path(__file__).resolve().parent.parent
 @contextmanager
 def revision_tree(rev: str) -> Iterator[Path]:
     """A detached worktree of `rev`, removed afterwards. SystemExit with git's line if `rev` is
-    not a revision of this checkout."""
+    not a revision of this checkout. A folder holding another tree's files (its `.typing`, as
+    `git archive` leaves it) is used as it is: a machine without the repository, such as the GPU
+    guest, gets the other revision that way."""
+    folder = Path(rev)
+    if (folder / ".typing" / "overlapcheck").is_dir():
+        yield folder.resolve()
+        return
     with tempfile.TemporaryDirectory(prefix="overlapcheck-rev-") as tmp:
         tree = Path(tmp) / "rev"
         made = subprocess.run(

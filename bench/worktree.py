@@ -48,7 +48,7 @@ def run_from(tree: Path, code: str, *args: str, **env: str) -> str:
     added to the environment. SystemExit with the last line of its stderr if it fails."""
     out = subprocess.run(
         [sys.executable, "-c", code, *args],
-        env=os.environ | {"PYTHONPATH": str(tree / ".typing")} | env,
+        env=os.environ | {"PYTHONPATH": _path_first(tree / ".typing")} | env,
         capture_output=True,
         text=True,
         check=False,
@@ -57,3 +57,10 @@ def run_from(tree: Path, code: str, *args: str, **env: str) -> str:
     if out.returncode != 0:
         raise SystemExit(f"{tree}: {out.stderr.strip().splitlines()[-1:]}")
     return out.stdout
+
+
+def _path_first(folder: Path) -> str:
+    """PYTHONPATH with `folder` first: the other tree's code, and what the caller's path holds
+    besides (a machine whose dependencies lie in a folder of their own, as on the GPU guest)."""
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return os.pathsep.join([str(folder), *rest])

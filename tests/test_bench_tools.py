@@ -39,3 +39,14 @@ def test_a_revision_is_a_worktree_removed_afterwards() -> None:
     with revision_tree("HEAD") as tree:
         assert (tree / ".typing" / "overlapcheck" / "bench" / "worktree.py").is_file()
     assert not tree.exists()
+
+
+def test_the_other_trees_code_comes_first_and_the_callers_path_stays(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    deps = tmp_path / "deps"
+    deps.mkdir()
+    (deps / "a_dependency.py").write_text("WHERE = 'deps'\n")
+    monkeypatch.setenv("PYTHONPATH", str(deps))
+    out = run_from(ROOT, "import a_dependency, overlapcheck; print(a_dependency.WHERE)")
+    assert out.strip() == "deps"

@@ -71,7 +71,9 @@ def verdicts(tree: Path, jobs_file: Path) -> list[Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rev", default="HEAD~1", help="the revision to compare with")
+    parser.add_argument(
+        "--rev", default="HEAD~1", help="the revision to compare with, or a folder of its files"
+    )
     parser.add_argument("--examples", type=int, default=300)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()

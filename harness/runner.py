@@ -169,7 +169,6 @@ def run_scenario(
         violations = violations if keep_going else violations[:1]
         notices = notices + [n for n in late_notices if n not in notices]
     ctx.detach()
-    simulated = device.now()
     device.close()
     return RunResult(
         scenario=scenario,
@@ -179,7 +178,7 @@ def run_scenario(
         violations=violations,
         trace=device.trace,
         iterations=ctx.step,
-        simulated_seconds=simulated,
+        simulated_seconds=device.now(),
         wall_seconds=time.perf_counter() - started,
         scheduler=sched,
         notices=notices,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import gc
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -53,17 +54,28 @@ def test_the_interpreters_own_frozen_objects_do_not_stop_the_run_moving_its_obje
         gc.unfreeze()
 
 
-@pytest.mark.parametrize("invariants", [[], None], ids=["footprints only", "every check"])
+@pytest.mark.parametrize(
+    ("name", "fault", "invariants"),
+    [
+        ("shared-prefix", None, []),
+        ("shared-prefix", None, None),
+        ("abort", "free-slot-early", None),  # stopped at a violation, kernels still in flight
+    ],
+    ids=["footprints only", "every check", "a run stopped at its violation"],
+)
 def test_a_dropped_result_frees_its_run_without_a_collection(
-    collector: None, invariants: list[str] | None
+    collector: None, name: str, fault: str | None, invariants: list[str] | None
 ) -> None:
     # Cycles through the run (scheduler -> harness -> context -> scheduler; the simulator's
     # stream loops, suspended with the device in their frames) kept every run's trace and checks
     # until a full collection: a search touched fresh memory at every example.
-    run_scenario(named_scenario("shared-prefix"), SimBackend(), invariants)
+    scenario = named_scenario(name)
+    if fault is not None:
+        scenario = replace(scenario, config=replace(scenario.config, faults=frozenset([fault])))
+    run_scenario(scenario, SimBackend(), invariants)
     gc.collect()
-    result = run_scenario(named_scenario("shared-prefix"), SimBackend(), invariants)
-    assert result.ok and result.trace.ops
+    result = run_scenario(scenario, SimBackend(), invariants)
+    assert result.ok == (fault is None) and result.trace.ops
     del result
     gc.set_debug(gc.DEBUG_SAVEALL)
     try:

@@ -231,12 +231,16 @@ class SimDevice(Device):
             self.env.run(until=self.env.now + seconds)
 
     def close(self) -> None:
-        """The run is over: end the streams' loops. Each waits in an event of the environment
-        the device holds, its frame holding the device: a cycle that kept the whole trace until
-        the next full collection (every run touching fresh memory). The clock still reads."""
+        """The run is over: end the streams' loops and drop the work still queued (a run stopped
+        at a violation leaves some). Each loop waits in an event of the environment the device
+        holds, its frame holding the device, and each queued body holds the device too: cycles
+        that kept the whole trace until the next full collection (every run touching fresh
+        memory). The clock still reads."""
         for loop in self._loops:
             loop.close()
         self._loops.clear()
+        for queue in self._queues.values():
+            queue.ops.clear()
 
     # -- stream side --------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from overlapcheck.bench.worktree import ROOT, revision_tree, run_from
+from overlapcheck.bench.worktree import ROOT, add_rev_argument, revision_tree, run_from
 
 _MEASURE = """
 import json, sys
@@ -37,9 +37,7 @@ def cost(tree: Path, rounds: int) -> dict[str, float]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--rev", default="HEAD~1", help="the revision to compare with, or a folder of its files"
-    )
+    add_rev_argument(parser)
     parser.add_argument("--reps", type=int, default=5, help="processes per revision")
     parser.add_argument("--rounds", type=int, default=15, help="rounds per process")
     args = parser.parse_args()

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from overlapcheck.bench.worktree import ROOT, revision_tree, run_from
+from overlapcheck.bench.worktree import ROOT, add_rev_argument, revision_tree, run_from
 
 _RUN = """
 import json, sys
@@ -71,9 +71,7 @@ def verdicts(tree: Path, jobs_file: Path) -> list[Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--rev", default="HEAD~1", help="the revision to compare with, or a folder of its files"
-    )
+    add_rev_argument(parser)
     parser.add_argument("--examples", type=int, default=300)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()

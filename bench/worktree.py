@@ -3,6 +3,7 @@ two revisions (`same_verdicts`, `cost_ab`). Run from it with `PYTHONPATH=<tree>/
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -12,6 +13,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def add_rev_argument(parser: argparse.ArgumentParser) -> None:
+    """`--rev`: what `revision_tree` takes, for the benchmarks that compare two revisions."""
+    parser.add_argument(
+        "--rev", default="HEAD~1", help="the revision to compare with, or a folder of its files"
+    )
 
 
 @contextmanager

@@ -181,8 +181,9 @@ class SimDevice(Device):
         self._loops: list[Generator[simpy.Event, Any, None]] = []
         for stream in (self.scheduler_stream, self.engine_stream, self.transfer_stream):
             queue = self._queues[stream.name] = _StreamQueue(self.env)
-            self._loops.append(self._stream_loop(queue))
-            self.env.process(self._loops[-1])
+            loop = self._stream_loop(queue)
+            self._loops.append(loop)
+            self.env.process(loop)
         width = config.max_seq_len
         self.token_pool = np.full((config.num_slots + 1, width), -1, dtype=DTYPE)
         self.page_table = np.full((config.num_slots, width), -1, dtype=np.int64)

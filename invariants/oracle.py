@@ -4,6 +4,7 @@ The messages call it "the reference", the word users of the oracle check already
 
 from __future__ import annotations
 
+from overlapcheck.backends.base import ExactTokens
 from overlapcheck.core.messages import OutMsg, TokenMsg
 from overlapcheck.invariants.base import Invariant
 from overlapcheck.invariants.context import Request
@@ -17,6 +18,9 @@ class Oracle(Invariant):
             return
         k = len(req.tokens) - 1  # the ledger appended this token already
         expected = req.expected.tokens
+        # (`ExactTokens.matches`, inline: this runs for every token of every run)
+        if type(req.expected) is ExactTokens and k < len(expected) and expected[k] == msg.token:
+            return
         if k >= len(expected) and expected:
             self.fail(
                 f"token #{k + 1} = {msg.token}, the reference ends after {len(expected)}",

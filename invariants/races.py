@@ -55,9 +55,12 @@ class _Shadow:
         self.used = 0
         self.regions: dict[str, tuple[int, int]] = {}  # buffer -> (first cell, cells)
         self.fixed: dict[str, int] = {}  # buffer -> first cell, for regions of a declared size
-        # buffer -> its region's views: writers, and each agent's read clocks (forgotten when
-        # the region moves, the arrays are reallocated or an agent appears)
-        self.views: dict[str, tuple[np.ndarray, list[np.ndarray]]] = {}
+        # buffer -> its region's views (forgotten when the region moves, the arrays are
+        # reallocated or an agent appears): its writers, and each agent's read clocks, made
+        # apart, since a batch's fresh host buffer is only written by a stream (the host's
+        # reads are not kept) and needs no read views
+        self.writers: dict[str, np.ndarray] = {}
+        self.readers: dict[str, list[np.ndarray]] = {}
         self.agents = 0  # the agents the views have read rows for
 
     def base(self, buffer: str, cells: np.ndarray, size: int | None = None) -> int:
@@ -76,23 +79,32 @@ class _Shadow:
         size = max(top + 1, 8) if region is None else max(top + 1, 2 * region[1])
         return self._place(buffer, size, region)
 
-    def view(self, buffer: str) -> tuple[np.ndarray, list[np.ndarray]]:
-        """`buffer`'s region as views into the shadow, indexed by the buffer's own cells: its
-        writers, and the read clocks of each agent known so far (`agents`)."""
+    def writer_view(self, buffer: str) -> np.ndarray:
+        """`buffer`'s writers as a view into the shadow, indexed by the buffer's own cells."""
+        start, size = self.regions[buffer]
+        found = self.writers[buffer] = self.writer[start : start + size]
+        return found
+
+    def reader_views(self, buffer: str) -> list[np.ndarray]:
+        """`buffer`'s read clocks of each agent known so far (`agents`), as views the same way."""
         start, size = self.regions[buffer]
         end = start + size
-        reads = [row[start:end] for row in self.rows[: self.agents]]
-        found = self.views[buffer] = (self.writer[start:end], reads)
+        found = self.readers[buffer] = [row[start:end] for row in self.rows[: self.agents]]
         return found
 
     def know(self, agents: int) -> None:
         """The trace has `agents` agents now: views made for fewer are forgotten."""
         if agents != self.agents:
             self.agents = agents
-            self.views.clear()
+            self.readers.clear()
+
+    def _forget_views(self) -> None:
+        self.writers.clear()
+        self.readers.clear()
 
     def _place(self, buffer: str, size: int, region: tuple[int, int] | None) -> int:
-        self.views.pop(buffer, None)
+        self.writers.pop(buffer, None)
+        self.readers.pop(buffer, None)
         base = self.used
         self.used += size
         if self.used > len(self.writer):
@@ -102,7 +114,7 @@ class _Shadow:
             writer[:base] = self.writer[:base]
             reads[:, :base] = self.reads[:, :base]
             self.writer, self.reads, self.rows = writer, reads, list(reads)
-            self.views.clear()
+            self._forget_views()
         if region is not None:
             old, cells_before = region
             self.writer[base : base + cells_before] = self.writer[old : old + cells_before]
@@ -125,14 +137,23 @@ class HappensBefore:
         self.agents: dict[str, int] = {HOST: 0}
         self.clocks: list[list[int]] = [[0] * MAX_AGENTS]
         self.events: dict[int, VectorClock] = {}
-        self.ops: list[list[int]] = [[]]  # per agent: op seq by clock - 1
+        # Each op's agent, in issue order (`Clocks.agent`): an agent's clock counts its ops, so
+        # the op behind (agent, clock) is found there, for a race's report only.
+        self.issued: list[int] = []
         # The host's clock changes only at host ops: per agent, how many host ops its clock has
         # taken in (a stream op after no new host op need not take the host's past in again).
         self.host_ops = 0
         self.merged: list[int] = [0]
 
     def op_of(self, agent: int, clock: int) -> int:
-        return self.ops[agent][clock - 1]
+        """Where `agent`'s op at `clock` (its clock-th op) is in issue order."""
+        count = 0
+        for i, issuer in enumerate(self.issued):
+            if issuer == agent:
+                count += 1
+                if count == clock:
+                    return i
+        raise ValueError(f"agent {agent} has no op at clock {clock}")
 
     def index(self, agent: str) -> int:
         if agent not in self.agents:
@@ -140,7 +161,6 @@ class HappensBefore:
                 raise ValueError(f"more than {MAX_AGENTS} agents in one trace")
             self.agents[agent] = len(self.agents)
             self.clocks.append([0] * MAX_AGENTS)
-            self.ops.append([])
             self.merged.append(-1)
         return self.agents[agent]
 
@@ -149,13 +169,8 @@ class HappensBefore:
         vector clock (the clock its accesses happen at) to `kept` for an op with accesses or a
         forward, None for the others. One loop with its state in locals: it runs for every op
         of every run."""
-        index, clocks, events, seqs, merged = (
-            self.agents,
-            self.clocks,
-            self.events,
-            self.ops,
-            self.merged,
-        )
+        index, clocks, events, merged = self.agents, self.clocks, self.events, self.merged
+        self.issued = agents
         host_clock = clocks[0]
         host_ops = self.host_ops
         for op in ops:
@@ -169,7 +184,6 @@ class HappensBefore:
                 _join(vc, host_clock, len(index))
                 merged[a] = host_ops
             vc[a] += 1
-            seqs[a].append(op.seq)
             if op.waits is not None:
                 recorded = events.get(op.waits)
                 if recorded is not None:
@@ -212,6 +226,7 @@ class RaceDetector:
     def __init__(self, clocks: Clocks | None = None) -> None:
         self.clocks = clocks
         self.sizes: dict[str, int] = {}  # the trace's declared buffer sizes
+        self.ops: Sequence[Op] = ()  # the trace's, as of the last check
         self.shadow = _Shadow()
         self.checked = 0
         # Per buffer and agent, the clock of the agent's latest write (read) of the buffer: every
@@ -239,7 +254,7 @@ class RaceDetector:
         n = clocks.advance()
         self.shadow.know(len(clocks.hb.agents))
         ops, kept, agent = trace.ops, clocks.vc, clocks.agent
-        self.sizes = trace.sizes
+        self.sizes, self.ops = trace.sizes, ops
         for seq in range(self.checked, n):
             vc = kept[seq]
             if vc is None:
@@ -294,27 +309,33 @@ class RaceDetector:
             return self._one_by_one(op, a, vc, op.accesses)
         if not ordered:
             return self._checked(op, a, vc)
-        views = shadow.views
+        writers, readers = shadow.writers, shadow.readers
         for acc in unsure:
             # Only the agents whose latest read of the buffer this op is not ordered after can
             # have read one of its cells unordered with it.
-            rows = (views.get(acc.buffer) or shadow.view(acc.buffer))[1]
+            rows = readers.get(acc.buffer) or shadow.reader_views(acc.buffer)
             marks = marks_of[acc.buffer]
             for b in marks[3]:
-                if marks[1][b] > vc[b] and _max(rows[b][acc.cells]) > vc[b]:
-                    return self._one_by_one(op, a, vc, op.accesses)
+                if marks[1][b] > vc[b]:
+                    read = rows[b][acc.cells]
+                    # (a few cells: a list's max costs less than numpy's reduce)
+                    if (max(read.tolist()) if len(read) <= 32 else _max(read)) > vc[b]:
+                        return self._one_by_one(op, a, vc, op.accesses)
         clock = vc[a]
         value = clock * MAX_AGENTS + a
         for acc, marks in touched:
-            view = views.get(acc.buffer) or shadow.view(acc.buffer)
             if acc.mode == "r":
                 if a:  # (the host's reads are not kept: see `_Shadow`)
-                    view[1][a][acc.cells] = clock
+                    rows = readers.get(acc.buffer) or shadow.reader_views(acc.buffer)
+                    rows[a][acc.cells] = clock
                     if not marks[1][a]:
                         marks[3].append(a)
                     marks[1][a] = clock
             else:
-                view[0][acc.cells] = value  # the reads stay: see `_store`
+                view = writers.get(acc.buffer)
+                if view is None:
+                    view = shadow.writer_view(acc.buffer)
+                view[acc.cells] = value  # the reads stay: see `_store`
                 if a and not marks[0][a]:  # (the host's writes stand in nobody's way)
                     marks[2].append(a)
                 marks[0][a] = clock
@@ -401,7 +422,7 @@ class RaceDetector:
         if unordered.any():
             kind = "RAW" if acc.mode == "r" else "WAW"
             i = int(np.argmax(unordered))
-            first = self.hb.op_of(int(w_agent[i]), int(w_clock[i]))
+            first = self.ops[self.hb.op_of(int(w_agent[i]), int(w_clock[i]))].seq
             return self._race(kind, acc, cells[unordered], first, op)
         if acc.mode == "r":
             if a:  # (the host's reads are not kept: see `_Shadow`)
@@ -414,7 +435,7 @@ class RaceDetector:
         if reads.any():
             agent, idx = np.argwhere(reads)[0]
             conflicting = cells[reads[agent]]
-            first = self.hb.op_of(int(agent), int(shadow.reads[agent, at[idx]]))
+            first = self.ops[self.hb.op_of(int(agent), int(shadow.reads[agent, at[idx]]))].seq
             return self._race("WAR", acc, conflicting, first, op)
         shadow.writer[at] = vc[a] * MAX_AGENTS + a  # the reads stay: see `_op`
         self._raise(acc.buffer, False, a, int(vc[a]))

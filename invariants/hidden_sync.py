@@ -11,9 +11,14 @@ batch, or waits for its results to free memory). The normal loop blocks by desig
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 from overlapcheck.core.trace import Op
 from overlapcheck.invariants.base import TraceScanner
 from overlapcheck.invariants.context import RunContext
+
+_KIND = attrgetter("kind")
+_JUDGED = ("forward", "host_wait")
 
 
 class NoHiddenSync(TraceScanner):
@@ -22,7 +27,6 @@ class NoHiddenSync(TraceScanner):
     def __init__(self) -> None:
         self.seen = 0
         self.active = True
-        self.recorded_by: dict[int, int] = {}  # event id -> op seq of its record
         self.last: tuple[Op, int, int] | None = None  # the latest forward, its agent and clock
         self.suspects: list[Op] = []  # host waits covering the latest forward
         self.covered = False  # a host wait since the latest forward covered it
@@ -36,24 +40,23 @@ class NoHiddenSync(TraceScanner):
         clocks = self.run.clocks
         hb = clocks.hb
         n = clocks.advance()
-        recorded_by = self.recorded_by
-        for seq in range(self.seen, n):
+        start = self.seen
+        # Only forwards and host waits matter, a few of a step's ops: found in C first.
+        kinds = list(map(_KIND, ops[start:n]))
+        for seq in [start + i for i, kind in enumerate(kinds) if kind in _JUDGED]:
             op = ops[seq]
-            if op.records is not None:
-                recorded_by[op.records] = op.seq
-            kind = op.kind
-            if kind == "forward":
+            if op.kind == "forward":
                 self.seen = seq + 1  # a finding here leaves the next scan to go on after it
                 if self.last is not None:
                     for wait in self.suspects:
                         if op.step == wait.step or self.last[0].step == wait.step:
-                            self._report(wait, self.last[0], op)
+                            self._report(wait, self.last[0], op, seq)
                 self.suspects.clear()
                 agent, vc = clocks.agent[seq], clocks.vc[seq]
                 assert vc is not None  # kept for every forward
                 self.last = (op, agent, int(vc[agent]))
                 self.covered = False
-            elif kind == "host_wait" and self.last is not None and op.waits is not None:
+            elif self.last is not None and op.waits is not None:  # a host wait
                 event = hb.events.get(op.waits)
                 # Only the first wait that covers the forward can block on it: after that the
                 # host knows it finished, and a later wait (an idle-time check, say) covers it
@@ -63,10 +66,13 @@ class NoHiddenSync(TraceScanner):
                     self.covered = True
         self.seen = n
 
-    def _report(self, wait: Op, forward: Op, following: Op) -> None:
+    def _report(self, wait: Op, forward: Op, following: Op, at: int) -> None:
+        """`following` (at `at` in the trace) comes after `wait`, which covers `forward`."""
         assert wait.waits is not None
-        seq = self.recorded_by.get(wait.waits)
-        record = self.run.trace.ops[seq] if seq is not None else None
+        ops = self.run.trace.ops
+        # the event's latest record issued by then
+        seq = next((i for i in range(at, -1, -1) if ops[i].records == wait.waits), None)
+        record = ops[seq] if seq is not None else None
         where = (
             f"recorded on the {record.agent} stream at step {record.step} ({record.phase})"
             if record is not None

@@ -48,7 +48,7 @@ class SlotNotInFlight(Invariant):
             self._check_forwards()  # before a race on the same row is reported at this message
 
     def on_step_end(self) -> None:
-        self._check_forwards()
+        self.on_ops()
         books = self.run.books()
         if books is not None:
             self._check_books(books)

@@ -42,7 +42,7 @@ class WorkBound(Invariant):
             self._check()
 
     def on_step_end(self) -> None:
-        self._check()
+        self.on_ops()
 
     def finish(self) -> None:
         self._check()

@@ -44,6 +44,12 @@ class PageSnapshots:
     def after_appends(self, pages: list[int]) -> tuple[memoryview, memoryview | None]:
         """A snapshot of `pages`, which only grew at its end since `last`."""
         last, n, m = self.last, len(pages), self._n
+        if n == m + 1 and m == self._top and n <= len(self._store) and last is not None:
+            # A decode step's one page, with room left: the common case, tested at once.
+            self._store[m] = pages[m]
+            self._n = self._top = n
+            snapshot = self.last = self._view[:n]
+            return snapshot, last
         if last is None or n < m:
             return self._afresh(pages, max(_MIN_ROOM, 2 * n)), None
         if n == m:
@@ -52,10 +58,7 @@ class PageSnapshots:
             return self._afresh(pages, max(_MIN_ROOM, 2 * n)), last
         if n > len(self._store):  # full: a larger array (the old one stays with its snapshots)
             self._move(2 * n)
-        if n == m + 1:  # (a decode step's one page: cheaper than a slice)
-            self._store[m] = pages[m]
-        else:
-            self._store[m:n] = array("q", pages[m:n])
+        self._store[m:n] = array("q", pages[m:n])
         self._n = self._top = n
         snapshot = self.last = self._view[:n]
         return snapshot, last

@@ -18,6 +18,7 @@ from overlapcheck.commands import bench, calibrate, explore, faults, replay, run
 from overlapcheck.core.errors import UserError
 from overlapcheck.formats.bug_report import save_checker_bug
 from overlapcheck.harness.crash import CheckerBug
+from overlapcheck.harness.heap import keep_freed_heap
 
 COMMANDS = [run, explore, replay, timeline, faults, bench, calibrate]
 
@@ -57,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script."""
     args = build_parser().parse_args(argv)
+    keep_freed_heap()  # (a command's runs reuse the heap the one before freed)
     try:
         return int(args.main(args))
     except UserError as err:

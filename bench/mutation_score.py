@@ -23,6 +23,7 @@ from pathlib import Path
 from overlapcheck.bench.mutants import BY_ID, MUTANTS, Mutant
 from overlapcheck.core.errors import UserError
 from overlapcheck.explore.search import SearchSpec, search
+from overlapcheck.harness.heap import keep_freed_heap
 from overlapcheck.harness.scheduler_spec import SchedulerSpec
 
 REFERENCE = Path(__file__).resolve().parent.parent / "reference"
@@ -125,6 +126,7 @@ def score(
 
 
 def _score_alone(job: tuple[Mutant, float, int]) -> Score:
+    keep_freed_heap()  # a process of ours, as the command line's
     return score(*job)
 
 

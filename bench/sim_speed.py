@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.scenario import RequestSpec, Scenario
+from overlapcheck.harness.heap import keep_freed_heap
 from overlapcheck.harness.runner import RunResult, run_scenario
 
 
@@ -76,7 +77,9 @@ ROUNDS = 15
 
 
 def measure(rounds: int = ROUNDS) -> list[SpeedResult]:
-    """Each check set of `CHECK_SETS`, once per round, in turn."""
+    """Each check set of `CHECK_SETS`, once per round, in turn, with the heap setting of the
+    command line (`harness/heap.py`), whatever process calls it."""
+    keep_freed_heap()
     scenario = decode_workload()
     walls: list[list[float]] = [[] for _ in CHECK_SETS]
     cpus: list[list[float]] = [[] for _ in CHECK_SETS]

@@ -49,6 +49,7 @@ from overlapcheck.explore.stream_messages import (
 )
 from overlapcheck.formats import counterexample
 from overlapcheck.harness.crash import CheckerBug
+from overlapcheck.harness.heap import keep_freed_heap
 from overlapcheck.harness.revision import git_revision
 
 Message = StreamMessage
@@ -93,6 +94,7 @@ def run_stream(
     """One search stream: reports progress, the unshrunk failure (if `claim` says this stream is
     the first to find one), each smaller one while shrinking, and its end; returns the `Done`
     message too."""
+    keep_freed_heap()  # a stream is many runs, in a worker process of its own
 
     def on_round(stats: SearchStats) -> None:
         report(Progress(index, stats.examples, stats.iterations))

@@ -112,13 +112,18 @@ class _Shadow:
             writer = np.zeros(capacity, dtype=_CELL)
             reads = np.zeros((MAX_AGENTS, capacity), dtype=_CELL)
             writer[:base] = self.writer[:base]
-            reads[:, :base] = self.reads[:, :base]
+            # (only the known agents' rows: the others are all 0, and copying them would touch
+            # memory that no read ever uses)
+            reads[: self.agents, :base] = self.reads[: self.agents, :base]
             self.writer, self.reads, self.rows = writer, reads, list(reads)
             self._forget_views()
         if region is not None:
             old, cells_before = region
             self.writer[base : base + cells_before] = self.writer[old : old + cells_before]
-            self.reads[:, base : base + cells_before] = self.reads[:, old : old + cells_before]
+            known = self.agents
+            self.reads[:known, base : base + cells_before] = self.reads[
+                :known, old : old + cells_before
+            ]
         self.regions[buffer] = (base, size)
         return base
 

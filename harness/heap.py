@@ -4,10 +4,11 @@ A run with every check holds a few megabytes more than one without (vector clock
 each request's context keys), much of it in the C heap (numpy's arrays, long lists). When the run
 ends and frees it, glibc gives the top of the heap back to the system (its trim threshold is
 128 KiB), and the next run faults the same pages in again: about 600 page faults, 3 ms of system
-time per decode run on the 2-core machine, a twentieth of what the checks cost. A process that
-does many runs (a search, the benchmarks) keeps them instead: freed memory stays with the process
-up to `_TRIM_BELOW` and arrays up to `_MMAP_FROM` come from the heap, not from a fresh mapping
-each time (glibc's own bound for its adaptive threshold; setting the trim threshold ends that
+time per decode run on the 2-core machine, a twentieth of what the checks cost. A process of
+ours that does many runs keeps them instead (the command line's, each search worker, the
+benchmarks; a library call such as `run_scenario` leaves the allocator as it found it): freed
+memory stays with the process up to `_TRIM_BELOW`, and arrays up to `_MMAP_FROM` come from the
+heap, not from a fresh mapping each time (glibc's own bound for its adaptive threshold; setting the trim threshold ends that
 adaptation, so both are set). Another C library refuses these settings: nothing changes.
 """
 

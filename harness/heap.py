@@ -8,8 +8,9 @@ time per decode run on the 2-core machine, a twentieth of what the checks cost. 
 ours that does many runs keeps them instead (the command line's, each search worker, the
 benchmarks; a library call such as `run_scenario` leaves the allocator as it found it): freed
 memory stays with the process up to `_TRIM_BELOW`, and arrays up to `_MMAP_FROM` come from the
-heap, not from a fresh mapping each time (glibc's own bound for its adaptive threshold; setting the trim threshold ends that
-adaptation, so both are set). Another C library refuses these settings: nothing changes.
+heap, not from a fresh mapping each time (glibc's own bound for its adaptive threshold; setting
+the trim threshold ends that adaptation, so both are set). Another C library refuses these
+settings: nothing changes.
 """
 
 from __future__ import annotations

@@ -35,6 +35,7 @@ from overlapcheck.bench.mutation_score import materialize
 from overlapcheck.bench.sim_speed import decode_workload
 from overlapcheck.explore.parallel import Listener, Live, available_cores, search_streams
 from overlapcheck.explore.search import SearchSpec
+from overlapcheck.harness.heap import keep_freed_heap
 from overlapcheck.harness.runner import run_scenario
 from overlapcheck.reference.faults import FAULTS
 
@@ -65,6 +66,7 @@ def throughput(workers: int, seconds: float) -> tuple[float, float]:
 
 
 def _simulate(seconds: float, start: Barrier, out: Queue[float]) -> None:
+    keep_freed_heap()  # as a search's worker does
     scenario = decode_workload()
     run_scenario(scenario, SimBackend(), None)  # warm: imports and first-run caches
     start.wait()

@@ -240,6 +240,8 @@ def _hash_cells(h: Any, cells: list[np.ndarray]) -> None:
         i = j
 
 
+# An op's kind, for `map` over many ops (the kinds then searched in C, not op by op in Python).
+op_kind = operator.attrgetter("kind")
 _TIMES = operator.attrgetter("issue", "start", "end")
 _INTS = operator.attrgetter("seq", "step", "batch", "records", "waits")
 

@@ -5,13 +5,10 @@ lengths. Read from the footprint alone, so it holds for any scheduler. And the r
 from __future__ import annotations
 
 from collections.abc import Sequence
-from operator import attrgetter
 
 import numpy as np
 
-from overlapcheck.core.trace import KV_OFFLOAD, PAGE_TABLE, Op
-
-_KIND = attrgetter("kind")
+from overlapcheck.core.trace import KV_OFFLOAD, PAGE_TABLE, Op, op_kind
 
 
 def forward_shape(op: Op, width: int) -> tuple[np.ndarray, np.ndarray]:
@@ -79,7 +76,7 @@ class ForwardIndex:
         if start == end:
             return end
         new = ops[start:end]
-        kinds = list(map(_KIND, new))  # then searched in C: most ops are not forwards
+        kinds = list(map(op_kind, new))  # then searched in C: most ops are not forwards
         at = 0
         for _ in range(kinds.count("forward")):
             at = kinds.index("forward", at) + 1

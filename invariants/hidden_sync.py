@@ -11,13 +11,10 @@ batch, or waits for its results to free memory). The normal loop blocks by desig
 
 from __future__ import annotations
 
-from operator import attrgetter
-
-from overlapcheck.core.trace import Op
+from overlapcheck.core.trace import Op, op_kind
 from overlapcheck.invariants.base import TraceScanner
 from overlapcheck.invariants.context import RunContext
 
-_KIND = attrgetter("kind")
 _JUDGED = ("forward", "host_wait")
 
 
@@ -42,7 +39,7 @@ class NoHiddenSync(TraceScanner):
         n = clocks.advance()
         start = self.seen
         # Only forwards and host waits matter, a few of a step's ops: found in C first.
-        kinds = list(map(_KIND, ops[start:n]))
+        kinds = list(map(op_kind, ops[start:n]))
         for seq in [start + i for i, kind in enumerate(kinds) if kind in _JUDGED]:
             op = ops[seq]
             if op.kind == "forward":

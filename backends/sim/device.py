@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Generator, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, suppress
 from typing import Any
 
 import numpy as np
@@ -243,10 +243,8 @@ class SimDevice(Device):
         its frame's locals, so the closed loop still held the device, and the whole trace with
         it, until a full collection. An exception raised out of the frame clears it."""
         for loop in self._loops:
-            try:
+            with suppress(GeneratorExit, StopIteration):
                 loop.throw(GeneratorExit)
-            except (GeneratorExit, StopIteration):
-                pass
         self._loops.clear()
         for queue in self._queues.values():
             queue.ops.clear()

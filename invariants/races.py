@@ -245,6 +245,13 @@ class RaceDetector:
         # host is never among them: it issues every op, so every op after one of its writes is
         # ordered after it (and its reads are not kept, see `_Shadow`).
         self.marks: dict[str, Marks] = {}
+        # Per buffer, the reads of the fast path not yet in the shadow's read rows, in issue
+        # order: (agent, the buffer's cells, clock). A read row is looked at only when a write of
+        # the buffer may overwrite an unordered read, or on the slow paths; until then its
+        # scatters wait (`_flush`), and a buffer that only its readers write (the KV cache, the
+        # token pool under one stream) never pays them: a decode step's KV read is hundreds of
+        # cells.
+        self.pending: dict[str, list[tuple[int, np.ndarray, int]]] = {}
 
     @property
     def hb(self) -> HappensBefore:
@@ -314,10 +321,12 @@ class RaceDetector:
             return self._one_by_one(op, a, vc, op.accesses)
         if not ordered:
             return self._checked(op, a, vc)
-        writers, readers = shadow.writers, shadow.readers
+        writers, readers, pending = shadow.writers, shadow.readers, self.pending
         for acc in unsure:
             # Only the agents whose latest read of the buffer this op is not ordered after can
             # have read one of its cells unordered with it.
+            if pending.get(acc.buffer):
+                self._flush(acc.buffer)
             rows = readers.get(acc.buffer) or shadow.reader_views(acc.buffer)
             marks = marks_of[acc.buffer]
             for b in marks[3]:
@@ -331,8 +340,10 @@ class RaceDetector:
         for acc, marks in touched:
             if acc.mode == "r":
                 if a:  # (the host's reads are not kept: see `_Shadow`)
-                    rows = readers.get(acc.buffer) or shadow.reader_views(acc.buffer)
-                    rows[a][acc.cells] = clock
+                    waiting = pending.get(acc.buffer)
+                    if waiting is None:
+                        waiting = pending[acc.buffer] = []
+                    waiting.append((a, acc.cells, clock))
                     if not marks[1][a]:
                         marks[3].append(a)
                     marks[1][a] = clock
@@ -350,6 +361,7 @@ class RaceDetector:
         """`_op` for an op with an access the write watermarks do not cover: one vectorised check
         over all its cells, in the one cell space; access by access on a race, which names the
         first racing access."""
+        self._flush_all(op.accesses)
         shadow = self.shadow
         vc = np.array(clock, dtype=np.int64)
         parts = [acc.cells + shadow.regions[acc.buffer][0] for acc in op.accesses if len(acc.cells)]
@@ -383,6 +395,23 @@ class RaceDetector:
             shadow.writer[cells[split:]] = clock * MAX_AGENTS + a
         self._mark(op, a, clock)
 
+    def _flush(self, buffer: str) -> None:
+        """The buffer's waiting reads into the read rows, in issue order (each agent's clock only
+        grows, so a later read of a cell leaves its clock there, as when stored at once)."""
+        waiting = self.pending.pop(buffer, None)
+        if waiting:
+            shadow = self.shadow
+            rows = shadow.readers.get(buffer) or shadow.reader_views(buffer)
+            for a, cells, clock in waiting:
+                rows[a][cells] = clock
+
+    def _flush_all(self, accesses: list[Access]) -> None:
+        """Before a slow path reads or stores read rows of these accesses' buffers."""
+        pending = self.pending
+        for acc in accesses:
+            if acc.buffer in pending:
+                self._flush(acc.buffer)
+
     def _marks(self, buffer: str) -> Marks:
         marks = self.marks.get(buffer)
         if marks is None:
@@ -408,6 +437,7 @@ class RaceDetector:
     def _one_by_one(
         self, op: Op, a: int, clock: VectorClock | np.ndarray, accesses: list[Access]
     ) -> Race | None:
+        self._flush_all(accesses)
         vc = np.asarray(clock, dtype=np.int64)
         for acc in accesses:
             race = self._access(op, a, vc, acc)

@@ -146,3 +146,20 @@ def test_war_and_waw_against_an_earlier_unordered_access(mode: str) -> None:
     b.op("scheduler", ("page_table", "w", [7]))
     race = b.race()
     assert race is not None and race.kind == ("WAR" if mode == "r" else "WAW")
+
+
+@pytest.mark.parametrize("path", ["checked", "one by one"])
+def test_a_slow_path_sees_the_reads_the_fast_path_left_waiting(path: str) -> None:
+    # The engine's KV read takes the fast path, which leaves its scatter waiting (the KV cache
+    # is written by its reader alone, most of the time). The scheduler's write of a cell it read
+    # takes a slow path: cell by cell after an access the write watermarks do not cover, or one
+    # by one for an op that writes before it reads. Either must see the waiting read: a WAR.
+    b = Builder()
+    b.op("transfer", ("y", "w", [5]))
+    b.op("engine", ("kv", "r", [1, 2]))
+    if path == "checked":
+        b.op("scheduler", ("y", "r", [6]), ("kv", "w", [2]))
+    else:
+        b.op("scheduler", ("kv", "w", [2]), ("z", "r", [0]))
+    race = b.race()
+    assert race is not None and race.kind == "WAR" and race.cells == (2,) and race.first == 1

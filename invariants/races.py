@@ -45,7 +45,8 @@ class _Shadow:
     start at 1); `reads[agent, cell]` the agent's clock at its last read (0: none; a write does
     not clear it). The host's reads are not kept: the host issues every op, so every op after a
     host read is ordered after it and none can overwrite it unordered. The ops behind a race are
-    found again from (agent, clock) (`HappensBefore.op_of`).
+    found again from (agent, clock) (`HappensBefore.op_of`). A read the race checker has not
+    stored yet waits in `RaceDetector.pending`, stored before anything looks at its rows.
     """
 
     def __init__(self) -> None:

@@ -14,10 +14,11 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, cast
 
 from overlapcheck.backends.base import Backend, Expected, KeepsKvShadow
 from overlapcheck.backends.kv_shadow import KvShadow
+from overlapcheck.core.capability import provides
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.errors import UserError
 from overlapcheck.core.messages import UserMsg
@@ -121,9 +122,9 @@ def run_scenario(
     cfg = scenario.config
     chosen = make_invariants(invariants)
     shadow: KvShadow | None = None
-    if any(inv.needs_kv_shadow for inv in chosen) and isinstance(backend, KeepsKvShadow):
+    if any(inv.needs_kv_shadow for inv in chosen) and provides(backend, KeepsKvShadow):
         shadow = KvShadow(cfg.num_cells, cfg.max_seq_len)
-        device = backend.make_shadowed_device(scenario, shadow)
+        device = cast(KeepsKvShadow, backend).make_shadowed_device(scenario, shadow)
     else:
         device = backend.make_device(scenario)
     defer = backend.name != "sim" if defer_checks is None else defer_checks
@@ -140,8 +141,8 @@ def run_scenario(
     sched = _build(factory, cfg, device, harness, scenario, ours=scheduler is None)
     ctx.scheduler = sched
     if drafter is not None:
-        if isinstance(sched, TakesDrafter):
-            sched.use_drafter(drafter)
+        if provides(sched, TakesDrafter):
+            cast(TakesDrafter, sched).use_drafter(drafter)
         else:
             ctx.notices.append(
                 "the scheduler takes no drafter (core/speculative.py, TakesDrafter): it drafts "
@@ -261,7 +262,8 @@ def _build(
         if ours:
             raise CheckerBug(err, scenario) from err
         raise UserError(f"the scheduler factory failed: {type(err).__name__}: {err}") from None
-    if not isinstance(sched, SchedulerUnderTest):
+    # (not isinstance, which would slow the scheduler's every step: core/capability.py)
+    if not provides(sched, SchedulerUnderTest):
         raise UserError(
             f"the scheduler factory returned {type(sched).__name__}, which has no step() "
             "(see core/protocol.py)"

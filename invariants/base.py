@@ -62,8 +62,9 @@ class Invariant:
     `ended_only`: `on_message` judges nothing in a token for a request that was live when it
     came (`not req.late`), so the harness calls it only for the other messages.
     `judges_routine`: False where `on_message` judges nothing in a routine token (a live
-    request's token that is neither its last nor EOS: `RequestLedger.routine`), most of a run's
-    messages; the harness then does not call it for one.
+    request's token that is neither its last nor EOS, and equal to the reference's where it has
+    exact ones: `RequestLedger.routine`), most of a run's messages; the harness then does not
+    call it for one.
     """
 
     id: str = ""

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast, overload
 
+from overlapcheck.backends.base import ExactTokens
 from overlapcheck.backends.kv_shadow import KvShadow
 from overlapcheck.core.capability import provides
 from overlapcheck.core.config import SchedulerConfig
@@ -72,8 +73,10 @@ class RequestLedger:
         self.latest: dict[int, Request] = {}  # uid -> its most recent request
         self._to_reject: dict[int, list[Request]] = {}  # uid -> requests owed a RejectMsg
         self.token_messages = 0  # sent so far, for any uid
+        self.finishes = 0  # requests whose `finish_ops` is set (their first finished message)
         # The last message answered was a routine token: a live request's, neither its last
-        # (not finished, below its max_tokens) nor EOS. Most checks judge nothing in one.
+        # (not finished, below its max_tokens) nor EOS, and the reference's token there where
+        # the request has an exact one. Most checks judge nothing in one, the oracle included.
         self.routine = False
 
     def receive(
@@ -114,6 +117,7 @@ class RequestLedger:
             return None
         if msg.finished and req.finish_ops is None:
             req.finish_ops = num_ops
+            self.finishes += 1
         req.late = not req.live
         if req.live:
             req.tokens.append(msg.token)
@@ -121,8 +125,21 @@ class RequestLedger:
                 req.finished_step = step
                 del self.live[msg.uid]
             else:
+                k = len(req.tokens)
+                expected = req.expected
+                # (`ExactTokens.matches`, inline: this runs for every token of every run; with a
+                # reference judged some other way, no token is routine)
                 self.routine = (
-                    msg.token != self.config.eos_token_id and len(req.tokens) < req.max_output
+                    msg.token != self.config.eos_token_id
+                    and k < req.max_output
+                    and (
+                        expected is None
+                        or (
+                            type(expected) is ExactTokens
+                            and k <= len(expected.tokens)
+                            and expected.tokens[k - 1] == msg.token
+                        )
+                    )
                 )
         return req
 

@@ -12,6 +12,8 @@ from overlapcheck.invariants.context import Request
 
 class Oracle(Invariant):
     id = "oracle"
+    # A routine token (`RequestLedger.routine`) is one the ledger found equal to the reference's.
+    judges_routine = False
 
     def on_message(self, msg: OutMsg, req: Request | None) -> None:
         if not isinstance(msg, TokenMsg) or req is None or req.late or req.expected is None:

@@ -14,6 +14,8 @@ count.
 
 from __future__ import annotations
 
+from operator import le
+
 import numpy as np
 
 from overlapcheck.core.config import SchedulerConfig
@@ -32,6 +34,7 @@ def bound(config: SchedulerConfig) -> int:
 
 class Progress(Invariant):
     id = "progress"
+    batched = True  # False: every sequence judged one by one (the same verdicts, for comparison)
 
     def __init__(self) -> None:
         self.feed = ForwardFeed()
@@ -41,6 +44,11 @@ class Progress(Invariant):
         self.first: str = ""  # what the first of them was
         self.tokens = 0  # token messages sent by the last pull
         self.offloads = 0  # of the run's KV offloads (`ForwardIndex`), pulled
+        # The last forward's requests (distinct, none None) and their ends, when each request's
+        # `computed` is its end there: a forward of the same requests, each going on from that
+        # end, only moves the ends (a decode batch's every step), booked when the batch changes.
+        self.batch: tuple[Request | None, ...] = ()
+        self.batch_ends: list[int] = []
 
     def on_receive(self, msg: InMsg, req: Request | None) -> None:
         self._pull()
@@ -97,7 +105,15 @@ class Progress(Invariant):
         if len(ends) != len(reqs):
             return
         starts = _starts(op, ends, self.run.config.max_seq_len)
+        # (requests compare by identity)
+        if reqs == self.batch and starts == self.batch_ends and all(map(le, starts, ends)):
+            # The last forward's requests again, each from where it stopped: none recomputes,
+            # and each has computed through its end (`_settle` books it when the batch changes).
+            self.batch_ends = ends
+            return
+        self._settle()
         computed = self.computed
+        settled = None not in reqs and len(set(reqs)) == len(reqs)
         for req, start, end in zip(reqs, starts, ends, strict=True):
             if req is None:
                 continue
@@ -107,6 +123,19 @@ class Progress(Invariant):
                 computed[req.index] = end
             elif end > done:
                 computed[req.index] = end
+            elif done != end:
+                settled = False
+        if settled and self.batched:  # each request's computed positions end here
+            self.batch, self.batch_ends = reqs, ends
+
+    def _settle(self) -> None:
+        """Book the positions the batch's requests computed since its last full look."""
+        batch = self.batch
+        if batch:
+            computed = self.computed
+            for req, end in zip(batch, self.batch_ends, strict=True):
+                computed[req.index] = end  # type: ignore[union-attr]
+            self.batch = ()
 
     def _preempted(self, what: str) -> None:
         if self.since is None:

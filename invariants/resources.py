@@ -37,11 +37,18 @@ class SlotNotInFlight(Invariant):
     """
 
     id = "slot-not-in-flight"
+    batched = True  # False: every sequence judged one by one (the same verdicts, for comparison)
 
     def __init__(self) -> None:
         self.seen = 0  # ops judged
         self.taken = 0  # of the run's forwards (`ForwardIndex`), judged
         self.owner: dict[int, tuple[int, int, int, int]] = {}  # row -> uid, agent, clock, op seq
+        # The last forward's uids and rows (distinct), each row owned by its uid: the next
+        # forward of the same pairs only moves their owners' last forward to `batch_at`
+        # (agent, clock, op seq), booked in `owner` when the pairs change.
+        self.batch_uids: tuple[int, ...] = ()
+        self.batch_rows: list[int] = []
+        self.batch_at = (0, 0, 0)
 
     def on_ops(self) -> None:
         if self.seen != len(self.run.trace.ops):
@@ -75,14 +82,32 @@ class SlotNotInFlight(Invariant):
             agent, vc = clocks.agent[seq], clocks.vc[seq]
             assert vc is not None  # kept for every forward
             clock = int(vc[agent])
-            for uid, row in zip(op.uids, shapes.lists(op)[0], strict=False):
+            uids, rows = op.uids, shapes.lists(op)[0]
+            if uids == self.batch_uids and rows == self.batch_rows:
+                # Every row's owner again (a decode batch's every step): nothing to judge, and
+                # the owners' last forward is this one (`_settle` books it per row).
+                self.batch_at = (agent, clock, op.seq)
+                continue
+            self._settle()
+            for uid, row in zip(uids, rows, strict=False):
                 prev = owner.get(row)
                 if prev is not None and prev[0] != uid:
                     unordered = self._unordered_use(prev, seq, row, width)
                     if unordered is not None:
                         self._report(ops[prev[3]], ops[unordered], op, uid, prev[0], row)
                 owner[row] = (uid, agent, clock, op.seq)
+            if self.batched and len(uids) == len(rows) == len(set(rows)):
+                self.batch_uids, self.batch_rows = uids, rows
+                self.batch_at = (agent, clock, op.seq)
         self.seen = n
+
+    def _settle(self) -> None:
+        """Book the batch's last forward as its rows' owners' (`batch_uids`)."""
+        if self.batch_rows:
+            at, owner = self.batch_at, self.owner
+            for uid, row in zip(self.batch_uids, self.batch_rows, strict=True):
+                owner[row] = (uid, *at)
+        self.batch_uids, self.batch_rows = (), []
 
     def _unordered_use(
         self, prev: tuple[int, int, int, int], seq: int, row: int, width: int

@@ -18,6 +18,8 @@ Judged from the forwards' uids and footprints, per request instance (`invariants
 
 from __future__ import annotations
 
+from operator import lt
+
 import numpy as np
 
 from overlapcheck.core.messages import InMsg
@@ -29,10 +31,17 @@ from overlapcheck.invariants.forwards import ForwardFeed
 
 class WorkBound(Invariant):
     id = "work-bound"
+    batched = True  # False: every sequence judged one by one (the same verdicts, for comparison)
 
     def __init__(self) -> None:
         self.feed = ForwardFeed()
         self.limits: dict[int, tuple[int, int]] = {}  # request index -> prompt, pages reserved
+        # The last forward's requests when none had finished, the ledger's finishes then, and
+        # per sequence the context length from which `_judge` would judge anything: a forward
+        # of the same requests, none finished since and each below it, has nothing to judge.
+        self.batch: tuple[Request | None, ...] = ()
+        self.finishes = 0
+        self.quiet: list[int] = []
 
     def on_receive(self, msg: InMsg, req: Request | None) -> None:
         self._check()
@@ -56,6 +65,11 @@ class WorkBound(Invariant):
         ends = self.run.shapes.lists(op)[1]
         if len(ends) != len(reqs):
             return
+        finishes = self.run.ledger.finishes
+        # (requests compare by identity)
+        if reqs == self.batch and finishes == self.finishes and all(map(lt, ends, self.quiet)):
+            return  # the last forward's requests, none finished since, each below its bound
+        self.batch = ()
         context: np.ndarray | None = None
         for i, (req, end) in enumerate(zip(reqs, ends, strict=True)):
             if req is None:
@@ -85,6 +99,21 @@ class WorkBound(Invariant):
                         pages=len(pages),
                         reserved=reserved,
                     )
+        self._quiet(reqs, finishes)
+
+    def _quiet(self, reqs: tuple[Request | None, ...], finishes: int) -> None:
+        """Keep the batch for the next forward when none of its requests has finished: each
+        sequence is judged from a context of its output's end, or of one page past its
+        reservation (which may need more pages than reserved); below that, nothing."""
+        if not self.batched:
+            return
+        quiet = []
+        for req in reqs:
+            if req is None or req.finish_ops is not None:
+                return
+            prompt, reserved = self.limits[req.index]
+            quiet.append(min(prompt + req.max_output, reserved + 1))
+        self.batch, self.finishes, self.quiet = reqs, finishes, quiet
 
     def _sampled(self, op: Op, req: Request, position: int) -> None:
         finished = req.finish_ops  # the ledger's, booked as the message went out

@@ -3,11 +3,16 @@ get no calls, `ended_only` checks no tokens of live requests, `on_ops` only afte
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+from typing import Any, cast
+
+from overlapcheck.backends.base import ExactTokens
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.messages import OutMsg, RejectMsg, SamplingParams, TokenMsg, UserMsg
 from overlapcheck.harness.stepping import Checks
 from overlapcheck.invariants.base import Invariant
 from overlapcheck.invariants.context import Request, RequestLedger
+from overlapcheck.invariants.oracle import Oracle
 
 
 class Heard(Invariant):
@@ -74,3 +79,22 @@ def test_a_check_that_judges_no_routine_token_hears_only_the_others() -> None:
     assert routine == [True, False, True, False, False, False]
     assert len(every.messages) == 6
     assert quiet.messages == [("TokenMsg", 1), ("TokenMsg", 1), ("TokenMsg", 1), ("RejectMsg", 1)]
+
+
+def test_a_token_off_the_reference_is_not_routine_and_reaches_the_oracle() -> None:
+    """A routine token is also the reference's token there (when the request has exact ones), so
+    the oracle, which judges no routine token, still hears every wrong one, mid-output too."""
+    ledger = RequestLedger(SchedulerConfig())  # EOS is 2
+    oracle = Oracle()
+    oracle.run = cast(Any, SimpleNamespace(step=0, now=lambda: 0.0))  # what `fail` reads
+    checks = Checks([oracle], keep_going=True)
+    reference = ExactTokens([7, 8, 9, 10])
+    ledger.receive(UserMsg(1, (5, 6), SamplingParams(max_tokens=4)), 0, lambda m, n: reference)
+    routine = []
+    for msg in (TokenMsg(1, 7, False), TokenMsg(1, 4, False), TokenMsg(1, 9, False)):
+        req = ledger.answer(msg, 0, 3)
+        routine.append(ledger.routine)
+        checks.message(msg, req, 3, ledger.routine)
+    assert routine == [True, False, True]
+    assert [v.invariant for v in checks.violations] == ["oracle"]
+    assert "token #2 = 4, the reference says 8" in checks.violations[0].message

@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -51,11 +51,12 @@ def revision_tree(rev: str) -> Iterator[Path]:
             )
 
 
-def run_from(tree: Path, code: str, *args: str, **env: str) -> str:
+def run_from(tree: Path, code: str, *args: str, wrapper: Sequence[str] = (), **env: str) -> str:
     """The stdout of `python -c code args...` run from `tree`'s code (its `.typing`), with `env`
-    added to the environment. SystemExit with the last line of its stderr if it fails."""
+    added to the environment, under `wrapper` (a command that runs the rest: valgrind, say).
+    SystemExit with the last line of its stderr if it fails."""
     out = subprocess.run(
-        [sys.executable, "-c", code, *args],
+        [*wrapper, sys.executable, "-c", code, *args],
         env=os.environ | {"PYTHONPATH": _path_first(tree / ".typing")} | env,
         capture_output=True,
         text=True,

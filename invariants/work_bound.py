@@ -102,9 +102,9 @@ class WorkBound(Invariant):
         self._quiet(reqs, finishes)
 
     def _quiet(self, reqs: tuple[Request | None, ...], finishes: int) -> None:
-        """Keep the batch for the next forward when none of its requests has finished: each
-        sequence is judged from a context of its output's end, or of one page past its
-        reservation (which may need more pages than reserved); below that, nothing."""
+        """Keep the batch for the next forward when none of its requests has finished: a
+        sequence is judged only from a context that reaches its output's end, or that has more
+        positions than its request has reserved pages (only then can it span more pages)."""
         if not self.batched:
             return
         quiet = []

@@ -1,13 +1,17 @@
-"""The helpers of the benchmarks that compare two revisions (`bench/worktree.py`)."""
+"""The helpers of the benchmarks that compare two revisions (`bench/worktree.py`) and count
+instructions (`bench/instructions.py`)."""
 
 from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from overlapcheck.bench.instructions import Cost, instructions
+from overlapcheck.bench.instructions import main as instructions_main
 from overlapcheck.bench.worktree import ROOT, revision_tree, run_from
 
 
@@ -50,3 +54,25 @@ def test_the_other_trees_code_comes_first_and_the_callers_path_stays(
     monkeypatch.setenv("PYTHONPATH", str(deps))
     out = run_from(ROOT, "import a_dependency, overlapcheck; print(a_dependency.WHERE)")
     assert out.strip() == "deps"
+
+
+def test_the_instruction_count_is_read_from_cachegrinds_summary() -> None:
+    log = "==7== Collected : 5977164381\n==7==\n==7== I   refs:      5,977,164,381\n"
+    assert instructions(log) == 5_977_164_381
+    with pytest.raises(SystemExit) as stopped:
+        instructions("==7== valgrind: cannot start\n")
+    assert str(stopped.value).startswith("error: ")
+
+
+def test_counting_instructions_without_valgrind_is_one_error_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.setattr(sys, "argv", ["instructions"])
+    with pytest.raises(SystemExit) as stopped:
+        instructions_main()
+    assert str(stopped.value) == "error: valgrind is not installed (it counts the instructions)"
+
+
+def test_a_cost_is_the_checks_over_footprints_only() -> None:
+    assert Cost(footprints=700e6, checks=210e6).ratio == pytest.approx(1.3)

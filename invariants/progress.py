@@ -15,6 +15,7 @@ count.
 from __future__ import annotations
 
 from operator import le
+from typing import cast
 
 import numpy as np
 
@@ -47,7 +48,7 @@ class Progress(Invariant):
         # The last forward's requests (distinct, none None) and their ends, when each request's
         # `computed` is its end there: a forward of the same requests, each going on from that
         # end, only moves the ends (a decode batch's every step), booked when the batch changes.
-        self.batch: tuple[Request | None, ...] = ()
+        self.batch: tuple[Request, ...] = ()
         self.batch_ends: list[int] = []
 
     def on_receive(self, msg: InMsg, req: Request | None) -> None:
@@ -126,7 +127,7 @@ class Progress(Invariant):
             elif done != end:
                 settled = False
         if settled and self.batched:  # each request's computed positions end here
-            self.batch, self.batch_ends = reqs, ends
+            self.batch, self.batch_ends = cast(tuple[Request, ...], reqs), ends
 
     def _settle(self) -> None:
         """Book the positions the batch's requests computed since its last full look."""
@@ -134,7 +135,7 @@ class Progress(Invariant):
         if batch:
             computed = self.computed
             for req, end in zip(batch, self.batch_ends, strict=True):
-                computed[req.index] = end  # type: ignore[union-attr]
+                computed[req.index] = end
             self.batch = ()
 
     def _preempted(self, what: str) -> None:

@@ -15,7 +15,7 @@ from overlapcheck.core.config import CACHE_KINDS, LOOP_KINDS, POLICIES, ConfigEr
 from overlapcheck.core.errors import UserError
 from overlapcheck.core.scenario import Scenario
 from overlapcheck.formats.profile_file import read_profile
-from overlapcheck.harness.scheduler_spec import REFERENCE, SchedulerSpec, parse_spec
+from overlapcheck.harness.scheduler_spec import REFERENCE, SchedulerSpec
 from overlapcheck.invariants.base import Violation
 from overlapcheck.invariants.registry import INVARIANTS, make_invariant
 from overlapcheck.reference.faults import FAULTS, UnknownFaultError, parse_faults
@@ -298,6 +298,4 @@ def scheduler_from_args(args: argparse.Namespace) -> SchedulerSpec | None:
     """`--scheduler`, parsed and loaded (a bad spec is one line here, before any search)."""
     if args.scheduler is None:
         return None
-    spec = parse_spec(args.scheduler)
-    spec.factory()
-    return spec
+    return SchedulerSpec.load(args.scheduler)

@@ -88,7 +88,7 @@ def main(args: argparse.Namespace) -> int:
         scenario,
         backend,
         check_specs(skip, args.check) if skip or args.check else None,
-        scheduler=spec.factory(),
+        scheduler=spec,
         keep_going=args.keep_going,
         hang_timeout=args.hang_timeout,
     )

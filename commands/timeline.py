@@ -182,8 +182,7 @@ def _compare(args: argparse.Namespace, out: Path) -> Rendered:
         raise UserError("--compare needs --scenario NAME")
     scenario = resolve_scenario(args.scenario)
     spec = scheduler_from_args(args)
-    factory = None if spec is None else spec.factory()
-    overlap, normal = run_both(scenario, lambda: make_backend("sim", make_timing(args)), factory)
+    overlap, normal = run_both(scenario, lambda: make_backend("sim", make_timing(args)), spec)
     return render_compare(overlap, normal, out, args.window)
 
 

@@ -456,8 +456,6 @@ def shared_database(spec: SearchSpec) -> Iterator[SearchSpec]:
 
 def search_processes(spec: SearchSpec, workers: int, listener: Listener = QUIET) -> Outcome:
     """`workers` search streams in processes over one example database."""
-    if not spec.scheduler.is_reference:
-        spec.scheduler.factory()  # a bad --scheduler fails here, once, not in every worker
     with shared_database(spec) as shared:
         pool = ProcessPool(shared, workers)
         return drive(pool, shared, listener)

@@ -164,8 +164,6 @@ def search_ray(
     listener: Listener = QUIET,
 ) -> Outcome:
     """Search streams as Ray tasks: `workers` of them (None: one per CPU of the cluster)."""
-    if not spec.scheduler.is_reference:
-        spec.scheduler.factory()
     with connected(address, workers) as ray:
         n = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
         listener.notice(f"ray: {n} search streams on {_where(ray, address)}")

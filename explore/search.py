@@ -289,6 +289,11 @@ class SearchSpec:
     shrink_examples: int = SHRINK_EXAMPLES
     reduce_runs: int = REDUCE_RUNS
 
+    def __post_init__(self) -> None:
+        # The scheduler is imported here, once per process (cached): a bad spec is one line
+        # before any stream starts, not a failure in every worker or inside Hypothesis.
+        self.scheduler.factory()
+
     @property
     def checks(self) -> list[str]:
         # Skipping `no-race` makes the search look for races that corrupt data (an oracle
@@ -369,9 +374,8 @@ def run_example(
 ) -> RunResult:
     """One run of the scheduler under test; a step past `hang_timeout` is `no-hang`, and one
     running at the `deadline` (`time.monotonic()`) raises `DeadlineReached`."""
-    factory = None if scheduler.is_reference else scheduler.factory()
     return run_scenario(
-        scenario, backend, checks, scheduler=factory, hang_timeout=hang_timeout, deadline=deadline
+        scenario, backend, checks, scheduler=scheduler, hang_timeout=hang_timeout, deadline=deadline
     )
 
 
@@ -418,8 +422,6 @@ def search(
         db = ResumeDatabase(spec.resume, db)
     strategy = spec.strategy()
     checks = spec.checks
-    if not spec.scheduler.is_reference:
-        spec.scheduler.factory()  # a bad spec fails here, with one line, not inside Hypothesis
     dropped = False
     best: Found | None = None
     best_order: tuple[Any, ...] = ()

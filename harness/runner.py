@@ -20,14 +20,12 @@ from overlapcheck.backends.base import Backend, Expected, KeepsKvShadow
 from overlapcheck.backends.kv_shadow import KvShadow
 from overlapcheck.core.capability import provides
 from overlapcheck.core.config import SchedulerConfig
-from overlapcheck.core.errors import UserError
 from overlapcheck.core.messages import UserMsg
-from overlapcheck.core.protocol import SchedulerFactory, SchedulerUnderTest
+from overlapcheck.core.protocol import SchedulerFactory
 from overlapcheck.core.rules import max_output, rejection
 from overlapcheck.core.scenario import RequestSpec, Scenario, user_msg
 from overlapcheck.core.speculative import Drafter, TakesDrafter
 from overlapcheck.core.trace import Trace
-from overlapcheck.harness.crash import CheckerBug
 from overlapcheck.harness.scheduler_spec import SchedulerSpec
 from overlapcheck.harness.stepping import Checks, Harness, check_after, drive
 from overlapcheck.harness.watchdog import Watchdog
@@ -96,7 +94,7 @@ def run_scenario(
     backend: Backend,
     invariants: Iterable[str] | None = None,
     deliveries: list[tuple[int, int, str]] | None = None,
-    scheduler: SchedulerFactory | None = None,
+    scheduler: SchedulerSpec | SchedulerFactory | None = None,
     keep_going: bool = False,
     defer_checks: bool | None = None,
     hang_timeout: float | None = None,
@@ -105,7 +103,7 @@ def run_scenario(
 ) -> RunResult:
     """Run until idle (or the first violation; every violation with `keep_going`) and report.
 
-    `scheduler`: the factory of the scheduler under test (None: the reference scheduler).
+    `scheduler`: the scheduler under test, as a spec or a factory (None: the reference).
     `deliveries` ((iteration, uid, "user" | "abort") as another run received them) replaces the
     workload's arrival times: a real device replays a simulated run's message order that way.
     `defer_checks` (default: on a real engine) runs the checks that read only the trace and the
@@ -127,18 +125,18 @@ def run_scenario(
         device = cast(KeepsKvShadow, backend).make_shadowed_device(scenario, shadow)
     else:
         device = backend.make_device(scenario)
-    defer = backend.name != "sim" if defer_checks is None else defer_checks
+    defer = not backend.checks_online if defer_checks is None else defer_checks
     # A check that reads the books reads live state, so it never waits for the end of the run.
     later = [inv for inv in chosen if defer and inv.deferrable and not inv.needs_books]
     checks = Checks([inv for inv in chosen if inv not in later], keep_going)
-    factory = scheduler if scheduler is not None else SchedulerSpec().factory()
+    under_test = SchedulerSpec.of(scheduler)
     ctx = RunContext(scenario, device, backend.name, None, shadow)
     source = WorkloadSource(scenario.requests, deliveries, cfg, device.trace, lambda: ctx.step)
     wanted = any(inv.id == "oracle" for inv in checks.checks)
     harness = Harness(ctx, checks, source, _oracle(scenario, backend, wanted))
     if later:
         harness.log = []
-    sched = _build(factory, cfg, device, harness, scenario, ours=scheduler is None)
+    sched = under_test.build(cfg, device, harness, harness.send, scenario)
     ctx.scheduler = sched
     if drafter is not None:
         if provides(sched, TakesDrafter):
@@ -157,7 +155,7 @@ def run_scenario(
             "(see core/protocol.py); the black-box checks still run"
         )
         checks.checks = [inv for inv in checks.checks if inv not in skipped]
-    with _fewer_collections(move_out=backend.name == "sim"):
+    with _fewer_collections(move_out=backend.small_run_objects):
         watchdog = Watchdog(hang_timeout_for(backend, hang_timeout), deadline)
         completed = drive(sched, ctx, checks, step_bound(scenario), harness.log, watchdog)
     violations, notices = checks.violations, ctx.notices
@@ -197,7 +195,7 @@ DEFAULT_HANG_TIMEOUT = 5.0
 def hang_timeout_for(backend: Backend, asked: float | None) -> float | None:
     """The watchdog's timeout: `asked`, else the default on the simulator (0 turns it off)."""
     if asked is None:
-        return DEFAULT_HANG_TIMEOUT if backend.name == "sim" else None
+        return DEFAULT_HANG_TIMEOUT if backend.watchdog_by_default else None
     return asked or None
 
 
@@ -241,34 +239,6 @@ def _oracle(
         return found if found is not None else backend.expected(spec, limit)
 
     return expected
-
-
-def _build(
-    factory: SchedulerFactory,
-    cfg: SchedulerConfig,
-    device: Any,
-    harness: Harness,
-    scenario: Scenario,
-    ours: bool,
-) -> SchedulerUnderTest:
-    """The scheduler under test. A user's factory that raises is one line (exit 2); the built-in
-    reference scheduler failing to start is a bug of overlapcheck's (`ours`), never blamed on a
-    factory the user did not write."""
-    try:
-        sched = factory(cfg, device, harness, harness.send)
-    except UserError:
-        raise
-    except Exception as err:
-        if ours:
-            raise CheckerBug(err, scenario) from err
-        raise UserError(f"the scheduler factory failed: {type(err).__name__}: {err}") from None
-    # (not isinstance, which would slow the scheduler's every step: core/capability.py)
-    if not provides(sched, SchedulerUnderTest):
-        raise UserError(
-            f"the scheduler factory returned {type(sched).__name__}, which has no step() "
-            "(see core/protocol.py)"
-        )
-    return sched
 
 
 # Objects the interpreter itself keeps frozen: Python 3.12 starts with a few hundred constant

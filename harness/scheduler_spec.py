@@ -1,8 +1,14 @@
-"""Which scheduler a run checks: `--scheduler PATH.py:FACTORY` or `module:FACTORY`.
+"""The scheduler under test, one type from the command line to the harness: `SchedulerSpec`.
 
-A spec is a plain string (it travels to worker processes and into counterexample files); loading
-it imports the code and checks that the factory builds something that satisfies the protocol.
-The default, `reference`, is the built-in reference scheduler.
+It says what the scheduler is (`reference`, `PATH.py:FACTORY` or `module:FACTORY`, or a factory
+handed over in Python), how to build it (`factory`, `build`), whose fault a failure to build it
+is (`ours`: the reference's is overlapcheck's, exit 3; a user's factory's is the user's, exit 2)
+and which code it is (`source_hash`). Named by text, it travels to worker processes and into
+counterexample files; loading it imports the code, once per process. The default, `reference`,
+is the built-in reference scheduler.
+
+    spec = SchedulerSpec.load("mine.py:make")     # parsed and imported: a bad one is UserError
+    run_scenario(scenario, SimBackend(), scheduler=spec)
 """
 
 from __future__ import annotations
@@ -11,34 +17,111 @@ import hashlib
 import importlib
 import importlib.util
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
+from overlapcheck.core.capability import provides
+from overlapcheck.core.config import SchedulerConfig
+from overlapcheck.core.device import Device
 from overlapcheck.core.errors import UserError
-from overlapcheck.core.protocol import SchedulerFactory
+from overlapcheck.core.protocol import (
+    MessageSink,
+    MessageSource,
+    SchedulerFactory,
+    SchedulerUnderTest,
+)
+from overlapcheck.core.scenario import Scenario
+from overlapcheck.harness.crash import CheckerBug
 
 REFERENCE = "reference"
 
 
 @dataclass(frozen=True, slots=True)
 class SchedulerSpec:
-    """`reference`, `path/to/file.py:factory` or `package.module:factory`."""
+    """The scheduler under test: `reference`, `path/to/file.py:factory`,
+    `package.module:factory`, or (`of`) a factory object handed over in Python."""
 
     text: str = REFERENCE
+    # A factory given as an object rather than by name (`of`): used as is, never imported. Such
+    # a spec works in this process only (a lambda does not travel to a worker).
+    given: SchedulerFactory | None = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def load(cls, text: str) -> SchedulerSpec:
+        """A spec from the command line, parsed and imported: the one place a bad `--scheduler`
+        becomes one line (UserError), before any run."""
+        spec = parse_spec(text)
+        spec.factory()
+        return spec
+
+    @classmethod
+    def of(cls, scheduler: SchedulerSpec | SchedulerFactory | None) -> SchedulerSpec:
+        """What a caller handed `run_scenario`: a spec, a factory object, or None (the
+        reference). The reference's own class is the reference (its failures are ours)."""
+        if scheduler is None:
+            return cls()
+        if isinstance(scheduler, SchedulerSpec):
+            return scheduler
+        if scheduler is _load(REFERENCE):
+            return cls()
+        name = getattr(scheduler, "__qualname__", type(scheduler).__qualname__)
+        return cls(f"{getattr(scheduler, '__module__', '?')}:{name}", scheduler)
 
     @property
     def is_reference(self) -> bool:
-        return self.text == REFERENCE
+        return self.text == REFERENCE and self.given is None
+
+    @property
+    def ours(self) -> bool:
+        """Whether a failure to build it is overlapcheck's (exit 3) rather than the user's:
+        the built-in reference scheduler is overlapcheck's own code."""
+        return self.is_reference
 
     def factory(self) -> SchedulerFactory:
         """The factory, imported once per process. Raises UserError with one line."""
+        if self.given is not None:
+            return self.given
         return _load(self.text)
+
+    def build(
+        self,
+        config: SchedulerConfig,
+        device: Device,
+        source: MessageSource,
+        sink: MessageSink,
+        scenario: Scenario,
+    ) -> SchedulerUnderTest:
+        """The scheduler, built for one run. A user's factory that raises, or builds something
+        without `step()`, is one line (UserError, exit 2); the reference failing to start is a
+        bug of overlapcheck's (`CheckerBug`, exit 3), never blamed on a factory the user did
+        not write."""
+        factory = self.factory()
+        try:
+            sched: Any = factory(config, device, source, sink)
+        except UserError:
+            raise
+        except Exception as err:
+            if self.ours:
+                raise CheckerBug(err, scenario) from err
+            raise UserError(
+                f"the scheduler factory failed: {type(err).__name__}: {err}"
+            ) from None
+        # (not isinstance, which would slow the scheduler's every step: core/capability.py)
+        if not provides(sched, SchedulerUnderTest):
+            if self.ours:
+                raise CheckerBug(TypeError(f"{type(sched).__name__} has no step()"), scenario)
+            raise UserError(
+                f"the scheduler factory returned {type(sched).__name__}, which has no step() "
+                "(see core/protocol.py)"
+            )
+        return sched  # type: ignore[no-any-return]
 
     def source_path(self) -> Path | None:
         """The file that defines the factory (None for the reference or a builtin module)."""
-        if self.is_reference:
+        if self.is_reference or self.given is not None:
             return None
         module = _module(self.text)
         file = getattr(module, "__file__", None)

@@ -85,13 +85,12 @@ def replay_once(
     drafter = drafts.fresh() if drafts is not None else None
     # Every violation (keep going): the verdict asks whether the recorded one manifested.
     checks = [i for i in cex.invariants if i != NoRace.id]
-    factory = None if cex.scheduler.is_reference else cex.scheduler.factory()
     result = run_scenario(
         cex.scenario,
         planned,
         checks,
         deliveries=deliveries,
-        scheduler=factory,
+        scheduler=cex.scheduler,
         keep_going=True,
         drafter=drafter,
     )

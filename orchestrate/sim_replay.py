@@ -23,14 +23,12 @@ def replay_on_sim(
     the recorded watchdog timeout unless `hang_timeout` does (0: off); to the end of the run
     with `keep_going` (the trace up to the first violation is the same); `drafter`: the
     speculative scheduler's, where it takes one (to log what it drafted)."""
-    spec = scheduler or cex.scheduler
-    factory = None if spec.is_reference else spec.factory()
     timeout = cex.hang_timeout if hang_timeout is None else hang_timeout
     return run_scenario(
         cex.scenario,
         SimBackend(cex.timing()),
         cex.invariants,
-        scheduler=factory,
+        scheduler=scheduler or cex.scheduler,
         hang_timeout=0 if timeout is None else timeout,
         keep_going=keep_going,
         drafter=drafter,

@@ -132,6 +132,30 @@ def test_a_crash_inside_overlapcheck_exits_3_with_the_input_saved(
     assert "not subscriptable" in saved.with_suffix(".txt").read_text()
 
 
+def test_the_reference_failing_to_start_is_ours_under_every_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The reference's constructor raising is overlapcheck's bug (exit 3), never the user's
+    factory failing (exit 2): `run` once passed the reference's class on as if it were a
+    user's factory. A user's factory that raises stays the user's (exit 2)."""
+
+    def broken(self: Scheduler, *args: object) -> None:
+        raise RuntimeError("the reference cannot start")
+
+    monkeypatch.chdir(tmp_path)
+    plugin = tmp_path / "mine.py"
+    plugin.write_text("def make(config, device, source, sink):\n    raise ValueError('mine')\n")
+    assert main(["run", "--scheduler", f"{plugin}:make"]) == 2
+    assert "the scheduler factory failed: ValueError: mine" in capsys.readouterr().err
+    monkeypatch.setattr(Scheduler, "__init__", broken)
+    for argv in (["run"], ["run", "--scheduler", "reference"]):
+        assert main(argv) == 3, argv
+        err = capsys.readouterr().err
+        assert err.startswith("overlapcheck bug: RuntimeError: the reference cannot start"), err
+    with pytest.raises(CheckerBug):
+        run_scenario(named_scenario("basic"), SimBackend(), scheduler=Scheduler)
+
+
 @pytest.mark.parametrize(
     ("spec", "needle"),
     [

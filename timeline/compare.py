@@ -10,9 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from overlapcheck.backends.base import Backend
-from overlapcheck.core.protocol import SchedulerFactory
 from overlapcheck.core.scenario import Scenario
 from overlapcheck.harness.runner import RunResult, run_scenario
+from overlapcheck.harness.scheduler_spec import SchedulerSpec
 from overlapcheck.timeline.model import Interval, Panel, Rendered
 from overlapcheck.timeline.render import render_panels, result_title, violation_title
 
@@ -22,7 +22,7 @@ LOOPS = ("overlap", "normal")
 def run_both(
     scenario: Scenario,
     make_backend: Callable[[], Backend],
-    scheduler: SchedulerFactory | None = None,
+    scheduler: SchedulerSpec | None = None,
 ) -> tuple[RunResult, RunResult]:
     """The scenario with the overlap loop, then with the normal loop, each on a fresh backend."""
     overlap, normal = (

@@ -65,6 +65,12 @@ class TorchBackend:
     decode batches of those sizes on every new device.
     """
 
+    # A real engine: its timing is real (checks after the run), its first forward compiles (no
+    # watchdog unless asked), its runs hold device memory (harness/runner.py).
+    checks_online = False
+    watchdog_by_default = False
+    small_run_objects = False
+
     def __init__(
         self,
         name: str,
@@ -160,6 +166,9 @@ class PlannedBackend:
     def __init__(self, backend: TorchBackend, plan: DevicePlan) -> None:
         self.backend, self.plan = backend, plan
         self.name = backend.name
+        self.checks_online = backend.checks_online
+        self.watchdog_by_default = backend.watchdog_by_default
+        self.small_run_objects = backend.small_run_objects
 
     def prepare(self, scenario: Scenario) -> Scenario:
         return self.backend.prepare(scenario)

@@ -12,7 +12,12 @@ from overlapcheck.core.scenario import RequestSpec, Scenario
 
 
 class SimBackend:
+    """The simulated GPU: simulated time, so the checks run online and a step is watched."""
+
     name = "sim"
+    checks_online = True
+    watchdog_by_default = True
+    small_run_objects = True
 
     def __init__(self, timing: Timing | None = None) -> None:
         self.timing = timing if timing is not None else Timing()

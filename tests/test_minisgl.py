@@ -232,7 +232,7 @@ def test_a_missing_checkout_is_one_line(tmp_path: Path, monkeypatch: pytest.Monk
     from overlapcheck.core.errors import UserError
 
     monkeypatch.setenv("MINISGL_PATH", str(tmp_path / "nowhere"))
-    with pytest.raises(UserError, match="is not a mini-sglang checkout") as err:
+    with pytest.raises(UserError, match="is not a mini-sglang tree") as err:
         load()
     assert "\n" not in str(err.value) and "MINISGL_PATH" in str(err.value)
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from overlapcheck.adapters.base import UpstreamScheduler
 from overlapcheck.adapters.minisgl.books import read_books
 from overlapcheck.adapters.minisgl.checkout import load as load_checkout
 from overlapcheck.adapters.minisgl.engine import EngineParts, make_engine_class
@@ -27,9 +28,8 @@ from overlapcheck.backends.torchsim.session import SimulatedCuda
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.device import Device
 from overlapcheck.core.errors import UserError
-from overlapcheck.core.messages import AbortMsg, RejectMsg, TokenMsg, UserMsg
+from overlapcheck.core.messages import AbortMsg, UserMsg
 from overlapcheck.core.protocol import Books, MessageSink, MessageSource
-from overlapcheck.core.rules import rejection
 from overlapcheck.core.trace import HOST
 
 
@@ -72,18 +72,16 @@ class _Clock:
         return int(self.device.now() * 1e9) * 1_000_000 + self.calls
 
 
-class MiniSglScheduler:
+class MiniSglScheduler(UpstreamScheduler):
     """Drives mini-sglang's Scheduler one loop iteration per `step()`."""
+
+    device: SimDevice
 
     def __init__(
         self, config: SchedulerConfig, device: SimDevice, source: MessageSource, sink: MessageSink
     ) -> None:
-        self.config = config
-        self.device = device
-        self.source = source
-        self.sink = sink
-        self.live: set[int] = set()
-        self.up = load_checkout()
+        super().__init__(config, device, source, sink, load_checkout())
+        self.up = self.loaded
         self.cuda = SimulatedCuda(device, ("engine", "scheduler"))
         self.parts = EngineParts(config, self.cuda, device.model, self.up)
         self.data: Any = None
@@ -111,7 +109,7 @@ class MiniSglScheduler:
     def _building(self) -> Iterator[None]:
         up = self.up
         scheduler_module = __import__("minisgl.scheduler.scheduler", fromlist=["load_tokenizer"])
-        core = up["minisgl.core"]
+        core: Any = up["minisgl.core"]
         eos = self.config.eos_token_id
         # One Scheduler per run: upstream sets its context and TP info once per process.
         core._GLOBAL_CTX = None
@@ -225,17 +223,13 @@ class MiniSglScheduler:
     # -- offline I/O --------------------------------------------------------------------------
 
     def _receive(self, sched: Any, blocking: bool) -> list[Any]:
-        device, source = self.device, self.source
-        msgs = self._convert(source.poll(device.now()))
+        msgs = self._convert(self.source.poll(self.device.now()))
         if blocking and not msgs:
             # Idle: upstream blocks on its queue. Sleep until the next arrival and return what
             # came, maybe nothing (a message due at a later iteration comes in a later step).
-            sched.run_when_idle()
-            later = source.next_arrival()
-            if later is None:
+            if not self.wait_for_arrival(on_idle=sched.run_when_idle):
                 raise _Idle
-            device.sleep_until(later)
-            msgs = self._convert(source.poll(device.now()))
+            msgs = self._convert(self.source.poll(self.device.now()))
         return msgs
 
     def _convert(self, msgs: list[UserMsg | AbortMsg]) -> list[Any]:
@@ -243,14 +237,11 @@ class MiniSglScheduler:
         out: list[Any] = []
         for msg in msgs:
             if isinstance(msg, AbortMsg):
-                self.live.discard(msg.uid)
+                self.front.abort(msg.uid)
                 out.append(up["minisgl.message"].AbortBackendMsg(uid=msg.uid))
                 continue
-            why = rejection(self.config, msg, live=msg.uid in self.live)
-            if why is not None:
-                self.sink(RejectMsg(msg.uid, why))
+            if not self.front.admit(msg):
                 continue
-            self.live.add(msg.uid)
             sp = msg.sampling_params
             params = up["minisgl.core"].SamplingParams(
                 temperature=sp.temperature,
@@ -268,9 +259,7 @@ class MiniSglScheduler:
 
     def _send(self, reply: list[Any]) -> None:
         for msg in reply:
-            if msg.finished:
-                self.live.discard(msg.uid)
-            self.sink(TokenMsg(int(msg.uid), int(msg.next_token), bool(msg.finished)))
+            self.front.token(int(msg.uid), int(msg.next_token), bool(msg.finished))
 
 
 def make_scheduler(

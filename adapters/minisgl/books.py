@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from overlapcheck.adapters.base import Loaded
 from overlapcheck.backends.torchsim.tensor import SimTensor
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.protocol import Books, Holding
@@ -28,7 +29,7 @@ def _values(tensor: Any) -> np.ndarray:
     return np.asarray(tensor, dtype=np.int64)
 
 
-def read_books(sched: Any, data: Any, config: SchedulerConfig, up: dict[str, Any]) -> Books:
+def read_books(sched: Any, data: Any, config: SchedulerConfig, up: Loaded) -> Books:
     chunked_cls = up["minisgl.scheduler.prefill"].ChunkedReq
     table = _values(sched.engine.page_table)
     page_size = config.page_size

@@ -38,7 +38,7 @@ class NoRace(Invariant):
             f"{race.kind} on {race.buffer} cells {list(race.cells)}: {first.agent} "
             f"`{first.label or first.kind}` (step {first.step}, {first.phase}) vs {second.agent} "
             f"`{second.label or second.kind}` (step {second.step}, {second.phase}); "
-            f"{explain(trace, first, second)}",
+            f"{explain(trace, first, second, self.detector.clocks)}",
             uids,
             kind=race.kind,
             buffer=race.buffer,

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from overlapcheck.core.trace import HOST, Access, Op, Trace
-from overlapcheck.invariants.hbgraph import explain, hb_graph, ordered
-from overlapcheck.invariants.races import RaceDetector
+from overlapcheck.invariants.hbgraph import clock_ordered, explain, hb_graph, ordered
+from overlapcheck.invariants.races import Clocks, RaceDetector
 
 
 class Builder:
@@ -163,3 +165,36 @@ def test_a_slow_path_sees_the_reads_the_fast_path_left_waiting(path: str) -> Non
         b.op("scheduler", ("kv", "w", [2]), ("z", "r", [0]))
     race = b.race()
     assert race is not None and race.kind == "WAR" and race.cells == (2,) and race.first == 1
+
+
+_AGENTS = (HOST, "engine", "scheduler", "copy")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(_AGENTS),
+            st.sampled_from(("access", "record", "wait")),
+            st.integers(1, 3),  # the event recorded or waited for
+        ),
+        min_size=2,
+        max_size=25,
+    )
+)
+def test_the_clocks_order_two_accesses_exactly_as_the_graph_does(
+    steps: list[tuple[str, str, int]],
+) -> None:
+    # `no-race` explains a race from the vector clocks: they must agree with the graph's paths.
+    b = Builder()
+    for agent, what, event in steps:
+        if what == "access":
+            b.op(agent, ("x", "r", [0]))
+        else:
+            b.op(agent, **{"records" if what == "record" else "waits": event})
+    clocks = Clocks(b.trace)
+    clocks.advance()
+    with_access = [op.seq for op in b.trace.ops if op.accesses]
+    for i, first in enumerate(with_access):
+        for second in with_access[i + 1 :]:
+            assert clock_ordered(clocks, first, second) == ordered(b.trace, first, second)

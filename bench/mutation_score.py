@@ -31,7 +31,7 @@ PACKAGE = "overlapcheck.reference"
 BUDGET = 60.0  # seconds of search per mutant (one core)
 
 
-class PatchError(ValueError):
+class PatchError(UserError, ValueError):
     """A mutant's `old` text does not occur exactly once in its file."""
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from overlapcheck.core.errors import UserError
+
 CacheKind = Literal["radix", "naive"]
 LoopKind = Literal["overlap", "normal"]
 PolicyKind = Literal["fcfs", "lpm", "dfs-weight", "lof", "random", "hrrn", "lpm-aging"]
@@ -41,7 +43,7 @@ POLICIES: tuple[PolicyKind, ...] = (
 MAX_DRAFT_TOKENS = 8
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A configuration value that cannot work; the message names the field."""
 
 

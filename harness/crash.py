@@ -15,6 +15,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from overlapcheck.core.errors import CheckerError
 from overlapcheck.invariants.base import Violation
 
 _PACKAGE = Path(__file__).resolve().parent.parent  # the package root: this file is in harness/
@@ -27,7 +28,7 @@ _LIBRARY_FOLDERS = tuple(
 )
 
 
-class CheckerBug(Exception):
+class CheckerBug(CheckerError):
     """An exception inside overlapcheck while it ran a scenario: not the scheduler's fault."""
 
     def __init__(self, error: BaseException, scenario: Any) -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from overlapcheck.core.config import PreemptionKind, PreemptPolicy
+from overlapcheck.core.errors import UserError
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,8 +288,8 @@ PREEMPTION_FAULT_CONFIG: dict[str, Needs] = {
 }
 
 
-class UnknownFaultError(ValueError):
-    pass
+class UnknownFaultError(UserError, ValueError):
+    """A fault name that `faults` does not list."""
 
 
 def parse_faults(names: Iterable[str]) -> frozenset[str]:

@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from overlapcheck.core.config import ConfigError, SchedulerConfig
+from overlapcheck.core.errors import UserError
 from overlapcheck.core.scenario import Anchor, RequestSpec, Scenario
 from overlapcheck.reference.faults import UnknownFaultError, parse_faults
 
 
-class ScenarioError(ValueError):
+class ScenarioError(UserError, ValueError):
     """A scenario that cannot be built; the message is one line for the user."""
 
 

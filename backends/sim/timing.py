@@ -11,12 +11,14 @@ import random
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, NamedTuple, Protocol
 
+from overlapcheck.core.errors import UserError
+
 US = 1e-6
 # Offsets from the end of the launch phase, not durations: a calibrated GPU puts them before it.
 SIGNED_FIELDS = frozenset({"forward_tail", "d2h_queued"})
 
 
-class ProfileError(ValueError):
+class ProfileError(UserError, ValueError):
     """A timing profile that cannot be used; the message is one line that names the field."""
 
 

@@ -1,7 +1,7 @@
 """A simulated CUDA for real torch code: schedulers that call `torch.cuda` run unmodified, their
 stream work in SimPy time on the simulator, every aten op traced as footprints.
 
-Three parts, each doing one thing (as PyTorch's CUDA sanitizer is split):
+Its parts each do one thing (as PyTorch's CUDA sanitizer is split into three):
 
 * `memory.py`: device and pinned host buffers, each with a physical copy (what the simulated
   hardware holds at each simulated instant) and a logical copy (the values in program order, as if

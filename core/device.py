@@ -159,6 +159,12 @@ class Device(ABC):
     def wait_event(self, stream: Stream, event: Event) -> None:
         """Work issued on `stream` from now on runs after `event` fired."""
 
+    def released(self, resource: str, ids: Sequence[int]) -> None:  # noqa: B027
+        """Optional, for findings only: the scheduler gives back `ids` of `resource` (`"slot"`,
+        `"page"`) here. The device notes the caller's line (`Trace.releases`), so that a
+        lifecycle finding names where the resource was freed, not only where it was reused. It
+        issues and orders nothing, and a scheduler that never calls it is judged the same."""
+
     def close(self) -> None:  # noqa: B027 (most devices hold nothing to let go of)
         """The run is over: let go of what would keep its objects in reference cycles (the
         harness calls it once the scheduler is idle; the clock and the trace still read)."""

@@ -16,6 +16,7 @@ from overlapcheck.core.batch import BatchInput, RowWrite, SeqWork
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.contract import check_batch, check_kv_cells, check_kv_copy
 from overlapcheck.core.device import KvCopy
+from overlapcheck.core.sites import caller
 from overlapcheck.core.trace import (
     HOST,
     KV,
@@ -26,6 +27,7 @@ from overlapcheck.core.trace import (
     TOKEN_POOL,
     Access,
     Op,
+    Release,
     Trace,
     host_output_buffer,
 )
@@ -69,8 +71,14 @@ class FootprintRecorder:
         # Appended here rather than through Trace.add/next_seq: a dozen ops per iteration.
         ops = self.trace.ops
         op = Op(len(ops), agent, kind, self.step, self.phase, issue, **fields)  # type: ignore[arg-type]
+        op.site = caller()
         ops.append(op)
         return op
+
+    def release(self, resource: str, ids: Sequence[int]) -> None:
+        """`Device.released`: noted with the scheduler's frame, no operation traced."""
+        trace = self.trace
+        trace.releases.append(Release(resource, tuple(ids), len(trace.ops), self.step, caller()))
 
     # -- host operations (the same on every device) ---------------------------------------------
 

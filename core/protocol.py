@@ -56,7 +56,7 @@ the trace, the footprints and the messages.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from overlapcheck.core.config import SchedulerConfig
@@ -155,3 +155,18 @@ class HasBooks(Protocol):
     """The optional capability: white-box checks read it between iterations."""
 
     def books(self) -> Books: ...
+
+
+@runtime_checkable
+class HasVocabulary(Protocol):
+    """The optional capability: the engine's own words for overlapcheck's, so that findings
+    speak its language. `vocabulary()` maps a term (`slot`, `page`, `request`) to the engine's
+    (mini-sglang: `{"slot": "table_idx"}`); terms it leaves out keep overlapcheck's word. Asked
+    once per run.
+
+        class Mine:
+            def vocabulary(self) -> Mapping[str, str]:
+                return {"slot": "req_pool_idx"}
+    """
+
+    def vocabulary(self) -> Mapping[str, str]: ...

@@ -18,6 +18,8 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
+from overlapcheck.core.sites import Site
+
 HOST = "host"
 Mode = Literal["r", "w"]
 
@@ -81,6 +83,9 @@ class Op:
     # checks read them at every forward; a trace read from a file derives them from the
     # page-table read instead). Not part of the digest: the accesses already say it.
     shape: tuple[np.ndarray, np.ndarray] | None = None
+    # Where the scheduler's own code made the call (`core/sites.py`), for findings: not part of
+    # the digest (a run's trace is the same wherever its code lives).
+    site: Site | None = None
 
     @property
     def done(self) -> bool:
@@ -130,11 +135,40 @@ class Verified:
         return self.emitted - 1
 
 
+@dataclass(frozen=True, slots=True)
+class Reuse:
+    """A device block the program freed and a caching allocator handed to a new tensor: the
+    trace names both tensors' cells by the block's one buffer. A record for findings (which
+    line freed it, which reused it), neither judged nor in the digest."""
+
+    buffer: str
+    at: int  # the ops issued before the reuse (the next op's seq)
+    stream: str  # the stream of the allocation that got the block
+    freed: Site | None
+    freed_step: int
+    reused: Site | None
+    reused_step: int
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """The scheduler gave back `ids` of a `resource` ("slot", "page") there (`Device.released`):
+    where a lifecycle finding's resource was freed. A record for findings, not in the digest."""
+
+    resource: str
+    ids: tuple[int, ...]
+    at: int  # the ops issued before it
+    step: int
+    site: Site | None
+
+
 class Trace:
     """Operations and messages of one run, in issue order."""
 
     def __init__(self) -> None:
         self.ops: list[Op] = []
+        self.reuses: list[Reuse] = []  # blocks the allocators handed out again
+        self.releases: list[Release] = []  # resources the scheduler said it gave back
         self.verified: list[Verified] = []  # each verify sequence's result, as it ran
         self.messages: list[Message] = []  # sent by the scheduler
         self.received: list[Message] = []  # handed to the scheduler, with the iteration
@@ -219,6 +253,12 @@ class TraceView(Protocol):
 
     @property
     def sizes(self) -> dict[str, int]: ...
+
+    @property
+    def reuses(self) -> list[Reuse]: ...
+
+    @property
+    def releases(self) -> list[Release]: ...
 
 
 def _hash_cells(h: Any, cells: list[np.ndarray]) -> None:

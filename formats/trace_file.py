@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from overlapcheck.core.errors import UserError
+from overlapcheck.core.sites import Location
 from overlapcheck.core.trace import Access, Message, Op, Trace
 from overlapcheck.formats.jsonfile import check_header, read_json_file
 from overlapcheck.invariants.base import Violation
@@ -250,6 +251,7 @@ def _violation(raw: dict[str, Any]) -> Violation:
         uids=tuple(int(u) for u in raw["uids"]),
         message=str(raw["message"]),
         details=dict(raw.get("details", {})),
+        locations=tuple(Location.from_json(loc) for loc in raw.get("locations", [])),
     )
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from overlapcheck.core.messages import InMsg, OutMsg
+from overlapcheck.core.sites import Location
 
 if TYPE_CHECKING:
     from overlapcheck.invariants.context import Request, RunContext
@@ -17,7 +18,11 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class Violation:
-    """A broken invariant: where, who, why; races carry the two accesses."""
+    """A broken invariant: where, who, why; races carry the two accesses.
+
+    `locations`: the places in the scheduler's code the finding points at, first the one to
+    look at (`core/sites.py`): structured, for `--json`, SARIF and reports; the message's prose
+    names them too."""
 
     invariant: str
     step: int
@@ -25,6 +30,7 @@ class Violation:
     uids: tuple[int, ...]
     message: str
     details: dict[str, Any] = field(default_factory=dict)
+    locations: tuple[Location, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -34,6 +40,7 @@ class Violation:
             "uids": list(self.uids),
             "message": self.message,
             "details": self.details,
+            "locations": [loc.to_json() for loc in self.locations],
         }
 
     def line(self) -> str:
@@ -103,14 +110,25 @@ class Invariant:
     def finish(self) -> None:
         return None
 
-    def fail(self, message: str, uids: tuple[int, ...] = (), **details: Any) -> None:
-        self.fail_as(self.id, message, uids, **details)
+    def fail(
+        self,
+        message: str,
+        uids: tuple[int, ...] = (),
+        locations: tuple[Location, ...] = (),
+        **details: Any,
+    ) -> None:
+        self.fail_as(self.id, message, uids, locations, **details)
 
     def fail_as(
-        self, invariant: str, message: str, uids: tuple[int, ...] = (), **details: Any
+        self,
+        invariant: str,
+        message: str,
+        uids: tuple[int, ...] = (),
+        locations: tuple[Location, ...] = (),
+        **details: Any,
     ) -> None:
         raise InvariantViolated(
-            Violation(invariant, self.run.step, self.run.now(), uids, message, details)
+            Violation(invariant, self.run.step, self.run.now(), uids, message, details, locations)
         )
 
 

@@ -17,7 +17,7 @@ from overlapcheck.core.capability import provides
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.device import Device
 from overlapcheck.core.messages import AbortMsg, InMsg, OutMsg, RejectMsg, UserMsg
-from overlapcheck.core.protocol import Books, HasBooks
+from overlapcheck.core.protocol import Books, HasBooks, HasVocabulary
 from overlapcheck.core.rules import max_output, rejection
 from overlapcheck.core.trace import Op, Trace, TraceView
 from overlapcheck.invariants.forward_shape import ForwardIndex, ShapeCache
@@ -214,6 +214,8 @@ class TracePrefix:
         self.messages = trace.messages
         self.received = trace.received
         self.sizes = trace.sizes
+        self.reuses = trace.reuses
+        self.releases = trace.releases
 
     def at(self, num_ops: int) -> None:
         self.ops.limit = num_ops
@@ -238,6 +240,7 @@ class RunContext:
         self.forwards = ForwardIndex()  # the trace's forwards, for the checks that read them
         self.attribution = Attribution(self.forwards)  # and the requests they ran for
         self.backend_name = backend_name
+        self.vocabulary: dict[str, str] = {}  # the engine's words for ours (HasVocabulary)
         self.scheduler = scheduler
         self.ledger = RequestLedger(scenario.config)  # the requests as received and answered
         self.step = 0
@@ -262,6 +265,12 @@ class RunContext:
         self._scheduler = scheduler
         # Checked once; not by isinstance, which slows the scheduler (core/capability.py).
         self._with_books = cast(HasBooks, scheduler) if provides(scheduler, HasBooks) else None
+        if provides(scheduler, HasVocabulary):  # kept once the run is over (deferred checks)
+            self.vocabulary = dict(cast(HasVocabulary, scheduler).vocabulary())
+
+    def term(self, word: str) -> str:
+        """The engine's word for one of ours (`HasVocabulary`), or ours."""
+        return self.vocabulary.get(word, word)
 
     def detach(self) -> None:
         """The run is over: forget the scheduler. It holds the harness, which holds this

@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+from overlapcheck.core.trace import Op, Reuse
 from overlapcheck.invariants.base import Invariant
 from overlapcheck.invariants.context import RunContext
 from overlapcheck.invariants.hbgraph import explain
+from overlapcheck.invariants.locations import (
+    locations,
+    op_location,
+    reuse_between,
+    reuse_locations,
+    where,
+)
 from overlapcheck.invariants.races import RaceDetector
+
+# Each race kind's accesses, first then second in issue order.
+_ROLES = {"RAW": ("write", "read"), "WAR": ("read", "write"), "WAW": ("write", "write")}
 
 
 class NoRace(Invariant):
@@ -34,15 +45,39 @@ class NoRace(Invariant):
             return
         first, second = trace.ops[race.first], trace.ops[race.second]
         uids = tuple(sorted(set(first.uids) | set(second.uids)))
+        roles = _ROLES[race.kind]
+        one, two = op_location(roles[0], first), op_location(roles[1], second)
+        reuse = reuse_between(trace, race.buffer, first, second)
+        story = ""
+        if reuse is None:
+            found = locations(two, one)  # the unordered later access: where a wait goes
+        else:
+            # The line to fix is the old tensor's use on the other stream: record_stream there.
+            found = locations(one, *reuse_locations(reuse), two)
+            story = _reuse_story(reuse, first)
         self.fail(
             f"{race.kind} on {race.buffer} cells {list(race.cells)}: {first.agent} "
             f"`{first.label or first.kind}` (step {first.step}, {first.phase}) vs {second.agent} "
             f"`{second.label or second.kind}` (step {second.step}, {second.phase}); "
-            f"{explain(trace, first, second, self.detector.clocks)}",
+            f"{explain(trace, first, second, self.detector.clocks)}{story}"
+            + (f" [{where(found)}]" if found else ""),
             uids,
+            found,
             kind=race.kind,
             buffer=race.buffer,
             cells=list(race.cells),
             first=first.identity(),
             second=second.identity(),
         )
+
+
+def _reuse_story(reuse: Reuse, first: Op) -> str:
+    """What the caching allocator did between the two accesses, and the edge that orders it."""
+    freed = "" if reuse.freed is None else f" at step {reuse.freed_step}"
+    return (
+        f"; the tensor was freed{freed} and its block reused by the caching allocator for a "
+        f"tensor on {reuse.stream} (step {reuse.reused_step}) while {first.agent}'s "
+        f"`{first.label or first.kind}` may still use it: a missing `record_stream` of "
+        f"{first.agent} on the freed tensor (or {reuse.stream} `wait_stream` {first.agent} "
+        "before the allocation)"
+    )

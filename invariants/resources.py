@@ -15,8 +15,14 @@ from itertools import chain
 import numpy as np
 
 from overlapcheck.core.protocol import Books, DerivedBooks
-from overlapcheck.core.trace import HOST, PAGE_TABLE, TOKEN_POOL, Op
+from overlapcheck.core.trace import HOST, PAGE_TABLE, TOKEN_POOL, Op, Release
 from overlapcheck.invariants.base import Invariant
+from overlapcheck.invariants.locations import (
+    locations,
+    op_location,
+    release_location,
+    where,
+)
 from overlapcheck.invariants.page_arrays import PageArrays
 from overlapcheck.invariants.page_changes import PageChanges
 
@@ -134,19 +140,38 @@ class SlotNotInFlight(Invariant):
         return None
 
     def _report(self, first: Op, use: Op, op: Op, uid: int, old: int, row: int) -> None:
+        slot = self.run.term("slot")
         how = (
             f"it runs on {use.agent}, unordered with it"
             if use is op
             else f"`{use.label or use.kind}` (step {use.step}, {use.agent}) writes the row "
             "unordered with it"
         )
+        freed = self._release(row, first.seq, use.seq)
+        found = locations(
+            release_location(freed),
+            op_location("reused", use),
+            op_location("in flight", first),
+        )
+        when = "" if freed is None else f"; it was freed at step {freed.step}"
         self.fail(
-            f"slot {row} used by {op.label} for request {uid} while {first.label} (step "
+            f"{slot} {row} used by {op.label} for request {uid} while {first.label} (step "
             f"{first.step}), which uses it for request {old}, is still in flight: {how} (no wait "
-            f"on an event recorded after {first.label} on {first.agent})",
+            f"on an event recorded after {first.label} on {first.agent}){when}"
+            + (f" [{where(found)}]" if found else ""),
             (uid, old),
+            found,
             row=row,
         )
+
+    def _release(self, row: int, after: int, by: int) -> Release | None:
+        """The scheduler's last release of slot `row` (`Device.released`) between two ops."""
+        for release in reversed(self.run.trace.releases):
+            if release.at <= after:
+                return None
+            if release.at <= by and release.resource == "slot" and row in release.ids:
+                return release
+        return None
 
     def _check_books(self, books: Books) -> None:
         slots = [h.slot for h in books.live if h.slot is not None]

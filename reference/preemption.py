@@ -62,7 +62,7 @@ class Preemption:
     def __init__(
         self, managers: Managers, requeue: Callable[[Req], None], held: Sequence[Req]
     ) -> None:
-        self.config, _, self.cache, self.table, self.decode = managers
+        self.config, self.device, self.cache, self.table, self.decode = managers
         self.requeue = requeue  # back to the front of the pending list
         self.held = held
         self.on_demand = self.config.page_alloc == "on-demand"
@@ -179,5 +179,6 @@ class Preemption:
             self.swapper.before_free(req)
         self.cache.release(req)
         self.table.free(req.slot)
+        self.device.released("slot", (req.slot,))
         req.slot = -1
         req.kv_len = req.table_len = req.cached_len = 0

@@ -410,6 +410,7 @@ class Scheduler:
         self.cache.release(req)
         if req.slot >= 0:  # (a preempted request gave it back already)
             self.table.free(req.slot)
+            self.device.released("slot", (req.slot,))
         self.held.remove(req)
 
     # -- helpers ------------------------------------------------------------------------------

@@ -271,6 +271,18 @@ def test_the_shipped_scheduler_reuses_the_write_mapping_under_the_engine_and_fin
     assert "index_put_ @scheduler.py:231 _forward" in race.message
     assert "h2d @cache.py:144 _write_page_table" in race.message
     assert found.count("no-race") == 1
+    # the lines, by path in the checkout (mini-sglang has five utils.py), and the allocator's
+    # story: the engine's read, the block handed to the scheduler stream's copy, that copy
+    roles = [(loc.role, loc.file, loc.line, loc.agent) for loc in race.locations]
+    assert roles == [
+        ("read", "python/minisgl/scheduler/scheduler.py", 231, "engine"),
+        ("reused", "python/minisgl/scheduler/cache.py", 144, "scheduler"),
+        ("write", "python/minisgl/scheduler/cache.py", 144, "scheduler"),
+    ]
+    assert {loc.root for loc in race.locations} == {str(snapshot.resolve())}
+    assert "reused by the caching allocator" in race.message
+    assert "missing `record_stream` of engine" in race.message
+    assert "python/minisgl/scheduler/scheduler.py:231 in _forward" in race.message
     # bug 1
     early = next(v for v in first.violations if v.invariant == "exact-length")
     assert "finished after 5 of 6 tokens" in early.message

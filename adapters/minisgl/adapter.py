@@ -13,7 +13,7 @@ for pages it can never have).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -90,6 +90,18 @@ class MiniSglScheduler(UpstreamScheduler):
         with self._block(), self._building():
             self.sched = self._make()
             self.cuda.name(self.sched.token_pool, "token_pool")
+        self._note_frees(self.sched.table_manager)
+
+    def _note_frees(self, table: Any) -> None:
+        """Each row upstream gives back is told to the device (`Device.released`), which notes
+        upstream's line that freed it: where a `slot-not-in-flight` finding's row was freed."""
+        free, device = table.free, self.device
+
+        def noted(table_idx: int) -> None:
+            free(table_idx)
+            device.released("slot", (int(table_idx),))
+
+        table.free = noted
 
     # -- construction -------------------------------------------------------------------------
 
@@ -216,6 +228,10 @@ class MiniSglScheduler(UpstreamScheduler):
             start=now,
             end=now,
         )
+
+    def vocabulary(self) -> Mapping[str, str]:
+        """mini-sglang's words (`HasVocabulary`): a slot is a row of its table, `table_idx`."""
+        return {"slot": "table_idx"}
 
     def books(self) -> Books:
         return read_books(self.sched, self.data, self.config, self.up)

@@ -190,6 +190,9 @@ class TorchDevice(Device):
     def now(self) -> float:
         return time.perf_counter() - self._t0
 
+    def released(self, resource: str, ids: Sequence[int]) -> None:
+        self.recorder.release(resource, ids)
+
     def set_step(self, step: int) -> None:
         self.recorder.step = step
 

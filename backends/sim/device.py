@@ -208,6 +208,9 @@ class SimDevice(Device):
     def now(self) -> float:
         return float(self.env.now)
 
+    def released(self, resource: str, ids: Sequence[int]) -> None:
+        self.recorder.release(resource, ids)
+
     def set_step(self, step: int) -> None:
         self.recorder.step = step
 

@@ -32,6 +32,8 @@ import torch
 
 from overlapcheck.backends.torchsim.memory import Buffer, Geometry, Memory, same_geometry
 from overlapcheck.backends.torchsim.streams import Marker, SimStream, StreamRuntime
+from overlapcheck.core.sites import Site, caller
+from overlapcheck.core.trace import Reuse
 
 ROUND = 512  # bytes: every device block is a multiple
 SMALL = 1 << 20  # bytes: device requests up to this come from the small pool
@@ -43,6 +45,7 @@ class _Block:
     stream: SimStream  # the stream it was allocated on
     uses: list[SimStream] = field(default_factory=list)  # other streams, by record_stream
     markers: list[Marker] = field(default_factory=list)  # freed: events it waits for
+    freed: tuple[Site | None, int] = (None, 0)  # where the program dropped its last tensor, step
 
     @property
     def nbytes(self) -> int:
@@ -84,9 +87,20 @@ class DeviceAllocator:
             block = min(fits, key=lambda b: b.nbytes)  # best fit; the earliest freed of a size
             pool.remove(block)
             self.reused += 1
+            trace = self.runtime.device.trace
+            trace.reuses.append(
+                Reuse(
+                    block.buffer.name,
+                    len(trace.ops),
+                    stream.name,
+                    *block.freed,
+                    caller(),
+                    self.runtime.device.recorder.step,
+                )
+            )
             return block.buffer
         buffer = self.memory.new_device(rounded // size, dtype, hint)
-        buffer.on_free = self.dead.append
+        buffer.on_free = self._freed
         self.blocks[id(buffer)] = _Block(buffer, stream)
         return buffer
 
@@ -95,6 +109,14 @@ class DeviceAllocator:
         block = self.blocks.get(id(buffer))
         if block is not None and stream is not block.stream and stream not in block.uses:
             block.uses.append(stream)
+
+    def _freed(self, buffer: Buffer) -> None:
+        """The program dropped the buffer's last tensor (a weak reference's callback, run in the
+        frame that dropped it): noted with that frame, seen at the next `collect`."""
+        block = self.blocks.get(id(buffer))
+        if block is not None:
+            block.freed = (caller(), self.runtime.device.recorder.step)
+        self.dead.append(buffer)
 
     def collect(self) -> None:
         """See the frees since the last call: to the pool, or held for their streams' events."""

@@ -1,0 +1,161 @@
+"""Where in the scheduler's own code a device call was made, and how findings name that place.
+
+Every traced operation carries its `Site`: the innermost frame of the scheduler's code (not
+overlapcheck's machinery, not torch, not the standard library) at the call, as (file, line,
+function). Capturing it is three attribute reads per frame and one cached lookup per file, so it
+runs for every operation; turning it into a `Location` (a path relative to the scheduler's
+root) happens only when a finding is reported.
+
+Whose a file is: overlapcheck's own folders are the checker's, except the schedulers it ships
+(`reference/`, `examples/`); the standard library and site-packages are libraries; any other file
+is the scheduler's (a user's checkout, an upstream engine loaded from its tree).
+"""
+
+from __future__ import annotations
+
+import sys
+import sysconfig
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+# (absolute file, line, function): a frame, without holding the frame.
+Site = tuple[str, int, str]
+
+_PACKAGE = Path(__file__).resolve().parent.parent  # the package root: this file is in core/
+# Folders of overlapcheck that hold schedulers under test, not the checker.
+_SCHEDULER_FOLDERS = (_PACKAGE / "reference", _PACKAGE / "examples")
+_LIBRARY_FOLDERS = tuple(
+    Path(p).resolve()
+    for key in ("stdlib", "platstdlib", "purelib", "platlib")
+    if (p := sysconfig.get_paths().get(key))
+)
+# What marks the root of a source tree: its files are named relative to it.
+_ROOT_MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg")
+
+
+def owner(path: Path) -> str:
+    """`scheduler`, `checker` or `library` for a (resolved) source file."""
+    # The package may live in a library folder (installed from a wheel) and a library folder may
+    # live in the package (a virtual environment inside the checkout): only the innermost counts.
+    in_library = any(path.is_relative_to(folder) for folder in _LIBRARY_FOLDERS)
+    if path.is_relative_to(_PACKAGE) and not any(
+        path.is_relative_to(folder) and folder.is_relative_to(_PACKAGE)
+        for folder in _LIBRARY_FOLDERS
+    ):
+        if any(path.is_relative_to(folder) for folder in _SCHEDULER_FOLDERS):
+            return "scheduler"
+        return "checker"
+    if in_library:
+        return "library"
+    if path.name.startswith("<"):  # <frozen ...>, <string>
+        return "library"
+    return "scheduler"  # the user's own files
+
+
+_SKIP, _FOUND, _STOP = 0, 1, 2
+
+
+@cache
+def _kind(filename: str) -> int:
+    """Whether a frame of `filename` is the scheduler's (`_FOUND`), the harness that steps it
+    (`_STOP`: whatever is further out did not make the call), or anything else (`_SKIP`)."""
+    if filename.startswith("<"):
+        return _SKIP
+    path = Path(filename).resolve()
+    if path.is_relative_to(_HARNESS):
+        return _STOP
+    return _FOUND if owner(path) == "scheduler" else _SKIP
+
+
+_HARNESS = _PACKAGE / "harness"
+
+
+def caller(depth: int = 2) -> Site | None:
+    """The innermost frame of the scheduler's code above the caller's caller (`depth` frames up
+    from here), or None when the scheduler did not make the call (the harness's own calls, an
+    adapter's between the scheduler's)."""
+    frame: Any = sys._getframe(depth)
+    while frame is not None:
+        code = frame.f_code
+        kind = _kind(code.co_filename)
+        if kind == _FOUND:
+            return (code.co_filename, frame.f_lineno, code.co_name)
+        if kind == _STOP:
+            return None
+        frame = frame.f_back
+    return None
+
+
+@cache
+def source_root(filename: str) -> str:
+    """The folder `filename` is named relative to: the nearest folder above it holding a `.git`,
+    a `pyproject.toml` or a setup file (a checkout's root), or the site-packages folder it is
+    installed in; else its own folder."""
+    path = Path(filename).resolve()
+    for folder in path.parents:
+        if folder.name in ("site-packages", "dist-packages"):
+            return str(folder)
+        if any((folder / marker).exists() for marker in _ROOT_MARKERS):
+            return str(folder)
+    return str(path.parent)
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    """One place a finding points at: what happened there (`role`: "write", "read", "freed",
+    "reused", "crash", ...), in which file (relative to `root`), line and function, by which
+    agent (host or a stream) at which scheduler iteration. Findings keep these structured and
+    render their prose from them (`text`)."""
+
+    role: str
+    file: str
+    line: int
+    function: str
+    root: str
+    agent: str = ""
+    step: int | None = None
+    what: str = ""  # the operation, in the trace's words (`h2d page_table`, `index_put_`)
+
+    @classmethod
+    def of(
+        cls, role: str, site: Site, agent: str = "", step: int | None = None, what: str = ""
+    ) -> Location:
+        filename, line, function = site
+        root = source_root(filename)
+        path = Path(filename).resolve()
+        try:
+            file = path.relative_to(root).as_posix()
+        except ValueError:
+            file = path.as_posix()
+        return cls(role, file, line, function, root, agent, step, what)
+
+    def text(self) -> str:
+        """`file:line in function`, the way a person reads it."""
+        return f"{self.file}:{self.line} in {self.function}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "role": self.role,
+            "file": self.file,
+            "line": self.line,
+            "function": self.function,
+            "root": self.root,
+            "agent": self.agent,
+            "step": self.step,
+            "what": self.what,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Location:
+        return cls(
+            str(data["role"]),
+            str(data["file"]),
+            int(data["line"]),
+            str(data.get("function", "")),
+            str(data.get("root", "")),
+            str(data.get("agent", "")),
+            None if data.get("step") is None else int(data["step"]),
+            str(data.get("what", "")),
+        )

@@ -25,7 +25,6 @@ from typing import Any
 import numpy as np
 import simpy
 import torch
-from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from overlapcheck.backends.sim.device import SimDevice, Unit
@@ -724,21 +723,27 @@ class DispatchMode(TorchDispatchMode):
         super().__init__()  # type: ignore[no-untyped-call]
         self.interceptor = interceptor
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch wraps a mode's dispatch in `torch._dynamo.disable` (a frame-evaluation swap at
+        # every aten call) unless this says no: nothing here is ever compiled.
+        return False
+
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
     ) -> Any:
         return self.interceptor.dispatch(func, args, kwargs or {})
 
 
-class PinMode(TorchFunctionMode):
-    """`torch.tensor(..., pin_memory=True)` builds its tensor below the dispatcher, where no mode
-    sees the pinning: build it unpinned, then pin it through the dispatcher."""
+def pinning(factory: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """`torch.tensor(..., pin_memory=True)` (or `as_tensor`) builds its tensor below the
+    dispatcher, where no mode sees the pinning: build it unpinned, then pin it through the
+    dispatcher. A stand-in for the factory while the block lasts, rather than a function mode,
+    which would cost every torch call of the program a Python call."""
 
-    def __torch_function__(
-        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
-    ) -> Any:
-        kwargs = kwargs or {}
-        if kwargs.get("pin_memory") is True and func in (torch.tensor, torch.as_tensor):
-            made = func(*args, **{**kwargs, "pin_memory": False})
-            return made.pin_memory()
-        return func(*args, **kwargs)
+    def made(*args: Any, **kwargs: Any) -> torch.Tensor:
+        if kwargs.get("pin_memory") is True:
+            return factory(*args, **{**kwargs, "pin_memory": False}).pin_memory()
+        return factory(*args, **kwargs)
+
+    return made

@@ -22,8 +22,8 @@ from overlapcheck.backends.sim.timing import Cost
 from overlapcheck.backends.torchsim.dispatch import (
     DispatchMode,
     Interceptor,
-    PinMode,
     _Launch,
+    pinning,
     plain,
 )
 from overlapcheck.backends.torchsim.memory import Memory, view_cells
@@ -64,7 +64,8 @@ class SimulatedCuda:
         stack.enter_context(_patched(torch.Tensor, "record_stream", record_stream))
         stack.enter_context(_patched(torch.Tensor, "copy_", _copy))
         stack.enter_context(DispatchMode(self.interceptor))
-        stack.enter_context(PinMode())
+        for factory in ("tensor", "as_tensor"):
+            stack.enter_context(_patched(torch, factory, pinning(getattr(torch, factory))))
         self._stack = stack
         return self
 

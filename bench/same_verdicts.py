@@ -4,9 +4,12 @@ For a change that must not change behaviour (a faster check, a refactor): N gene
 (seeded, drawn once by this checkout's generator), each with seeded timing, run with every
 invariant by this checkout and by REV (a temporary git worktree, each in a fresh process);
 every trace hash and every violation line must agree. Examples cycle through the named faults,
-so that verdicts with violations are compared too.
+so that verdicts with violations are compared too (the reference's faults: with `--scheduler`,
+another scheduler under test, none).
 
     python -m overlapcheck.bench.same_verdicts --rev HEAD~1 --examples 300
+    python -m overlapcheck.bench.same_verdicts --rev main --examples 60 \
+        --scheduler overlapcheck.adapters.minisgl:make_scheduler    # MINISGL_PATH set
 """
 
 from __future__ import annotations
@@ -25,25 +28,29 @@ import json, sys
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.backends.sim.timing import Profile, SeededDelay, Timing
 from overlapcheck.harness.runner import run_scenario
+from overlapcheck.harness.scheduler_spec import SchedulerSpec
 from overlapcheck.scenarios.loader import scenario_from_dict
+spec = SchedulerSpec.load(sys.argv[2])
 for line in open(sys.argv[1]):
     job = json.loads(line)
     scenario = scenario_from_dict(job["scenario"])
     scenario = scenario.with_config(faults=frozenset(job["faults"]))
-    result = run_scenario(scenario, SimBackend(Timing(Profile(), SeededDelay(job["seed"]))))
+    backend = SimBackend(Timing(Profile(), SeededDelay(job["seed"])))
+    result = run_scenario(scenario, backend, scheduler=spec)
     print(json.dumps([result.trace_hash, [v.line() for v in result.violations]]))
 """
 
 
-def generate(examples: int, seed: int) -> list[dict[str, Any]]:
-    """`examples` scenarios from the generator, the same for the same seed."""
+def generate(examples: int, seed: int, with_faults: bool = True) -> list[dict[str, Any]]:
+    """`examples` scenarios from the generator, the same for the same seed (cycling through the
+    reference's faults when `with_faults`)."""
     from hypothesis import HealthCheck, given, settings
     from hypothesis import seed as hypothesis_seed
 
     from overlapcheck.reference.faults import FAULTS
     from overlapcheck.scenarios.strategies import scenarios
 
-    faults = [[], *([f] for f in sorted(FAULTS))]
+    faults = [[], *([f] for f in sorted(FAULTS))] if with_faults else [[]]
     jobs: list[dict[str, Any]] = []
 
     @hypothesis_seed(seed)
@@ -65,8 +72,9 @@ def generate(examples: int, seed: int) -> list[dict[str, Any]]:
     return jobs
 
 
-def verdicts(tree: Path, jobs_file: Path) -> list[Any]:
-    return [json.loads(line) for line in run_from(tree, _RUN, str(jobs_file)).splitlines()]
+def verdicts(tree: Path, jobs_file: Path, scheduler: str = "reference") -> list[Any]:
+    out = run_from(tree, _RUN, str(jobs_file), scheduler)
+    return [json.loads(line) for line in out.splitlines()]
 
 
 def main() -> int:
@@ -74,13 +82,17 @@ def main() -> int:
     add_rev_argument(parser)
     parser.add_argument("--examples", type=int, default=300)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--scheduler", default="reference", help="the scheduler under test (as `run` takes it)"
+    )
     args = parser.parse_args()
-    jobs = generate(args.examples, args.seed)
+    jobs = generate(args.examples, args.seed, with_faults=args.scheduler == "reference")
     with tempfile.TemporaryDirectory(prefix="overlapcheck-verdicts-") as tmp:
         jobs_file = Path(tmp) / "jobs.jsonl"
         jobs_file.write_text("".join(json.dumps(j) + "\n" for j in jobs))
         with revision_tree(args.rev) as other:
-            ours, theirs = verdicts(ROOT, jobs_file), verdicts(other, jobs_file)
+            ours = verdicts(ROOT, jobs_file, args.scheduler)
+            theirs = verdicts(other, jobs_file, args.scheduler)
     differ = [i for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) if a != b]
     violating = sum(bool(v[1]) for v in ours)
     print(

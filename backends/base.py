@@ -5,20 +5,10 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from overlapcheck.backends.kv_shadow import KvShadow
 from overlapcheck.core.device import Device
+from overlapcheck.core.expected import Expected
+from overlapcheck.core.kv_shadow import KvShadow
 from overlapcheck.core.scenario import RequestSpec, Scenario
-
-
-class Expected(Protocol):
-    """One request's expected output, from the backend's oracle run on the request alone: its
-    tokens, and how a served token is judged against them."""
-
-    tokens: list[int]
-
-    def matches(self, position: int, token: int) -> bool:
-        """Whether `token`, the request's output number `position` (from 0), is right."""
-        ...
 
 
 class Backend(Protocol):
@@ -60,19 +50,9 @@ class Backend(Protocol):
 
 @runtime_checkable
 class KeepsKvShadow(Protocol):
-    """A backend whose devices can keep a KV shadow (`backends/kv_shadow.py`): what each KV cell
+    """A backend whose devices can keep a KV shadow (`core/kv_shadow.py`): what each KV cell
     was computed for, which `kv-provenance` reads. The simulator does; the real engine does not."""
 
     def make_shadowed_device(self, scenario: Scenario, shadow: KvShadow) -> Device:
         """`make_device`, the device recording into `shadow` as its kernels run."""
         ...
-
-
-class ExactTokens:
-    """An expected output judged token by token for equality."""
-
-    def __init__(self, tokens: list[int]) -> None:
-        self.tokens = tokens
-
-    def matches(self, position: int, token: int) -> bool:
-        return position < len(self.tokens) and self.tokens[position] == token

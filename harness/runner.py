@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, cast
 
-from overlapcheck.backends.base import Backend, Expected, KeepsKvShadow
-from overlapcheck.backends.kv_shadow import KvShadow
+from overlapcheck.backends.base import Backend, KeepsKvShadow
 from overlapcheck.core.capability import provides
 from overlapcheck.core.config import SchedulerConfig
+from overlapcheck.core.expected import Expected
+from overlapcheck.core.kv_shadow import KvShadow
 from overlapcheck.core.messages import UserMsg
 from overlapcheck.core.protocol import SchedulerFactory
 from overlapcheck.core.rules import max_output, rejection

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from contextlib import suppress
 from typing import Any, Literal, NamedTuple, Protocol
 
-from overlapcheck.backends.base import Expected
 from overlapcheck.core.errors import InvariantError
+from overlapcheck.core.expected import Expected
 from overlapcheck.core.messages import AbortMsg, InMsg, OutMsg, TokenMsg, UserMsg
 from overlapcheck.core.protocol import MessageSource, SchedulerUnderTest
 from overlapcheck.core.trace import Message

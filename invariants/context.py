@@ -11,11 +11,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast, overload
 
-from overlapcheck.backends.base import ExactTokens
-from overlapcheck.backends.kv_shadow import KvShadow
 from overlapcheck.core.capability import provides
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.device import Device
+from overlapcheck.core.expected import ExactTokens
+from overlapcheck.core.kv_shadow import KvShadow
 from overlapcheck.core.messages import AbortMsg, InMsg, OutMsg, RejectMsg, UserMsg
 from overlapcheck.core.protocol import Books, HasBooks, HasVocabulary
 from overlapcheck.core.rules import max_output, rejection
@@ -24,7 +24,7 @@ from overlapcheck.invariants.forward_shape import ForwardIndex, ShapeCache
 from overlapcheck.invariants.races import Clocks
 
 if TYPE_CHECKING:
-    from overlapcheck.backends.base import Expected
+    from overlapcheck.core.expected import Expected
     from overlapcheck.core.scenario import Scenario
 
 

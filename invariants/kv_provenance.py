@@ -1,7 +1,7 @@
 """`kv-provenance`: every KV cell a forward reads holds what a forward computed for exactly that
 token, at that position, of that request's context.
 
-The device keeps a shadow per KV cell (`backends/kv_shadow.py`: the position and a hash of the
+The device keeps a shadow per KV cell (`core/kv_shadow.py`: the position and a hash of the
 context through it, and the forward that wrote it) and records, per forward, what each context
 position held when the kernel read it and what it sampled. This check keeps each request's own
 context (its prompt, then the tokens its forwards sampled) and compares, position by position. A
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from overlapcheck.backends.kv_shadow import ForwardReads, KvShadow, KvWrite, PrefixHash
+from overlapcheck.core.kv_shadow import ForwardReads, KvShadow, KvWrite, PrefixHash
 from overlapcheck.core.messages import InMsg
 from overlapcheck.core.trace import Op
 from overlapcheck.invariants.base import Invariant

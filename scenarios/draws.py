@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from overlapcheck.backends.sim.timing import US
+from overlapcheck.core.units import US
 
 __all__ = ["EOS", "US", "often", "rarely", "tokens"]
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any, cast
 
-from overlapcheck.backends.base import ExactTokens
 from overlapcheck.core.config import SchedulerConfig
+from overlapcheck.core.expected import ExactTokens
 from overlapcheck.core.messages import OutMsg, RejectMsg, SamplingParams, TokenMsg, UserMsg
 from overlapcheck.harness.stepping import Checks
 from overlapcheck.invariants.base import Invariant

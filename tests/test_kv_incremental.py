@@ -13,12 +13,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from overlapcheck.backends.kv_shadow import KvShadow, PrefixHash
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.backends.sim.device import SimDevice
 from overlapcheck.core.batch import RowWrite
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.device import Stream
+from overlapcheck.core.kv_shadow import KvShadow, PrefixHash
 from overlapcheck.core.scenario import RequestSpec, Scenario
 from overlapcheck.core.trace import PAGE_TABLE
 from overlapcheck.harness.runner import RunResult, run_scenario

@@ -1,8 +1,9 @@
 """The layers, bottom to top, and no import circles (docs/architecture.md).
 
-core < backends < invariants, scenarios < harness < explore, formats, timeline, orchestrate
-< commands < cli. A module may import its own layer and the ones below, nothing above. Imports
-under `if TYPE_CHECKING:` count too: a type from above is a dependency on above.
+core < reference, examples, backends, invariants < scenarios, adapters < harness < explore,
+formats, timeline, orchestrate < commands, bench < cli. A module may import its own layer and the
+ones below, nothing above. Imports under `if TYPE_CHECKING:` count too: a type from above is a
+dependency on above.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ LAYERS: dict[str, int] = {
     "core": 0,
     "reference": 1,
     "backends": 1,
-    "invariants": 2,
+    "invariants": 1,  # the checks read evidence from core only (trace, KV shadow, expected)
     "scenarios": 2,
     "adapters": 2,  # upstream schedulers on the simulated CUDA (backends/torchsim)
     "harness": 3,
@@ -94,6 +95,17 @@ def test_no_module_imports_a_layer_above_it() -> None:
         elif a in SCHEDULERS and b != a and b not in SCHEDULER_ALLOWED:
             upward.append(f"{src} -> {dst} (a scheduler under test sees only the contract)")
     assert upward == []
+
+
+def test_the_checks_and_the_workloads_never_reach_into_a_backend() -> None:
+    """What a check reads (the trace, the KV shadow, the expected output) and what a workload is
+    made of (times in `core.units`) live in core: a check judges any backend's run alike."""
+    reaching = [
+        f"{src} -> {dst}"
+        for src, dst in _graph().edges
+        if _top(src) in ("invariants", "scenarios") and _top(dst) == "backends"
+    ]
+    assert reaching == []
 
 
 def test_no_import_circles_between_packages() -> None:

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 
 import pytest
 
-from overlapcheck.backends.kv_shadow import PrefixHash
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.core.config import SchedulerConfig
+from overlapcheck.core.kv_shadow import PrefixHash
 from overlapcheck.core.protocol import MessageSink, MessageSource
 from overlapcheck.core.scenario import RequestSpec, Scenario
 from overlapcheck.harness.runner import RunResult, run_scenario

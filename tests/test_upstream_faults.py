@@ -15,11 +15,12 @@ from dataclasses import dataclass, replace
 import pytest
 
 from overlapcheck.backends.sim.backend import SimBackend
-from overlapcheck.backends.sim.timing import US, Timing
+from overlapcheck.backends.sim.timing import Timing
 from overlapcheck.core.config import LoopKind, SchedulerConfig
 from overlapcheck.core.errors import InvariantError
 from overlapcheck.core.messages import AbortMsg, InMsg, OutMsg, TokenMsg
 from overlapcheck.core.scenario import RequestSpec, Scenario, user_msg
+from overlapcheck.core.units import US
 from overlapcheck.harness.runner import RunResult, run_scenario
 from overlapcheck.reference.faults import FAULTS, PREEMPTION_FAULT_CONFIG
 from overlapcheck.reference.scheduler import Scheduler

@@ -12,7 +12,6 @@ from typing import Any
 import torch
 from transformers import PretrainedConfig
 
-from overlapcheck.backends.base import ExactTokens, Expected
 from overlapcheck.backends.gpu.device import DevicePlan, TorchDevice
 from overlapcheck.backends.gpu.engine import Engine
 from overlapcheck.backends.gpu.model import DecoderModel
@@ -27,6 +26,7 @@ from overlapcheck.backends.gpu.weights import (
     random_weights,
 )
 from overlapcheck.core.errors import UserError
+from overlapcheck.core.expected import ExactTokens, Expected
 from overlapcheck.core.messages import SamplingParams
 from overlapcheck.core.scenario import RequestSpec, Scenario
 

@@ -3,11 +3,11 @@ oracle."""
 
 from __future__ import annotations
 
-from overlapcheck.backends.base import ExactTokens
-from overlapcheck.backends.kv_shadow import KvShadow
 from overlapcheck.backends.sim.device import SimDevice
 from overlapcheck.backends.sim.timing import Timing
 from overlapcheck.backends.sim.toy_model import ToyModel
+from overlapcheck.core.expected import ExactTokens
+from overlapcheck.core.kv_shadow import KvShadow
 from overlapcheck.core.scenario import RequestSpec, Scenario
 
 

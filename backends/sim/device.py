@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 import simpy
 
-from overlapcheck.backends.kv_shadow import KvShadow
 from overlapcheck.backends.sim import verify
 from overlapcheck.backends.sim.timing import Timing
 from overlapcheck.backends.sim.toy_model import DTYPE, ToyModel
@@ -33,6 +32,7 @@ from overlapcheck.core.device import (
 )
 from overlapcheck.core.errors import InvariantError
 from overlapcheck.core.footprints import FootprintRecorder
+from overlapcheck.core.kv_shadow import KvShadow
 from overlapcheck.core.speculative import is_verify, output_size, parse_output
 from overlapcheck.core.trace import (
     DRAFT_POOL,

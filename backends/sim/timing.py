@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, NamedTuple, Protocol
 
 from overlapcheck.core.errors import UserError
+from overlapcheck.core.units import US
 
-US = 1e-6
 # Offsets from the end of the launch phase, not durations: a calibrated GPU puts them before it.
 SIGNED_FIELDS = frozenset({"forward_tail", "d2h_queued"})
 

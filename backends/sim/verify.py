@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from overlapcheck.backends.kv_shadow import KvShadow
 from overlapcheck.backends.sim.toy_model import DTYPE, ToyModel
 from overlapcheck.core.batch import SPEC_FIELDS
 from overlapcheck.core.config import SchedulerConfig
+from overlapcheck.core.kv_shadow import KvShadow
 from overlapcheck.core.speculative import SHIFT_FIELD, accepted
 
 

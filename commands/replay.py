@@ -125,6 +125,7 @@ def main(args: argparse.Namespace) -> int:
                 "trace_hash": result.trace_hash,
                 "same_trace_hash": verdict.same_trace,
                 "changed": list(verdict.changed),
+                "changed_files": list(verdict.files),
                 "violations": [v.to_json() for v in result.violations],
             },
             sys.stdout,

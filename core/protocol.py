@@ -52,11 +52,19 @@ Optional capability, `books()`: a snapshot of the scheduler's resource accountin
 checks that need it (`pages-conserved`, the books half of `slot-not-in-flight` and `liveness`) run
 when it is there and are skipped with one notice when it is not; everything else is judged from
 the trace, the footprints and the messages.
+
+Optional capability, `code_roots()`: folders whose imported modules are the scheduler's code even
+where they are installed as a library (site-packages), such as an upstream engine an adapter
+drives. A counterexample fingerprints every file of the scheduler's code (the modules it brought
+in, outside the Python installation, third-party libraries and overlapcheck itself) so that a
+replay can say which changed; these roots add the engine's files and name them relative to the
+root (`python/minisgl/scheduler/scheduler.py`), with the checkout's git commit.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from overlapcheck.core.config import SchedulerConfig
@@ -170,3 +178,10 @@ class HasVocabulary(Protocol):
     """
 
     def vocabulary(self) -> Mapping[str, str]: ...
+
+
+@runtime_checkable
+class HasCodeRoots(Protocol):
+    """The optional capability: the folders of the scheduler's code (see above)."""
+
+    def code_roots(self) -> Sequence[Path]: ...

@@ -13,6 +13,7 @@ from overlapcheck.core.errors import UserError
 from overlapcheck.core.scenario import Scenario
 from overlapcheck.formats.jsonfile import check_header, read_json_file
 from overlapcheck.formats.trace_file import trace_to_json
+from overlapcheck.harness.fingerprint import CodeFingerprint
 from overlapcheck.harness.runner import RunResult
 from overlapcheck.harness.scheduler_spec import SchedulerSpec, parse_spec
 from overlapcheck.invariants.base import Violation
@@ -55,8 +56,8 @@ def to_json(
         "version": VERSION,
         "overlapcheck": __version__,
         "git": git,
-        # Which scheduler ran, and a hash of its source: a replay says when it has changed.
-        "scheduler": spec.to_json(),
+        # Which scheduler ran, and its code file by file: a replay says which files changed.
+        "scheduler": spec.to_json(result.scheduler),
         "scenario": result.scenario.to_json(),
         "faults": sorted(result.config.faults),
         "skip": sorted(skip),  # invariants the search did not check
@@ -157,6 +158,11 @@ class Counterexample:
             self.scheduler_hash: str | None = (
                 None if source_hash is None else _text(source_hash, "scheduler.source_hash")
             )
+            # Every file of the scheduler's code (files saved before it held only the hash).
+            code = recorded.get("code")
+            self.code: CodeFingerprint | None = (
+                None if code is None else CodeFingerprint.from_json(code)
+            )
         except ProfileError as err:
             raise UserError(f"{where}: timing.profile: {err}") from None
         except (UnknownFaultError, ScenarioError, UserError, ValueError, TypeError) as err:
@@ -165,19 +171,32 @@ class Counterexample:
     def timing(self) -> Timing:
         return Timing(self.profile, ReplayDelay(self.draws))
 
-    def scheduler_change(self, scheduler: SchedulerSpec | None = None) -> str | None:
-        """One line when the recorded scheduler's source differs from the file on disk now (None
-        when it is the same, or when `scheduler` overrides the recorded one)."""
-        if scheduler is not None and scheduler != self.scheduler:
-            return None
+    def code_changes(self, now: CodeFingerprint | None = None) -> list[str] | None:
+        """The scheduler's files that changed since the file was saved, relative to their
+        roots (`python/minisgl/scheduler/scheduler.py`); `now`: the code after a replay built
+        the scheduler (None: the recorded files only, as on disk now). An old file, which
+        recorded one hash of the defining file, gives that file's name or []; a file that
+        recorded nothing gives None (a change cannot be told)."""
+        if self.code is not None:
+            return self.code.changed_files(now)
         if self.scheduler_hash is None:
             return None
-        now = self.scheduler.source_hash()
-        if now == self.scheduler_hash:
+        if self.scheduler.source_hash() == self.scheduler_hash:
+            return []
+        source = self.scheduler.source_path()
+        return [source.name if source is not None else "reference/"]
+
+    def scheduler_change(self, scheduler: SchedulerSpec | None = None) -> str | None:
+        """One line when the recorded scheduler's files differ from those on disk now (None
+        when they are the same, or when `scheduler` overrides the recorded one)."""
+        if scheduler is not None and scheduler != self.scheduler:
+            return None
+        changed = self.code_changes()
+        if not changed:
             return None
         return (
-            f"note: the scheduler {self.scheduler.text} changed since this counterexample was "
-            f"saved (source {self.scheduler_hash} -> {now}); replaying the code as it is now"
+            f"note: the scheduler's code changed since this counterexample was saved "
+            f"({', '.join(changed)}); replaying the code as it is now"
         )
 
     def with_scheduler(self, scheduler: SchedulerSpec | None) -> Counterexample:
@@ -185,7 +204,7 @@ class Counterexample:
         data (to a Ray task) with the override in it."""
         if scheduler is None or scheduler == self.scheduler:
             return self
-        return Counterexample({**self.data, "scheduler": scheduler.to_json()}, self.where)
+        return Counterexample({**self.data, "scheduler": {"spec": scheduler.text}}, self.where)
 
     def reproduced(self, result: RunResult) -> Violation | None:
         return next((v for v in result.violations if v.invariant == self.invariant), None)

@@ -35,6 +35,7 @@ from overlapcheck.core.protocol import (
 )
 from overlapcheck.core.scenario import Scenario
 from overlapcheck.harness.crash import CheckerBug
+from overlapcheck.harness.fingerprint import CodeFingerprint, fingerprint
 
 REFERENCE = "reference"
 
@@ -128,9 +129,9 @@ class SchedulerSpec:
         return Path(file) if file else None
 
     def source_hash(self) -> str | None:
-        """A hash of the scheduler's source: the defining file's bytes, or for the reference
-        every module of its package (named faults included). A replay that no longer fails can
-        then say the code changed, rather than leave the user to guess at nondeterminism."""
+        """The hash counterexample files recorded before they held the whole code
+        (`fingerprint`): the defining file's bytes, or for the reference every module of its
+        package. A replay of such a file compares it."""
         if self.is_reference:
             from overlapcheck import reference
 
@@ -145,8 +146,40 @@ class SchedulerSpec:
             return None
         return hashlib.blake2b(path.read_bytes(), digest_size=8).hexdigest()
 
-    def to_json(self) -> dict[str, str | None]:
-        return {"spec": self.text, "source_hash": self.source_hash()}
+    def fingerprint(self, scheduler: object | None) -> CodeFingerprint:
+        """Every file of the scheduler's code as this process holds it, after `scheduler` (the
+        built object, None: not built here) was built: `harness/fingerprint.py`."""
+        own: list[Path] = []
+        roots: list[Path] = []
+        path = self.source_path()
+        if path is not None:
+            own.append(path)
+            if _is_path(self.text):
+                roots.append(path.parent)
+        elif self.given is not None:
+            file = getattr(sys.modules.get(getattr(self.given, "__module__", "")), "__file__", None)
+            own += [Path(file)] if isinstance(file, str) else []
+        return fingerprint(
+            scheduler, own, roots, [reference_folder()] if self.is_reference else []
+        )
+
+    def to_json(self, scheduler: object | None = None) -> dict[str, Any]:
+        """What a counterexample records: the spec, and (after a run built `scheduler`) its
+        code, file by file, and one hash of it."""
+        code = self.fingerprint(scheduler)
+        return {"spec": self.text, "source_hash": code.digest(), "code": code.to_json()}
+
+
+def reference_folder() -> Path:
+    from overlapcheck import reference
+
+    return Path(reference.__file__).parent
+
+
+def _is_path(text: str) -> bool:
+    """Whether a spec names a file (`PATH.py:FACTORY`) rather than a module."""
+    where = text.rpartition(":")[0]
+    return where.endswith(".py") or "/" in where or "\\" in where
 
 
 def parse_spec(text: str) -> SchedulerSpec:
@@ -165,7 +198,7 @@ def parse_spec(text: str) -> SchedulerSpec:
 @cache
 def _module(text: str) -> ModuleType:
     where = text.rpartition(":")[0]
-    if where.endswith(".py") or "/" in where or "\\" in where:
+    if _is_path(text):
         path = Path(where)
         if not path.is_file():
             raise UserError(f"--scheduler {text}: no such file {where}")
@@ -178,6 +211,11 @@ def _module(text: str) -> ModuleType:
             raise UserError(f"--scheduler {text}: cannot load {where} as Python")
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module  # dataclasses and pickling look modules up by name
+        # Its folder goes on the import path, as Python puts a script's: a scheduler split
+        # over files imports its other modules as it would when run as a script.
+        folder = str(path.resolve().parent)
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
         try:
             spec.loader.exec_module(module)
         except Exception as err:

@@ -43,13 +43,15 @@ class Judgement(NamedTuple):
     holds), `other` (another invariant fires, after a change), or `differs` (the trace or the
     violation differs although nothing the file records changed: nondeterminism in the
     scheduler, or a bug of overlapcheck's). `changed`: what differs from the recording, one
-    phrase each (the scheduler named, its source, the faults).
+    phrase each (the scheduler named, its code, the faults). `files`: the scheduler's files that
+    changed, relative to their roots.
     """
 
     kind: Literal["reproduced", "fixed", "other", "differs"]
     hit: Violation | None
     same_trace: bool
     changed: tuple[str, ...]
+    files: tuple[str, ...] = ()
 
 
 def judge(
@@ -61,15 +63,16 @@ def judge(
     """Compare a replay (`replay_on_sim(cex, scheduler)`, of `cex.without_faults()` when
     `faults_off`) with what `cex` recorded."""
     changed: list[str] = []
+    files: list[str] = []
     if scheduler is not None and scheduler != cex.scheduler:
         changed.append(f"the scheduler is {scheduler.text}, not the recorded {cex.scheduler.text}")
-    elif cex.scheduler_hash is not None:
-        now = cex.scheduler.source_hash()
-        if now != cex.scheduler_hash:
-            changed.append(
-                f"the scheduler's source changed since the file was saved "
-                f"({cex.scheduler_hash} -> {now})"
-            )
+    else:
+        now = cex.scheduler.fingerprint(result.scheduler) if cex.code is not None else None
+        files = cex.code_changes(now) or []
+        if files:
+            moved = cex.code.commits_moved(now) if cex.code is not None and now else []
+            checkout = f" (checkout {'; '.join(moved)})" if moved else ""
+            changed.append(f"the scheduler's code changed: {', '.join(files)}{checkout}")
     if faults_off and cex.scenario.config.faults:
         changed.append(f"the faults are off ({', '.join(sorted(cex.scenario.config.faults))})")
     hit = cex.reproduced(result)
@@ -82,4 +85,4 @@ def judge(
         kind = "reproduced"
     else:
         kind = "other" if result.violations else "fixed"
-    return Judgement(kind, hit, same, tuple(changed))
+    return Judgement(kind, hit, same, tuple(changed), tuple(files))

@@ -382,6 +382,42 @@ def test_with_record_stream_the_write_mapping_is_kept_until_the_engine_read_it(
     assert found == ["exact-length"]  # bug 1, and no race
 
 
+# One request, three tokens: enough for the write mapping's reuse (bug 6) and bug 1.
+TINY = {
+    "name": "tiny",
+    "config": {"num_slots": 2, "num_pages": 16, "page_size": 1, "max_seq_len": 16},
+    "requests": [{"uid": 0, "prompt": [3, 4], "max_tokens": 3}],
+}
+
+
+@needs_snapshot
+def test_find_fix_confirm_in_an_unpacked_tree_names_the_changed_file(tmp_path: Path) -> None:
+    """What a new user does: search mini-sglang as shipped, add the missing `record_stream` to
+    the unpacked tree, replay. The fix worked, so the replay says fixed (exit 0) or shows the
+    next finding (exit 1), naming the file that changed; never NOT REPRODUCED (exit 4)."""
+    checkout = unpack(tmp_path)
+    scenario = tmp_path / "tiny.json"
+    scenario.write_text(json.dumps(TINY))
+    out = tmp_path / "cx"
+    search = ["explore", "--scheduler", SPEC, "--scenario", str(scenario), "--workers", "1"]
+    done = overlapcheck(
+        [*search, "--max-examples", "5", "--out", str(out), "--no-timeline"], checkout, tmp_path
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    [found] = out.glob("no-race-*.json")
+    saved = json.loads(found.read_text())["scheduler"]["code"]["roots"]
+    assert [Path(r["path"]) for r in saved] == [checkout.resolve()]
+    (old, new), = FIX_6
+    source = checkout / "python/minisgl/scheduler/scheduler.py"
+    source.write_text(source.read_text().replace(old, new))
+    replay = overlapcheck(["replay", str(found), "--json"], checkout, tmp_path)
+    report = json.loads(replay.stdout)
+    assert replay.returncode in (0, 1), replay.stdout + replay.stderr
+    assert report["verdict"] in ("fixed", "other")
+    assert report["changed_files"] == ["python/minisgl/scheduler/scheduler.py"]
+    assert all(v["invariant"] != "no-race" for v in report["violations"])
+
+
 @needs_snapshot
 @pytest.mark.slow
 def test_the_same_trace_hash_in_two_processes(tmp_path: Path, snapshot: Path) -> None:

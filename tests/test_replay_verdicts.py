@@ -38,8 +38,7 @@ def _saved_race(tmp_path: Path, spec: SchedulerSpec | None = None) -> Path:
     scenario = named_scenario("single-slot")
     if spec is None:
         scenario = scenario.with_config(faults=parse_faults(["copy-done-wrong-stream"]))
-    factory = None if spec is None else spec.factory()
-    result = run_scenario(scenario, SimBackend(), scheduler=factory)
+    result = run_scenario(scenario, SimBackend(), scheduler=spec)
     assert result.violations[0].invariant == "no-race"
     return counterexample.save(result, Profile(), {}, tmp_path, scheduler=spec)
 
@@ -59,7 +58,9 @@ def test_an_exact_reproduction_is_1_and_records_the_reference_source(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = _saved_race(tmp_path)
-    assert json.loads(path.read_text())["scheduler"]["source_hash"] == SchedulerSpec().source_hash()
+    [root] = json.loads(path.read_text())["scheduler"]["code"]["roots"]
+    assert "reference/scheduler.py" in root["files"]  # the reference is the code under test
+    assert not any(name.startswith(("harness/", "invariants/")) for name in root["files"])
     assert main(["replay", str(path)]) == 1
     out = capsys.readouterr().out
     assert out.startswith("reproduced: [no-race]") and "(identical)" in out
@@ -82,7 +83,44 @@ def test_a_fixed_scheduler_source_is_0_with_the_change_named(tmp_path: Path) -> 
     plugin.write_text(BUGGY.replace('{"copy-done-wrong-stream"}', "()"))  # the fix
     code, report = _replay(path)
     assert (code, report["verdict"], report["reproduced"]) == (0, "fixed", False)
-    assert "the scheduler's source changed" in str(report["changed"])
+    assert report["changed"] == ["the scheduler's code changed: mine.py"]
+    assert report["changed_files"] == ["mine.py"]
+
+
+def test_a_scheduler_split_over_two_files_is_fixed_in_the_second(tmp_path: Path) -> None:
+    """The fix is in a module the factory's file imports: the replay names that file and says
+    fixed (exit 0), where it said NOT REPRODUCED (exit 4) when only the factory's file counted."""
+    (tmp_path / "mine.py").write_text(
+        "from dataclasses import replace\n\n"
+        "from mine_faults import FAULTS\n"
+        "from overlapcheck.reference.scheduler import Scheduler\n\n\n"
+        "def make(config, device, source, sink):\n"
+        "    return Scheduler(replace(config, faults=FAULTS), device, source, sink)\n"
+    )
+    faults = tmp_path / "mine_faults.py"
+    faults.write_text('FAULTS = frozenset({"copy-done-wrong-stream"})\n')
+    path = _saved_race(tmp_path, SchedulerSpec.load(f"{tmp_path / 'mine.py'}:make"))
+    faults.write_text("FAULTS = frozenset()  # the fix\n")
+    code, report = _replay(path)
+    assert (code, report["verdict"]) == (0, "fixed"), report
+    assert report["changed_files"] == ["mine_faults.py"]
+
+
+def test_a_file_that_recorded_one_hash_of_the_source_still_loads_and_replays(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plugin = tmp_path / "mine.py"
+    plugin.write_text(BUGGY)
+    spec = SchedulerSpec(f"{plugin}:make")
+    path = _saved_race(tmp_path, spec)
+    data = json.loads(path.read_text())
+    data["scheduler"] = {"spec": spec.text, "source_hash": spec.source_hash()}  # as files were
+    path.write_text(json.dumps(data))
+    assert main(["replay", str(path)]) == 1
+    assert capsys.readouterr().out.startswith("reproduced: [no-race]")
+    plugin.write_text(BUGGY.replace('{"copy-done-wrong-stream"}', "()"))
+    code, report = _replay(path)  # (a new process: this one keeps the module it imported)
+    assert (code, report["changed_files"]) == (0, ["mine.py"])
 
 
 def test_a_replay_that_differs_with_nothing_changed_is_4(

@@ -51,6 +51,7 @@ class Loaded:
     upstream: Upstream
     modules: Mapping[str, ModuleType]
     root: Path  # the folder the package was imported from (a sys.path entry)
+    tree: Path | None = None  # the source tree's root (`env`), None for an installed package
 
     def __getitem__(self, name: str) -> ModuleType:
         return self.modules[name]
@@ -60,9 +61,11 @@ class Loaded:
         return self.root / self.upstream.package
 
     def code_roots(self) -> tuple[Path, ...]:
-        """The engine's package folder: every module of it a run imported is the code under
-        test, fingerprinted file by file into a counterexample."""
-        return (self.package_dir,)
+        """The engine's source tree (its files then read as in its repository,
+        `python/minisgl/scheduler/scheduler.py`, with its git commit), else the installed
+        package's folder: every module of it a run imported is the code under test,
+        fingerprinted file by file into a counterexample."""
+        return (self.tree,) if self.tree is not None else (self.package_dir,)
 
     def incompatible(self, detail: str) -> UserError:
         return self.upstream.incompatible(str(self.root), detail)
@@ -94,9 +97,12 @@ def load(upstream: Upstream) -> Loaded:
         if missing:
             raise upstream.incompatible(where, f"{name} has no {', '.join(missing)}")
         modules[name] = module
+    tree = None
     if root is None:
         root = _imported_from(upstream)
-    return Loaded(upstream, modules, root)
+    else:
+        tree = Path(os.environ[upstream.env]).expanduser().resolve()
+    return Loaded(upstream, modules, root, tree)
 
 
 def _put_on_path(upstream: Upstream) -> Path | None:

@@ -57,14 +57,15 @@ def _one_line(err: pytest.ExceptionInfo[UserError]) -> str:
     return text
 
 
-def test_a_tree_loads_and_names_its_package_as_the_code_under_test(
+def test_a_tree_loads_and_names_its_root_as_the_code_under_test(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     engine = _engine(tmp_path, monkeypatch)
     loaded = load(engine)
     assert loaded[f"{engine.package}.sched"].Scheduler().schedule() == 1
     assert loaded.root == (tmp_path / "src").resolve()
-    assert loaded.code_roots() == ((tmp_path / "src" / engine.package).resolve(),)
+    # the tree's root: its files read as in its repository (`src/<package>/...`), with its commit
+    assert loaded.code_roots() == (tmp_path.resolve(),)
     loaded.require_methods(loaded[f"{engine.package}.sched"].Scheduler, ("schedule",))
 
 

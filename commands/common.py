@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from overlapcheck.backends.sim.timing import Profile, ProfileError, SeededDelay, Timing
+from overlapcheck.commands.paths import output_file
 from overlapcheck.core.config import CACHE_KINDS, LOOP_KINDS, POLICIES, ConfigError
 from overlapcheck.core.errors import UserError
 from overlapcheck.core.scenario import Scenario
@@ -299,3 +300,17 @@ def scheduler_from_args(args: argparse.Namespace) -> SchedulerSpec | None:
     if args.scheduler is None:
         return None
     return SchedulerSpec.load(args.scheduler)
+
+
+def add_sarif_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--sarif",
+        metavar="FILE",
+        help="also write the findings as SARIF 2.1.0 (code scanning: one result per finding, "
+        "at the scheduler's lines; none: an empty result list) (default: not written)",
+    )
+
+
+def sarif_path(args: argparse.Namespace) -> Path | None:
+    """`--sarif`, checked before the run: a finding must never wait on an unwritable path."""
+    return output_file(args.sarif, "SARIF file") if args.sarif else None

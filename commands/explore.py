@@ -20,6 +20,7 @@ from overlapcheck.backends.sim.timing import Profile
 from overlapcheck.commands.common import (
     add_check_option,
     add_hang_timeout_option,
+    add_sarif_option,
     add_scheduler_option,
     add_skip_option,
     finite_positive_float,
@@ -28,6 +29,7 @@ from overlapcheck.commands.common import (
     positive_int,
     print_hints,
     resolve_scenario,
+    sarif_path,
     scheduler_from_args,
     skipped,
 )
@@ -46,6 +48,7 @@ from overlapcheck.explore.parallel import (
 from overlapcheck.explore.resume import resumed_spec
 from overlapcheck.explore.search import CUT_BUDGET, CUT_INTERRUPTED, SearchSpec, probe_scheduler
 from overlapcheck.formats import counterexample
+from overlapcheck.formats.sarif import write_sarif
 from overlapcheck.harness.runner import DEFAULT_HANG_TIMEOUT, RunResult
 from overlapcheck.harness.scheduler_spec import SchedulerSpec
 from overlapcheck.orchestrate.sim_replay import replay_on_sim
@@ -148,6 +151,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="print one JSON object on stdout at the end (docs/json.md); the human "
         "lines go to stderr (default: human lines on stdout)",
     )
+    add_sarif_option(p)
     p.set_defaults(main=main)
 
 
@@ -157,6 +161,7 @@ def main(args: argparse.Namespace) -> int:
         scenario = resolve_scenario(args.scenario)  # a file, or one line naming the choices
     skip = skipped(args)
     out = output_folder(args.out, "--out")  # before the search: a found bug must have a home
+    sarif = sarif_path(args)
     database = _database(args.db, out)
     try:
         faults = parse_faults(args.fault)
@@ -224,6 +229,8 @@ def main(args: argparse.Namespace) -> int:
             say(f"every worker died; nothing found in {summary}")
             return report.end(3)
         say(f"no violation found: {summary}")
+        if sarif is not None:
+            write_sarif(sarif, [])
         return report.end(0)
     try:
         path = keeper.finish(data)
@@ -252,6 +259,8 @@ def main(args: argparse.Namespace) -> int:
         return report.end(3)
     v = cex.reproduced(run) or run.violations[0]
     report.violation = v.to_json() | {"line": v.line()}
+    if sarif is not None:
+        write_sarif(sarif, [v], str(path))
     say(f"VIOLATION {v.line()}")
     print_hints([v], run.config.loop)
     size = f"{len(run.scenario.requests)} request(s), {run.iterations} iterations"

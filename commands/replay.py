@@ -11,16 +11,19 @@ import networkx as nx
 from overlapcheck.commands.common import (
     add_hang_timeout_option,
     add_model_options,
+    add_sarif_option,
     add_scheduler_option,
     finish_with_outputs,
     positive_int,
     print_hints,
+    sarif_path,
     scheduler_from_args,
 )
 from overlapcheck.commands.paths import output_file
 from overlapcheck.core.errors import UserError
 from overlapcheck.formats import counterexample
 from overlapcheck.formats.counterexample import Counterexample
+from overlapcheck.formats.sarif import write_sarif
 from overlapcheck.harness.runner import RunResult
 from overlapcheck.invariants.base import Violation
 from overlapcheck.invariants.hbgraph import race_subgraph
@@ -69,12 +72,16 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="for a race: write the happens-before graph around it (GraphML) (default: not "
         "written)",
     )
+    add_sarif_option(p)
     p.set_defaults(main=main)
 
 
 def main(args: argparse.Namespace) -> int:
     if args.hb_graph:
         output_file(args.hb_graph, "happens-before graph")
+    sarif = sarif_path(args)
+    if sarif is not None and args.backend != "sim":
+        raise UserError("--sarif goes with the simulator's replay (--backend sim)")
     cex = counterexample.load(args.file)
     scheduler = scheduler_from_args(args)  # overrides the one the file records
     change = cex.scheduler_change(scheduler)
@@ -135,6 +142,8 @@ def main(args: argparse.Namespace) -> int:
         for line in _explain(cex, result, verdict):
             print(line)
     print_hints(result.violations, result.config.loop)
+    if sarif is not None:
+        write_sarif(sarif, result.violations, args.file)
     # The verdict first, flushed: a graph that cannot be written must never hide it.
     sys.stdout.flush()
     hit = verdict.hit

@@ -107,9 +107,7 @@ class SchedulerSpec:
         except Exception as err:
             if self.ours:
                 raise CheckerBug(err, scenario) from err
-            raise UserError(
-                f"the scheduler factory failed: {type(err).__name__}: {err}"
-            ) from None
+            raise UserError(f"the scheduler factory failed: {type(err).__name__}: {err}") from None
         # (not isinstance, which would slow the scheduler's every step: core/capability.py)
         if not provides(sched, SchedulerUnderTest):
             if self.ours:

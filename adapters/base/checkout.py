@@ -25,9 +25,9 @@ from overlapcheck.core.errors import UserError
 class Upstream:
     """One engine an adapter runs, and what the adapter needs of it.
 
-        MINISGL = Upstream(name="mini-sglang", package="minisgl", env="MINISGL_PATH",
-                           marker="python/minisgl/scheduler/scheduler.py",
-                           import_root="python", known_api="20fcd7f")
+    MINISGL = Upstream(name="mini-sglang", package="minisgl", env="MINISGL_PATH",
+                       marker="python/minisgl/scheduler/scheduler.py",
+                       import_root="python", known_api="20fcd7f")
     """
 
     name: str  # as messages name it

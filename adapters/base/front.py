@@ -18,10 +18,10 @@ from overlapcheck.core.rules import rejection
 class FrontEnd:
     """Admission by the rules, live uids, and token messages out.
 
-        front = FrontEnd(config, sink)
-        if front.admit(msg):          # False: a RejectMsg went out
-            engine.add_request(...)
-        front.token(uid, 17, finished=False)
+    front = FrontEnd(config, sink)
+    if front.admit(msg):          # False: a RejectMsg went out
+        engine.add_request(...)
+    front.token(uid, 17, finished=False)
     """
 
     def __init__(self, config: SchedulerConfig, sink: MessageSink) -> None:

@@ -23,13 +23,13 @@ from overlapcheck.core.protocol import Books, MessageSink, MessageSource
 class UpstreamScheduler(ABC):
     """An upstream engine's scheduler, one iteration of its loop per `step()`.
 
-        class VllmScheduler(UpstreamScheduler):
-            def step(self) -> bool:
-                msgs = self.receive(holding=bool(self.engine.has_requests()))
-                if msgs is None:
-                    return False
-                ...   # map msgs, run one iteration, send tokens through self.front
-                return True
+    class VllmScheduler(UpstreamScheduler):
+        def step(self) -> bool:
+            msgs = self.receive(holding=bool(self.engine.has_requests()))
+            if msgs is None:
+                return False
+            ...   # map msgs, run one iteration, send tokens through self.front
+            return True
     """
 
     def __init__(

@@ -30,6 +30,57 @@ class Logged(NamedTuple):
     time: float
 
 
+# What a sent message is, for which checks hear it (`Checks.message`).
+OTHER_MESSAGE, LIVE_TOKEN, ROUTINE_TOKEN = 0, 1, 2
+_KINDS = (OTHER_MESSAGE, LIVE_TOKEN, ROUTINE_TOKEN)
+_MessageCalls = tuple[list[Callable[..., None]], ...]  # by kind
+
+
+def _overriding(checks: list[Invariant], hook: Callable[..., None]) -> list[Invariant]:
+    """The active checks whose class overrides `hook` (a method of `Invariant`): a message goes
+    to the few that read it."""
+    name = hook.__name__
+    return [inv for inv in checks if inv.active and getattr(type(inv), name) is not hook]
+
+
+class _Hooks(NamedTuple):
+    """The bound hooks a run calls, each list in the checks' order."""
+
+    on_receive: list[Callable[..., None]]
+    on_step_end: list[Callable[..., None]]
+    # by whether ops were issued since the last message, then by the message's kind: a check's
+    # `ops_at_message` when fresh, then its `on_message` unless it reads only ended requests'
+    # tokens (`ended_only`) or judges no routine token (`judges_routine`)
+    on_message: tuple[_MessageCalls, _MessageCalls]
+
+    @classmethod
+    def of(cls, checks: list[Invariant]) -> _Hooks:
+        ops = set(_overriding(checks, Invariant.on_ops))
+        messages = set(_overriding(checks, Invariant.on_message))
+
+        def calls(fresh: bool, kind: int) -> list[Callable[..., None]]:
+            found: list[Callable[..., None]] = []
+            for inv in checks:
+                if fresh and inv in ops:
+                    found.append(inv.ops_at_message)
+                if (
+                    inv in messages
+                    and not (kind != OTHER_MESSAGE and inv.ended_only)
+                    and not (kind == ROUTINE_TOKEN and not inv.judges_routine)
+                ):
+                    found.append(inv.on_message)
+            return found
+
+        return cls(
+            on_receive=[inv.on_receive for inv in _overriding(checks, Invariant.on_receive)],
+            on_step_end=[inv.on_step_end for inv in _overriding(checks, Invariant.on_step_end)],
+            on_message=(
+                tuple(calls(False, kind) for kind in _KINDS),
+                tuple(calls(True, kind) for kind in _KINDS),
+            ),
+        )
+
+
 class Checks:
     """The invariants of one run, and what happens when one fails: stop, or record and go on."""
 
@@ -39,9 +90,8 @@ class Checks:
         self.violations: list[Violation] = []
         self._seen: set[tuple[str, tuple[int, ...]]] = set()
         self.stopped: Violation | None = None  # stop mode: survives a scheduler that swallows it
-        self._listening: dict[str, list[Callable[..., None]]] = {}
         self._ops_at_message = -1  # ops issued when the last message was sent
-        self._on_message: list[list[Callable[..., None]]] | None = None
+        self._hooks: _Hooks | None = None
 
     @property
     def checks(self) -> list[Invariant]:
@@ -50,29 +100,35 @@ class Checks:
     @checks.setter
     def checks(self, checks: list[Invariant]) -> None:
         self._checks = checks
-        self._listening = {}
-        self._on_message = None
+        self._hooks = None
 
-    def call(self, hook: Callable[[Invariant], None], name: str = "") -> None:
-        """Call `hook` on every active check (on those that override the hook `name`, if
-        given)."""
-        for inv in self.listening(name) if name else [c for c in self.checks if c.active]:
-            try:
-                hook(inv)
-            except InvariantViolated as err:
-                self.record(err.violation)
+    @property
+    def hooks(self) -> _Hooks:
+        """The bound hooks of the active checks that override them, looked up once per run: the
+        harness calls them several times per simulated iteration."""
+        hooks = self._hooks
+        if hooks is None:
+            hooks = self._hooks = _Hooks.of(self.checks)
+        return hooks
 
-    def notify(self, hook: str, *args: Any) -> None:
-        """Call the hook `hook` with `args` on the checks that override it, in the checks' order.
-
-        The harness's hot path: several calls per simulated iteration, one per message sent, so
-        the bound methods are looked up once per run, not per call.
-        """
-        for method in self._bound(hook):
+    def _run(self, calls: list[Callable[..., None]], *args: Any) -> None:
+        for method in calls:
             try:
                 method(*args)
             except InvariantViolated as err:
                 self.record(err.violation)
+
+    def received(self, msg: InMsg, req: Request | None) -> None:
+        """A message the scheduler received (`on_receive`)."""
+        self._run(self.hooks.on_receive, msg, req)
+
+    def step_ended(self) -> None:
+        """An iteration of the scheduler ended (`on_step_end`)."""
+        self._run(self.hooks.on_step_end)
+
+    def finish(self) -> None:
+        """The run ended: every active check's `finish`."""
+        self._run([c.finish for c in self.checks if c.active])
 
     def message(
         self, msg: OutMsg, req: Request | None, num_ops: int, routine: bool = False
@@ -84,46 +140,18 @@ class Checks:
         for a `routine` token, `RequestLedger.routine`, if it judges none: `judges_routine`)."""
         fresh = num_ops != self._ops_at_message
         self._ops_at_message = num_ops
-        calls = self._on_message
-        if calls is None:
-            calls = self._on_message = self._message_calls()
-        live = req is not None and not req.late and isinstance(msg, TokenMsg)
-        for method in calls[3 * fresh + live + routine]:
+        # (a routine token is a live request's token)
+        if routine:
+            kind = ROUTINE_TOKEN
+        elif req is not None and not req.late and isinstance(msg, TokenMsg):
+            kind = LIVE_TOKEN
+        else:
+            kind = OTHER_MESSAGE
+        for method in self.hooks.on_message[fresh][kind]:
             try:
                 method(msg, req)
             except InvariantViolated as err:
                 self.record(err.violation)
-
-    def _message_calls(self) -> list[list[Callable[..., None]]]:
-        """The calls for a message, by 3 * (ops issued since the last one) + (a live request's
-        token) + (a routine one)."""
-        ops, messages = set(self.listening("on_ops")), set(self.listening("on_message"))
-        calls: list[list[Callable[..., None]]] = []
-        for fresh in (False, True):
-            for kind in range(3):  # another message, a live request's token, a routine one
-                found: list[Callable[..., None]] = []
-                for inv in self.checks:
-                    if fresh and inv in ops:
-                        found.append(inv.ops_at_message)
-                    if (
-                        inv in messages
-                        and not (kind and inv.ended_only)
-                        and not (kind == 2 and not inv.judges_routine)
-                    ):
-                        found.append(inv.on_message)
-                calls.append(found)
-        return calls
-
-    def listening(self, hook: str) -> list[Invariant]:
-        """The active checks that override `hook`: a message goes to the few that read it."""
-        base = getattr(Invariant, hook)
-        return [inv for inv in self.checks if inv.active and getattr(type(inv), hook) is not base]
-
-    def _bound(self, hook: str) -> list[Callable[..., None]]:
-        found = self._listening.get(hook)
-        if found is None:
-            found = self._listening[hook] = [getattr(inv, hook) for inv in self.listening(hook)]
-        return found
 
     def record(self, violation: Violation) -> None:
         key = (violation.invariant, violation.uids)
@@ -171,7 +199,7 @@ class Harness:
             if self.log is not None:
                 self.log.append(Logged("receive", msg, ctx.step, len(ctx.trace.ops), ctx.now()))
             req = ctx.ledger.receive(msg, ctx.step, self.expected)
-            self.checks.notify("on_receive", msg, req)
+            self.checks.received(msg, req)
             if isinstance(msg, UserMsg):
                 ctx.attribution.received(ctx.trace.ops, req)
         return msgs
@@ -250,7 +278,7 @@ def _steps(
                 return False  # the scheduler swallowed the violation: it still stands
             if not more:
                 break
-            checks.notify("on_step_end")
+            checks.step_ended()
             if log is not None:
                 log.append(Logged("end", None, ctx.step, len(ctx.trace.ops), ctx.now()))
             ctx.step += 1
@@ -266,7 +294,7 @@ def _steps(
                     )
                 )
                 return False
-        checks.call(lambda inv: inv.finish())
+        checks.finish()
         return True
     except InvariantViolated:
         return False  # recorded already
@@ -313,10 +341,10 @@ def check_after(
             ctx.step, ctx.frozen_now = step, event.time
             view.at(event.num_ops)
             if msg is None:
-                checks.notify("on_step_end")
+                checks.step_ended()
             elif isinstance(msg, UserMsg | AbortMsg):
                 req = ctx.ledger.receive(msg, step, expected)
-                checks.notify("on_receive", msg, req)
+                checks.received(msg, req)
                 if isinstance(msg, UserMsg):
                     ctx.attribution.received(view.ops, req)
             else:
@@ -325,7 +353,7 @@ def check_after(
         if completed:  # the run reached its end-of-run checks: so do these, on the final state
             view.at(len(ran.device.trace.ops))
             ctx.step, ctx.frozen_now, ctx.live_books = ran.step, ran.now(), True
-            checks.call(lambda inv: inv.finish())
+            checks.finish()
     except InvariantViolated:
         pass  # recorded
     except Exception as err:

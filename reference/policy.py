@@ -8,6 +8,13 @@ request or the cache (lookups go through the cache's side-effect-free `peek`).
 Every sort is stable, so ties keep arrival order, and nothing depends on set iteration or `id()`.
 `random` draws from the policy's own `random.Random(config.seed)`.
 
+`lpm`, `dfs-weight`, `fcfs`, `lof` and the in-batch prefix check give SGLang's `SchedulePolicy`
+order on the same queue and tree (`tests/test_sglang_policy.py` compares them with SGLang 0.5.23's
+own code): a request's cache match is that of its whole prompt, the ranking key of `lpm` caps it
+at the prompt length minus one, sibling subtrees of equal weight keep the tree's order, and the
+deprioritised requests keep arrival order among themselves. docs/policies.md lists what differs
+on purpose.
+
 Cache-aware policies (`lpm`, `dfs-weight`, `hrrn`, `lpm-aging`) need the radix tree; with the naive
 cache there is nothing to match against and they run as `fcfs` (as SGLang does with its cache off).
 `lpm`, `hrrn` and `lpm-aging` also act as `fcfs` when more than `lpm_fallback_queue_len` requests
@@ -36,9 +43,10 @@ from overlapcheck.reference.req import Req
 __all__ = ["CACHE_AWARE", "POLICIES", "REGISTRY", "QueuePolicy", "make_policy", "register"]
 
 
-def cacheable(req: Req) -> tuple[int, ...]:
-    """The part of the prompt a cache match may cover (the last position is always computed)."""
-    return req.prompt[:-1]
+def ranked_match(req: Req, matched: int) -> int:
+    """The cached tokens a ranking counts: the whole prompt's match, at most the prompt length minus
+    one (the last position is always computed; SGLang's `num_matched_prefix_tokens`)."""
+    return min(matched, req.prompt_len - 1)
 
 
 def waited(req: Req, step: int) -> int:
@@ -64,7 +72,8 @@ class LongestOutputFirst(QueuePolicy):
     name = "lof"
 
     def order(self, queue: Sequence[Req], step: int) -> list[Req]:
-        return sorted(queue, key=lambda r: -r.params.max_tokens)
+        # The clamped bound, as SGLang sorts by `max_new_tokens` after clamping it on arrival.
+        return sorted(queue, key=lambda r: -r.max_output)
 
 
 class RandomOrder(QueuePolicy):
@@ -90,9 +99,13 @@ class CacheAware(QueuePolicy):
     def order(self, queue: Sequence[Req], step: int) -> list[Req]:
         if len(queue) > self.config.lpm_fallback_queue_len:
             return list(queue)
-        matches = [self.prefix.peek(cacheable(r)) for r in queue]
+        matches = [self.prefix.peek(r.prompt) for r in queue]
         late = self.deprioritised(queue, matches)
-        keys = [(d, self.key(r, m, step)) for r, m, d in zip(queue, matches, late, strict=True)]
+        # The deprioritised go last, among themselves in arrival order (as SGLang's `lpm`).
+        keys = [
+            (True, 0) if d else (False, self.key(r, ranked_match(r, m), step))
+            for r, m, d in zip(queue, matches, late, strict=True)
+        ]
         ranked = sorted(range(len(queue)), key=keys.__getitem__)
         return [queue[i] for i in ranked]
 
@@ -103,9 +116,10 @@ class CacheAware(QueuePolicy):
     def deprioritised(self, queue: Sequence[Req], matches: Sequence[int]) -> list[bool]:
         """Requests that wait for this round because an earlier waiter will cache their prefix.
 
-        A request whose cached match is short and that shares a long prefix with a request
-        considered before it (arrival order) goes last: the first computes the shared prefix and
-        caches it, the others reuse it in a later round instead of computing it side by side.
+        A request whose cached match (of the whole prompt, not capped) is short and whose prompt
+        shares a long prefix with the prompt of a request considered before it (arrival order)
+        goes last: the first computes the shared prefix and caches it, the others reuse it in a
+        later round instead of computing it side by side.
         """
         cfg = self.config
         tree = PromptTree()
@@ -113,10 +127,9 @@ class CacheAware(QueuePolicy):
         for req, matched in zip(queue, matches, strict=True):
             late = False
             if matched <= cfg.in_batch_check_threshold:
-                tokens = cacheable(req)
-                late = tree.shared(tokens) >= cfg.in_batch_deprioritize_threshold
+                late = tree.shared(req.prompt) >= cfg.in_batch_deprioritize_threshold
                 if not late:
-                    tree.insert(tokens)
+                    tree.insert(req.prompt)
             out.append(late)
         return out
 
@@ -154,9 +167,10 @@ class Hrrn(CacheAware):
 
 class DfsWeight(QueuePolicy):
     """Walk the radix tree depth-first from the root. At each node: its children by descending
-    weight (waiting requests whose match ends at or below them; ties in queue order of their first
-    such request), then the requests whose match ends at the node itself. A match that ends inside
-    an edge sits where `match` would split that edge: above the child, below its parent."""
+    weight (waiting requests whose match of the whole prompt ends at or below them; ties in the
+    tree's order of the children, as SGLang's), then the requests whose match ends at the node
+    itself. A match that ends inside an edge sits where `match` would split that edge: above the
+    child, below its parent."""
 
     name = "dfs-weight"
 
@@ -165,11 +179,10 @@ class DfsWeight(QueuePolicy):
 
     def order(self, queue: Sequence[Req], step: int) -> list[Req]:
         weight: dict[int, int] = {}  # node id -> waiting requests at or below (or inside its edge)
-        first: dict[int, int] = {}  # node id -> queue index of the first of them
         own: dict[int, list[int]] = {}  # node id -> requests whose match ends at the node
         inside: dict[int, list[tuple[int, int]]] = {}  # node id -> (edge tokens covered, index)
         for i, req in enumerate(queue):
-            node, covered = self.tree.peek_position(cacheable(req))
+            node, covered = self.tree.peek_position(req.prompt)
             if covered == len(node.key):
                 own.setdefault(node.node_id, []).append(i)
             else:
@@ -177,7 +190,6 @@ class DfsWeight(QueuePolicy):
             walk: RadixNode | None = node
             while walk is not None:
                 weight[walk.node_id] = weight.get(walk.node_id, 0) + 1
-                first.setdefault(walk.node_id, i)
                 walk = walk.parent
         out: list[int] = []
         # Iterative, so that a long chain of nested prefixes cannot overflow the stack.
@@ -191,7 +203,7 @@ class DfsWeight(QueuePolicy):
             stack.append([i for _, i in sorted(inside.get(nid, []))])  # deepest split first
             stack.append(own.get(nid, []))
             children = [c for c in item.children.values() if c.node_id in weight]
-            children.sort(key=lambda c: (-weight[c.node_id], first[c.node_id]))
+            children.sort(key=lambda c: -weight[c.node_id])  # stable: the tree's order
             stack.extend(reversed(children))
         return [queue[i] for i in out]
 

@@ -1,0 +1,5 @@
+"""SGLang's own `Scheduler`, unmodified, as a scheduler under test (see docs/sglang.md).
+
+    SGLANG_PATH=/path/to/folder-holding-sglang overlapcheck explore \\
+        --scheduler overlapcheck.adapters.sglang:make_scheduler
+"""

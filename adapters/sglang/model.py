@@ -1,0 +1,41 @@
+"""The model SGLang is told it serves: a tiny local Llama-shaped `config.json` (no weights, no
+tokenizer: `load_format="dummy"`, `skip_tokenizer_init=True`) whose architecture is the toy model's
+(`toy.py`), in a folder made once per process and configuration."""
+
+from __future__ import annotations
+
+import functools
+import json
+import tempfile
+from pathlib import Path
+
+from overlapcheck.adapters.sglang.toy import ARCH
+
+CONFIG = {
+    "architectures": [ARCH],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "num_hidden_layers": 1,
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-6,
+    "torch_dtype": "float32",
+    "tie_word_embeddings": False,
+}
+
+
+@functools.cache
+def model_dir(vocab_size: int, eos: int, max_len: int) -> Path:
+    folder = Path(tempfile.mkdtemp(prefix="overlapcheck-sglang-model-"))
+    config = dict(
+        CONFIG,
+        vocab_size=vocab_size,
+        eos_token_id=eos,
+        bos_token_id=eos,
+        max_position_embeddings=max(max_len, 16),
+    )
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
+    return folder

@@ -1,0 +1,82 @@
+"""Finding and importing SGLang: a folder holding the `sglang` package named by `SGLANG_PATH` (an
+unpacked wheel or sdist, or a git checkout, whose package sits under `python/`), or an installed
+`sglang`. Loaded once per process; every failure one line (exit 2).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+import os
+from pathlib import Path
+
+from overlapcheck.adapters.base import Loaded, Upstream, load
+from overlapcheck.adapters.sglang import stand_ins
+from overlapcheck.core.errors import UserError
+
+ENV = "SGLANG_PATH"
+MARKER = "sglang/srt/managers/scheduler.py"
+KNOWN_API = "0.5.23"
+
+# What the adapter uses of SGLang: (module, names). A tree without one is incompatible.
+NEEDED: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("sglang.srt.server_args", ("ServerArgs", "PortArgs")),
+    ("sglang.srt.runtime_context", ("publish", "reset_context")),
+    (
+        "sglang.srt.managers.schedule_policy",
+        ("SchedulePolicy", "CacheAwarePolicy", "CacheAgnosticPolicy"),
+    ),
+    ("sglang.srt.managers.schedule_batch", ("Req",)),
+    ("sglang.srt.sampling.sampling_params", ("SamplingParams",)),
+    ("sglang.srt.mem_cache.radix_cache", ("RadixCache", "RadixKey")),
+    ("sglang.srt.mem_cache.base_prefix_cache", ("InsertParams",)),
+)
+
+# Imported by the modules the adapter loads (the `sglang` extra of pyproject.toml installs them).
+DEPENDENCIES = (
+    "aiohttp", "tvm_ffi", "compressed_tensors", "dill", "einops", "fastapi", "gguf", "greenlet",
+    "IPython", "msgspec", "openai", "orjson", "partial_json_parser", "PIL", "psutil", "pybase64",
+    "pydantic", "zmq", "regex", "requests", "sentencepiece", "setproctitle", "starlette", "triton",
+    "uvicorn", "transformers", "torch",
+)  # fmt: skip
+
+
+def missing_dependencies() -> list[str]:
+    return [name for name in DEPENDENCIES if importlib.util.find_spec(name) is None]
+
+
+def _upstream(import_root: str) -> Upstream:
+    return Upstream(
+        name="SGLang",
+        package="sglang",
+        env=ENV,
+        marker=str(Path(import_root, MARKER)) if import_root else MARKER,
+        import_root=import_root,
+        needed=NEEDED,
+        known_api=KNOWN_API,
+    )
+
+
+@functools.cache
+def load_sglang() -> Loaded:
+    """SGLang's modules, imported once per process (its import takes seconds)."""
+    missing = missing_dependencies()
+    if missing:
+        raise UserError(
+            f"SGLang's dependencies are not installed ({', '.join(missing)}): "
+            "pip install 'overlapcheck[sglang]'"
+        )
+    given = os.environ.get(ENV)
+    checkout = bool(given) and (Path(given or ".").expanduser() / "python" / MARKER).is_file()
+    stand_ins.install()
+    loaded = load(_upstream("python" if checkout else ""))
+    _quiet()
+    return loaded
+
+
+def _quiet() -> None:
+    """SGLang logs at INFO from many modules: warnings only."""
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith("sglang"):
+            logging.getLogger(name).setLevel(logging.WARNING)

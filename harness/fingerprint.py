@@ -120,22 +120,22 @@ class CodeFingerprint:
         hashed again where it was (or, for a moved checkout, where `now` found its root), and
         the files `now` holds that were not recorded (code a fix brought in). `now`: the
         fingerprint after a replay built the scheduler (None: the recorded files only)."""
-        current = now.files() if now is not None else {}
-        places = [Path(r.path) for r in self.roots]
-        if now is not None:
-            places += [Path(r.path) for r in now.roots]
+        now_roots = now.roots if now is not None else ()
+        current = {(r.path, name): value for r in now_roots for name, value in r.files.items()}
+        elsewhere = [Path(r.path) for r in now_roots]
         changed = []
         for root in self.roots:
             for name, recorded in root.files.items():
-                if name in current:
-                    same = current[name] == recorded
-                else:
-                    found = _hash_where(name, [Path(root.path), *places])
-                    same = found == recorded
-                if not same:
+                value = current.get((root.path, name))
+                if value is None:  # not imported now: as on disk, where it was or was moved to
+                    value = _hash_where(name, [Path(root.path), *elsewhere])
+                if value != recorded:
                     changed.append(name)
-        recorded_names = self.files()
-        changed += [name for name in current if name not in recorded_names]
+        pairs = {(r.path, name) for r in self.roots for name in r.files}
+        names = {name for _, name in pairs}
+        changed += [
+            name for (path, name) in current if (path, name) not in pairs and name not in names
+        ]
         return sorted(set(changed))
 
     def commits_moved(self, now: CodeFingerprint) -> list[str]:
@@ -261,7 +261,13 @@ def _root_of(path: Path, roots: Sequence[Path], path_entries: Sequence[Path]) ->
     holding = [r for r in roots if path.is_relative_to(r)]
     if holding:
         return max(holding, key=lambda r: len(r.parts))
-    return next((e for e in path_entries if path.is_relative_to(e)), path.parent)
+    entry = next((e for e in path_entries if path.is_relative_to(e)), None)
+    if entry is not None:
+        return entry
+    top = path.parent  # no longer on the import path: above its outermost package
+    while (top / "__init__.py").is_file() and top.parent != top:
+        top = top.parent
+    return top
 
 
 def _class_files(scheduler: object | None) -> list[Path]:

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import simpy
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from overlapcheck.backends.sim.device import SimDevice, Unit
 from overlapcheck.backends.torchsim.allocators import DeviceAllocator, HostAllocator
@@ -40,6 +40,7 @@ from overlapcheck.backends.torchsim.memory import (
     same_geometry,
     view_cells,
 )
+from overlapcheck.backends.torchsim.schema import OpInfo, op_info
 from overlapcheck.backends.torchsim.streams import SimStream, StreamRuntime
 from overlapcheck.backends.torchsim.tensor import SimTensor, SimulatedCudaError
 from overlapcheck.core.trace import HOST, Access, Op
@@ -52,42 +53,33 @@ _SKIP = tuple(
     {str(Path(p).parent) for p in (__file__, torch.__file__)}
     | {str(Path(p).resolve().parent) for p in (__file__, torch.__file__)}
 )
-_EMPTY = frozenset(
-    {aten.empty, aten.empty_strided, aten.empty_like, aten.new_empty, aten.new_empty_strided}
-)
-# Factories from a tensor's metadata: they read none of its values.
-_LIKE = frozenset(
-    {
-        aten.empty_like,
-        aten.zeros_like,
-        aten.ones_like,
-        aten.full_like,
-        aten.new_empty,
-        aten.new_empty_strided,
-        aten.new_zeros,
-        aten.new_ones,
-        aten.new_full,
-    }
-)
 
 
 class plain:
     """Torch calls of the simulation itself: no mode of ours sees them, and in inference mode
     (a program stepped under `torch.inference_mode()` makes inference tensors of its buffers,
-    which the streams update whenever simulated time runs, inside a step or not)."""
+    which the streams update whenever simulated time runs, inside a step or not).
+
+    Inside an aten call the dispatch mode is already off (torch pops it while its handler
+    runs): then only torch functions and autograd are turned off, with their C guards."""
+
+    __slots__ = ("_function", "_inference", "_modes")
 
     def __enter__(self) -> None:
-        self._modes = _disable_current_modes()
-        self._modes.__enter__()
+        # Outside an aten call (simulated time run by the host's own work), the modes on the
+        # stack come off for the block; pre-dispatch modes (export's) are never active in a run.
+        depth = torch._C._len_torch_dispatch_stack()
+        self._modes = [torch._C._pop_torch_dispatch_stack(None) for _ in range(depth)]
         self._function = torch._C.DisableTorchFunction()
         self._function.__enter__()
-        self._inference = torch.inference_mode()
+        self._inference = torch._C._InferenceMode(True)
         self._inference.__enter__()
 
     def __exit__(self, *exc: object) -> None:
         self._inference.__exit__(None, None, None)
         self._function.__exit__(None, None, None)
-        self._modes.__exit__(None, None, None)
+        for mode in reversed(self._modes):
+            torch._C._push_on_torch_dispatch_stack(mode)
 
 
 @cache
@@ -109,34 +101,6 @@ def where() -> tuple[str, str]:
             return f"{name}:{frame.f_lineno} {code.co_name}", code.co_name
         frame = frame.f_back  # type: ignore[assignment]
     return "?", "tensor"
-
-
-@cache
-def _write_returns(func: Any) -> tuple[int | None, ...]:
-    """For each return: the index of the argument it aliases when that one is written (an
-    in-place or `out=` op), else None."""
-    sets = {}
-    for i, arg in enumerate(func._schema.arguments):
-        info = arg.alias_info
-        if info is not None and info.is_write:
-            for s in info.before_set:
-                sets[s] = i
-    out: list[int | None] = []
-    for ret in func._schema.returns:
-        info = ret.alias_info
-        found = None
-        if info is not None and info.is_write:
-            found = next((sets[s] for s in info.before_set if s in sets), None)
-        out.append(found)
-    return tuple(out)
-
-
-@cache
-def _is_view(func: Any) -> bool:
-    schema = func._schema
-    if any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
-        return False
-    return bool(schema.returns) and all(r.alias_info is not None for r in schema.returns)
 
 
 def _is_cuda(device: Any) -> bool:
@@ -178,6 +142,17 @@ def _map(
         return f(x)
 
     return tuple(one(x) for x in args), {k: one(v) for k, v in kwargs.items()}
+
+
+def _any_sim(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a simulated device tensor is among the arguments (one level of lists down)."""
+    for values in (args, kwargs.values()):
+        for x in values:
+            if isinstance(x, SimTensor):
+                return True
+            if isinstance(x, list | tuple) and any(isinstance(y, SimTensor) for y in x):
+                return True
+    return False
 
 
 def _tensors(tree: Any) -> list[torch.Tensor]:
@@ -223,7 +198,13 @@ class Interceptor:
         self.device_memory = DeviceAllocator(runtime, memory)
         self.host_memory = HostAllocator(runtime, memory)
         runtime.before_wait.append(self.device_memory.collect)
-        self.handlers: dict[Any, Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]] = {
+        # by the identity of the overload packet (its hash is a Python method)
+        self.handlers: dict[int, Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]] = {
+            id(packet): handler for packet, handler in self._handlers().items()
+        }
+
+    def _handlers(self) -> dict[Any, Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]]:
+        return {
             aten._local_scalar_dense: self._scalar,
             aten.item: self._scalar,
             aten.is_pinned: self._is_pinned,
@@ -238,12 +219,14 @@ class Interceptor:
     # -- where tensors live ---------------------------------------------------------------------
 
     def locate(self, t: torch.Tensor) -> tuple[Buffer, torch.Tensor] | None:
+        """`t`'s buffer and a tensor with its geometry there (`footprint.Locate`): a pinned
+        tensor is its own (the buffer's physical copy is its memory)."""
         if isinstance(t, SimTensor):
             return t.buffer, t.logic
         buffer = self.memory.pinned_of(t)
         if buffer is None:
             return None
-        return buffer, same_geometry(buffer.logical, t)
+        return buffer, t
 
     def logical(self, x: Any) -> Any:
         if isinstance(x, SimTensor):
@@ -272,32 +255,35 @@ class Interceptor:
     def dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if self.device_memory.dead:  # frees since the last call: a safe point to see them
             self.device_memory.collect()
-        handler = self.handlers.get(func.overloadpacket)
+        info = op_info(func)
+        handler = self.handlers.get(id(info.packet))
         if handler is not None:
             return handler(func, args, kwargs)
-        leaves = _leaves((args, kwargs))
-        if not any(isinstance(x, SimTensor) for x in leaves) and not _is_cuda(kwargs.get("device")):
-            return self._host(func, args, kwargs)
-        if _is_view(func):
+        if not _any_sim(args, kwargs) and not _is_cuda(kwargs.get("device")):
+            return self._host(func, args, kwargs, info)
+        if info.view:
             return self._view(func, args, kwargs)
         return self._kernel(func, args, kwargs)
 
     # -- host work ------------------------------------------------------------------------------
 
-    def _host(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _host(
+        self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], info: OpInfo | None = None
+    ) -> Any:
+        info = info or op_info(func)
         pin = kwargs.get("pin_memory") is True
         if pin:
             kwargs = {**kwargs, "pin_memory": False}
-        pinned = [t for t in _tensors((args, kwargs)) if self.memory.pinned_of(t) is not None]
+        pinned = self.memory.any_pinned(args) or self.memory.any_pinned(kwargs.values())
         found = touches(func, args, kwargs, self.locate, self.logical) if pinned else []
         out = func(*args, **kwargs)
-        if func.overloadpacket in _EMPTY and isinstance(out, torch.Tensor):
+        if info.empty and isinstance(out, torch.Tensor):
             out.fill_(poison(out.dtype))
         if pin and isinstance(out, torch.Tensor):
             out = self.host_memory.allocate(out, where()[1])
         if found:
             here = where()[0]
-            self._host_op(f"{func.overloadpacket.__name__} @{here}", found)
+            self._host_op(f"{info.name} @{here}", found)
             if any(t.mode == "w" for t in found):  # keep the logical twins in step
                 largs, lkwargs = _map(self.logical, args, kwargs)
                 func(*largs, **lkwargs)
@@ -398,12 +384,12 @@ class Interceptor:
         out_device: str = "cuda",
     ) -> Any:
         runtime = self.runtime
-        if torch.Tag.dynamic_output_shape in func.tags and _data_dependent(func, args):
-            runtime.sync_current(f"{func.overloadpacket.__name__} (data-dependent shape)")
-        packet = func.overloadpacket
-        reading = (args[1:], kwargs) if packet in _LIKE else (args, kwargs)
+        info = op_info(func)
+        if info.dynamic and _data_dependent(func, args):
+            runtime.sync_current(f"{info.name} (data-dependent shape)")
+        reading = (args[1:], kwargs) if info.like else (args, kwargs)
         found = touches(func, reading[0], reading[1], self.locate, self.logical)
-        if packet in _LIKE:
+        if info.like:
             found = [t for t in found if t.mode == "w"]
         # pageable host sources are staged at the call
         staged = {
@@ -417,11 +403,11 @@ class Interceptor:
         host_kwargs.pop("pin_memory", None)
         largs, lkwargs = _map(self.logical, args, host_kwargs)
         lout = func(*largs, **lkwargs)
-        if packet in _EMPTY and isinstance(lout, torch.Tensor):
+        if info.empty and isinstance(lout, torch.Tensor):
             lout.fill_(poison(lout.dtype))  # undefined, but the same in every process
         if not _tensors(lout) and lout is not None:  # a host value from device values
-            return self._read_to_host(func, args, kwargs, packet.__name__)
-        aliases = _write_returns(func)
+            return self._read_to_host(func, args, kwargs, info.name)
+        aliases = info.aliases
         fresh: list[tuple[Buffer, torch.Tensor]] = []  # (buffer, geometry) of each new output
         name_hint = where()[1]
 
@@ -445,14 +431,14 @@ class Interceptor:
             made = type(lout)(result(v, a) for v, a in zip(returns, aliases, strict=False))
         for buffer, like in fresh:
             found.append(Touch(buffer, view_cells(buffer, like), "w"))
-        if packet in _EMPTY:
+        if info.empty:
             return made  # no kernel: the memory is allocated, its contents undefined
         written = _written(found)
         here = where()[0]
         op = runtime.op(
             runtime.current.name,
             kind,
-            label=f"{packet.__name__} @{here}",
+            label=f"{info.name} @{here}",
             accesses=[Access(t.buffer.name, t.cells, t.mode) for t in found],  # type: ignore[arg-type]
         )
         timing = self.device.timing
@@ -527,7 +513,7 @@ class Interceptor:
 
     def _to(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """`Tensor.to(...)`: itself when nothing changes, else a copy (`_to_copy`)."""
-        by_name = {a.name: v for a, v in arguments(func, args, kwargs)}
+        by_name = dict(arguments(func, args, kwargs))
         x = by_name.pop("self")
         other = by_name.pop("other", None)
         device = by_name.get("device")
@@ -697,10 +683,9 @@ def _as_list(value: Any) -> list[Any]:
 
 
 def _arg(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], index: int) -> Any:
-    schema = func._schema.arguments
     if index < len(args):
         return args[index]
-    return kwargs[schema[index].name]
+    return kwargs[op_info(func).names[index]]
 
 
 def _written(found: list[Touch]) -> dict[int, _Written]:

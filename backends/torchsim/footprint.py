@@ -15,15 +15,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from functools import cache
 from typing import Any
 
 import numpy as np
 import torch
 
 from overlapcheck.backends.torchsim.memory import Buffer, same_geometry, view_cells
+from overlapcheck.backends.torchsim.schema import op_info
 
 aten = torch.ops.aten
+# A tensor's buffer, and a tensor with the view's sizes, strides and offset in it (the tensor
+# itself, or its logical view: only the geometry is read), or None for pageable memory.
 Locate = Callable[[torch.Tensor], tuple[Buffer, torch.Tensor] | None]
 
 
@@ -36,22 +38,16 @@ class Touch:
     mode: str  # "r" or "w"
 
 
-def arguments(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Iterator[tuple[Any, Any]]:
-    """(schema argument, value) for every argument given."""
-    schema, by_name = _schema(func)
+def arguments(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+    """(schema argument name, value) for every argument given."""
+    info = op_info(func)
+    names, by_name = info.names, info.by_name
     for i, value in enumerate(args):
-        if i < len(schema):
-            yield schema[i], value
+        if i < len(names):
+            yield names[i], value
     for name, value in kwargs.items():
-        arg = by_name.get(name)
-        if arg is not None:
-            yield arg, value
-
-
-@cache
-def _schema(func: Any) -> tuple[list[Any], dict[str, Any]]:
-    arguments = list(func._schema.arguments)
-    return arguments, {a.name: a for a in arguments}
+        if name in by_name:
+            yield name, value
 
 
 def _tensors(value: Any) -> Iterator[torch.Tensor]:
@@ -67,8 +63,8 @@ def _cells_of(locate: Locate, view: torch.Tensor) -> tuple[Buffer, np.ndarray] |
     found = locate(view)
     if found is None:
         return None
-    buffer, logical_view = found
-    return buffer, view_cells(buffer, logical_view)
+    buffer, where = found
+    return buffer, view_cells(buffer, where)
 
 
 def _indexed(
@@ -78,8 +74,8 @@ def _indexed(
     found = locate(view)
     if found is None:
         return None
-    buffer, logical_view = found
-    ids = same_geometry(buffer.cell_ids(), logical_view)
+    buffer, where = found
+    ids = same_geometry(buffer.cell_ids(), where)
     picked: np.ndarray = pick(ids).reshape(-1).numpy().astype(np.int64, copy=False)
     return buffer, picked
 
@@ -98,24 +94,38 @@ def touches(
     """The reads, then the writes, of one op's tensor arguments (not its fresh outputs)."""
     reads: list[Touch] = []
     writes: list[Touch] = []
-    special = _precise(func, args, kwargs, locate, logical)
-    skip: set[int] = set()
-    if special is not None:
-        for touch, arg_index in special:
-            (writes if touch.mode == "w" else reads).append(touch)
-            skip.add(arg_index)
-    for i, (arg, value) in enumerate(arguments(func, args, kwargs)):
-        if i in skip:
+    info = op_info(func)
+    skip = -1  # the argument an index op's precise cells replace
+    if info.packet in _INDEXED:
+        special = _precise(func, args, kwargs, locate, logical)
+        if special is not None:
+            for touch, arg_index in special:
+                (writes if touch.mode == "w" else reads).append(touch)
+                skip = arg_index
+    written = info.written
+    for i, value in enumerate(args):
+        if i == skip or i >= len(written):
             continue
-        info = arg.alias_info
-        written = info is not None and info.is_write
-        for tensor in _tensors(value):
-            found = _cells_of(locate, tensor)
-            if found is not None:
-                (writes if written else reads).append(
-                    Touch(found[0], found[1], "w" if written else "r")
-                )
+        _add(locate, value, written[i], reads, writes)
+    by_name = info.by_name
+    for name, value in kwargs.items():
+        found = by_name.get(name)
+        if found is not None:
+            _add(locate, value, found[1], reads, writes)
     return reads + writes
+
+
+def _add(
+    locate: Locate, value: Any, written: bool, reads: list[Touch], writes: list[Touch]
+) -> None:
+    """The cells of the tensors in one argument's value, read or written."""
+    for tensor in _tensors(value):
+        found = _cells_of(locate, tensor)
+        if found is not None:
+            if written:
+                writes.append(Touch(found[0], found[1], "w"))
+            else:
+                reads.append(Touch(found[0], found[1], "r"))
 
 
 def _precise(
@@ -126,7 +136,7 @@ def _precise(
     logical: Callable[[Any], Any],
 ) -> list[tuple[Touch, int]] | None:
     """Index ops: the cells their indices select, and the argument (by position) they replace."""
-    packet = func.overloadpacket
+    packet = op_info(func).packet
     if packet in (aten.index_put_, aten._index_put_impl_) and len(args) >= 3:
         indices = _index_args(args[1], logical)
         found = _indexed(locate, args[0], lambda ids: ids[tuple(indices)])
@@ -156,6 +166,23 @@ def _precise(
         index = logical(args[1])
         return _picked(_indexed(locate, args[0], lambda ids: ids[index]), "r", 0)
     return None
+
+
+_INDEXED = frozenset(
+    {
+        aten.index_put_,
+        aten._index_put_impl_,
+        aten.index,
+        aten.index_select,
+        aten.gather,
+        aten.scatter_,
+        aten.scatter_add_,
+        aten.index_copy_,
+        aten.index_fill_,
+        aten.masked_fill_,
+        aten.embedding,
+    }
+)  # the ops `_precise` knows
 
 
 def _picked(

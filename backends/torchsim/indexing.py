@@ -31,8 +31,9 @@ def _basic(self: torch.Tensor, index: Any) -> tuple[torch.Tensor, list[Any] | No
         else (it.dim() if isinstance(it, torch.Tensor) and it.dtype == torch.bool else 1)
         for it in items
     )
-    if Ellipsis in items:
-        at = items.index(Ellipsis)
+    # by identity: `Ellipsis in items` compares a tensor item with `==`, tens of microseconds
+    at = next((i for i, it in enumerate(items) if it is Ellipsis), None)
+    if at is not None:
         items[at : at + 1] = [slice(None)] * (self.dim() - consumed)
     view = self
     dim = 0

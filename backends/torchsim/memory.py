@@ -17,8 +17,9 @@ allocation order, so the same program names its buffers the same way in any proc
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -119,9 +120,28 @@ class Memory:
 
     def pinned_of(self, tensor: torch.Tensor) -> Buffer | None:
         """The pinned buffer a plain CPU tensor is a view of, or None (pageable memory)."""
-        if not self._pinned or tensor.device.type != "cpu":
+        if not self._pinned or not tensor.is_cpu:
             return None
         return self._pinned.get(tensor.untyped_storage().data_ptr())
+
+    def any_pinned(self, values: Iterable[Any]) -> bool:
+        """Whether an op's argument values (one level of lists down) hold a pinned tensor."""
+        if not self._pinned:
+            return False
+        pinned = self._pinned
+        for x in values:
+            if isinstance(x, torch.Tensor):
+                if x.is_cpu and x.untyped_storage().data_ptr() in pinned:
+                    return True
+            elif isinstance(x, list | tuple):
+                for y in x:
+                    if (
+                        isinstance(y, torch.Tensor)
+                        and y.is_cpu
+                        and y.untyped_storage().data_ptr() in pinned
+                    ):
+                        return True
+        return False
 
     @staticmethod
     def pinned_tensor(buffer: Buffer, where: Geometry) -> torch.Tensor:

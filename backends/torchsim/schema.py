@@ -1,0 +1,107 @@
+"""What the simulated CUDA reads of an aten op overload, read once per overload.
+
+The dispatch runs for every aten call of the program, and each question put to torch's schema
+objects (or an overload's hash, a Python method) is a Python call or several. `op_info(func)`
+answers them all from one dictionary lookup by the overload's identity: overloads are created
+once per process and live as long as it does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+aten = torch.ops.aten
+
+_EMPTY = frozenset(
+    {aten.empty, aten.empty_strided, aten.empty_like, aten.new_empty, aten.new_empty_strided}
+)
+# Factories from a tensor's metadata: they read none of its values.
+_LIKE = frozenset(
+    {
+        aten.empty_like,
+        aten.zeros_like,
+        aten.ones_like,
+        aten.full_like,
+        aten.new_empty,
+        aten.new_empty_strided,
+        aten.new_zeros,
+        aten.new_ones,
+        aten.new_full,
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class OpInfo:
+    """One overload, as the interceptor and the footprints use it."""
+
+    func: Any
+    packet: Any  # its overload packet (`aten.slice`)
+    name: str  # the packet's name, for labels
+    view: bool  # returns views of its arguments and writes none
+    empty: bool  # allocates memory whose contents are undefined (`empty`, `new_empty`, ...)
+    like: bool  # a factory from a tensor's metadata, reading none of its values
+    dynamic: bool  # its output's shape may depend on its input values
+    # Per return: the index of the argument it aliases when that one is written, else None.
+    aliases: tuple[int | None, ...]
+    written: tuple[bool, ...]  # per schema argument, by position: whether the op writes it
+    by_name: dict[str, tuple[int, bool]]  # argument name -> (position, written)
+    names: tuple[str, ...]  # the schema's argument names, by position
+
+
+_INFO: dict[int, OpInfo] = {}
+
+
+def op_info(func: Any) -> OpInfo:
+    """`func`'s info, read from its schema on first use."""
+    found = _INFO.get(id(func))
+    if found is None or found.func is not func:
+        found = _INFO[id(func)] = _read(func)
+    return found
+
+
+def _read(func: Any) -> OpInfo:
+    schema = func._schema
+    arguments = list(schema.arguments)
+    written = tuple(a.alias_info is not None and a.alias_info.is_write for a in arguments)
+    packet = func.overloadpacket
+    view = (
+        not any(written)
+        and bool(schema.returns)
+        and all(r.alias_info is not None for r in schema.returns)
+    )
+    return OpInfo(
+        func=func,
+        packet=packet,
+        name=packet.__name__,
+        view=view,
+        empty=packet in _EMPTY,
+        like=packet in _LIKE,
+        dynamic=torch.Tag.dynamic_output_shape in func.tags,
+        aliases=_write_returns(schema),
+        written=written,
+        by_name={a.name: (i, w) for i, (a, w) in enumerate(zip(arguments, written, strict=True))},
+        names=tuple(a.name for a in arguments),
+    )
+
+
+def _write_returns(schema: Any) -> tuple[int | None, ...]:
+    """For each return: the index of the argument it aliases when that one is written (an
+    in-place or `out=` op), else None."""
+    sets = {}
+    for i, arg in enumerate(schema.arguments):
+        info = arg.alias_info
+        if info is not None and info.is_write:
+            for s in info.before_set:
+                sets[s] = i
+    out: list[int | None] = []
+    for ret in schema.returns:
+        info = ret.alias_info
+        found = None
+        if info is not None and info.is_write:
+            found = next((sets[s] for s in info.before_set if s in sets), None)
+        out.append(found)
+    return tuple(out)

@@ -83,6 +83,10 @@ class SchedulerConfig:
     # Speculative decoding: up to this many drafted tokens per sequence and decode step, verified
     # on the device (see core/speculative.py); 0 turns it off and changes nothing.
     draft_tokens: int = 0
+    # CUDA graphs: the decode batch sizes captured (an engine pads a decode batch up to the
+    # first that fits, with dummy rows, and replays that graph); empty: no graphs. Schedulers
+    # without graphs ignore it (the reference has none).
+    cuda_graph_bs: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         positive = ("num_slots", "num_pages", "page_size", "max_extend_tokens", "max_seq_len")
@@ -141,6 +145,14 @@ class SchedulerConfig:
             if getattr(self, name) < low:
                 raise ConfigError(f"{name} must be >= {low}, got {getattr(self, name)}")
 
+        if not isinstance(self.cuda_graph_bs, tuple) or not all(
+            isinstance(b, int) and not isinstance(b, bool) and 1 <= b <= MAX_SLOTS
+            for b in self.cuda_graph_bs
+        ):
+            raise ConfigError(
+                f"cuda_graph_bs must be batch sizes from 1 to {MAX_SLOTS}, "
+                f"got {self.cuda_graph_bs!r}"
+            )
         if self.draft_tokens > MAX_DRAFT_TOKENS:
             raise ConfigError(
                 f"draft_tokens must be <= {MAX_DRAFT_TOKENS}, got {self.draft_tokens}"

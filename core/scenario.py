@@ -216,6 +216,10 @@ class Scenario:
             for f in SchedulerConfig.__dataclass_fields__
             if f != "faults"
         }
+        if not cfg["cuda_graph_bs"]:  # off: files as before graphs were a switch
+            del cfg["cuda_graph_bs"]
+        else:
+            cfg["cuda_graph_bs"] = list(cfg["cuda_graph_bs"])
         out: dict[str, Any] = {
             "name": self.name,
             "description": self.description,

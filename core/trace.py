@@ -162,6 +162,22 @@ class Release:
     site: Site | None
 
 
+@dataclass(slots=True)
+class Allocation:
+    """Device memory handed to a new tensor: until an op writes them, its cells hold whatever the
+    memory held before (garbage, on a GPU). A record for the checks (`no-uninit-read`), not in
+    the digest: `seq` is the number of ops issued before it, `site` the program's frame that
+    asked for it (`file:line function`)."""
+
+    seq: int
+    step: int
+    buffer: str
+    cells: np.ndarray
+    site: str
+    what: str  # the op that allocated it: "empty_like", "zeros", ...
+    origin: Site | None = None  # the same frame, structured (`core/sites.py`), for findings
+
+
 class Trace:
     """Operations and messages of one run, in issue order."""
 
@@ -170,6 +186,8 @@ class Trace:
         self.reuses: list[Reuse] = []  # blocks the allocators handed out again
         self.releases: list[Release] = []  # resources the scheduler said it gave back
         self.verified: list[Verified] = []  # each verify sequence's result, as it ran
+        # Device allocations, where a backend reports them (the simulated CUDA), in issue order.
+        self.allocations: list[Allocation] = []
         self.messages: list[Message] = []  # sent by the scheduler
         self.received: list[Message] = []  # handed to the scheduler, with the iteration
         # Cells per buffer, as the recorder declares them (every access it records stays below):
@@ -259,6 +277,9 @@ class TraceView(Protocol):
 
     @property
     def releases(self) -> list[Release]: ...
+
+    @property
+    def allocations(self) -> list[Allocation]: ...
 
 
 def _hash_cells(h: Any, cells: list[np.ndarray]) -> None:

@@ -216,6 +216,7 @@ class TracePrefix:
         self.sizes = trace.sizes
         self.reuses = trace.reuses
         self.releases = trace.releases
+        self.allocations = trace.allocations  # each with its `seq`: a check reads those before
 
     def at(self, num_ops: int) -> None:
         self.ops.limit = num_ops

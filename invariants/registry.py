@@ -14,6 +14,7 @@ from overlapcheck.invariants.oracle import Oracle
 from overlapcheck.invariants.placeholders import Placeholders
 from overlapcheck.invariants.progress import Progress
 from overlapcheck.invariants.resources import Liveness, PagesConserved, SlotNotInFlight
+from overlapcheck.invariants.uninit import NoUninitRead
 from overlapcheck.invariants.work_bound import WorkBound
 
 # Order matters only for which of two violations in one step is reported: races first.
@@ -21,6 +22,8 @@ INVARIANTS: dict[str, Callable[[], Invariant]] = {
     # A slot reused under an in-flight forward is also a race; the slot check names it better.
     "slot-not-in-flight": SlotNotInFlight,
     "no-race": NoRace,
+    # before `oracle`: the garbage read, not the wrong token after it
+    "no-uninit-read": NoUninitRead,
     # before `kv-provenance`: a stale resolution shows at its issue, the wrong read after it ran
     "placeholder": Placeholders,
     "kv-provenance": KvProvenance,  # before `oracle`: the wrong read, not the wrong token after it

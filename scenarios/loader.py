@@ -72,6 +72,12 @@ def scenario_from_dict(
             continue
         if CONFIG_TYPES[name] is int:
             _int(value, f"{where}: config.{name}")
+        elif CONFIG_TYPES[name] is tuple:
+            if not isinstance(value, list):
+                raise ScenarioError(f"{where}: config.{name}: expected a list, got {value!r}")
+            for item in value:
+                _int(item, f"{where}: config.{name}")
+            cfg[name] = tuple(value)
         elif not isinstance(value, str):
             raise ScenarioError(f"{where}: config.{name}: expected a string, got {value!r}")
     try:

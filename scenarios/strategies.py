@@ -38,6 +38,11 @@ LONG_SHARES = 64  # a long output is drawn in 64ths of the room its row leaves
 PRESSURE_ONE_IN = 4
 PRESSURE_EIGHTHS = (2, 5)
 SPECULATION_ONE_IN = 4  # speculative decoding on (draft_tokens > 0) in one generated scenario in 4
+# CUDA graphs (`cuda_graph_bs`) in one generated scenario in 3: decode batches padded to the
+# first captured size that fits. Sizes as upstream's default list starts ([1, 2, 4, 8, ...]) and
+# sparse ones, so that a batch is padded by several dummy rows.
+GRAPHS_ONE_IN = 3
+GRAPH_SIZES = ((1, 2, 4, 8), (4,), (2, 8), (1, 2, 4))
 
 
 def speculative(faults: frozenset[str]) -> bool:
@@ -226,6 +231,9 @@ def generated_scenarios(
     if rarely(draw, SPECULATION_ONE_IN) or speculative(faults):
         config, reqs = draw(speculating(config, reqs))
         config = spec_fault_pool(config, faults)
+    # NOTE: drawn after everything else, for the same reason; schedulers without graphs ignore it
+    if rarely(draw, GRAPHS_ONE_IN):
+        config = replace(config, cuda_graph_bs=draw(st.sampled_from(GRAPH_SIZES)))
     return Scenario("generated", config, reqs, eos_probability=eos_probability)
 
 

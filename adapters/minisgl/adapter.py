@@ -177,7 +177,7 @@ class MiniSglScheduler(UpstreamScheduler):
                 max_extend_tokens=cfg.max_extend_tokens,
                 cache_type=cfg.cache,
                 offline_mode=True,
-                cuda_graph_bs=[],
+                cuda_graph_bs=list(cfg.cuda_graph_bs),
                 max_seq_len_override=cfg.max_seq_len,
                 num_page_override=cfg.num_pages,
             )

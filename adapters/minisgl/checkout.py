@@ -23,10 +23,11 @@ MINISGL = Upstream(
     needed=(
         ("minisgl.scheduler", ("Scheduler", "SchedulerConfig")),
         ("minisgl.scheduler.prefill", ("ChunkedReq",)),
-        ("minisgl.core", ("SamplingParams", "Req", "Context")),
+        ("minisgl.core", ("SamplingParams", "Req", "Context", "Batch")),
         ("minisgl.message", ("UserMsg", "AbortBackendMsg", "DetokenizeMsg")),
         ("minisgl.engine", ("ForwardOutput", "Engine")),
         ("minisgl.engine.sample", ("Sampler",)),
+        ("minisgl.engine.graph", ("GraphRunner", "GraphCaptureBuffer")),
         ("minisgl.distributed", ("DistributedInfo",)),
         ("minisgl.kvcache.radix_cache", ("RadixPrefixCache",)),
     ),

@@ -16,14 +16,14 @@ of the samples to pinned host memory, and `copy_done` recorded on the engine str
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 from overlapcheck.backends.sim.toy_model import DTYPE, ToyModel
 from overlapcheck.backends.torchsim.dispatch import plain
-from overlapcheck.backends.torchsim.session import SimulatedCuda
+from overlapcheck.backends.torchsim.session import FREE_BYTES, SimulatedCuda
 from overlapcheck.backends.torchsim.tensor import SimTensor
 from overlapcheck.core.config import SchedulerConfig
 
@@ -41,10 +41,13 @@ class StandInMetadata:
 
 class StandInAttention:
     """Prepares metadata as a paged-attention backend would (host lists -> pinned -> H2D on the
-    current stream); capture and replay are never asked for (no CUDA graphs)."""
+    current stream). With CUDA graphs, the capture gets fixed metadata buffers of the largest
+    captured size, and a replay first copies the batch's metadata into them on the engine stream,
+    as upstream's backends do."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
+        self.capture: StandInMetadata | None = None
 
     def prepare_metadata(self, batch: Any) -> None:
         reqs = batch.padded_reqs
@@ -58,13 +61,24 @@ class StandInAttention:
         )
 
     def init_capture_graph(self, max_seq_len: int, bs_list: list[int]) -> None:
-        raise NotImplementedError("CUDA graphs need a real GPU")
+        most = max(bs_list)
+        self.capture = StandInMetadata(
+            torch.zeros(most + 1, dtype=torch.int32, device=self.device),
+            torch.zeros(most, dtype=torch.int32, device=self.device),
+        )
 
     def prepare_for_capture(self, batch: Any) -> None:
-        raise NotImplementedError("CUDA graphs need a real GPU")
+        assert self.capture is not None
+        bs = batch.padded_size
+        batch.attn_metadata = StandInMetadata(
+            self.capture.cu_seqlens_q[: bs + 1], self.capture.seq_lens[:bs]
+        )
 
     def prepare_for_replay(self, batch: Any) -> None:
-        raise NotImplementedError("CUDA graphs need a real GPU")
+        assert self.capture is not None
+        bs = batch.padded_size
+        self.capture.cu_seqlens_q[: bs + 1].copy_(batch.attn_metadata.cu_seqlens_q)
+        self.capture.seq_lens[:bs].copy_(batch.attn_metadata.seq_lens)
 
 
 class NoGraphs:
@@ -93,6 +107,7 @@ class EngineParts:
         self.model = model
         self.upstream = upstream  # mini-sglang's modules by name (checkout.load)
         self.batches = 0
+        self.replaying: Any = None  # the batch whose graph is being replayed
         # Each launched batch's id in the trace, by the Batch object (alive until processed).
         self.batch_ids: dict[int, tuple[int, str]] = {}
 
@@ -136,7 +151,9 @@ def make_engine_class(parts: EngineParts) -> Callable[[Any], Any]:
                 cache_handle=None,
             )
             self.page_table[self.dummy_req.table_idx].fill_(num_tokens)
-            self.graph_runner = NoGraphs()
+            # upstream's sizes rule: the config's list when given (empty: graphs off)
+            sizes = list(config.cuda_graph_bs or [])
+            self.graph_runner: Any = make_graph_runner(parts, self, sizes) if sizes else NoGraphs()
             # Upstream's engine ends its set-up by measuring free memory, which synchronizes the
             # device (`_sync_get_memory`): nothing it issued is still running when it returns.
             torch.cuda.synchronize(self.device)
@@ -146,9 +163,17 @@ def make_engine_class(parts: EngineParts) -> Callable[[Any], Any]:
             parts.batches += 1
             label = f"{'P' if batch.is_prefill else 'D'}{parts.batches}"
             parts.batch_ids[id(batch)] = (parts.batches, label)
-            tokens = torch.empty(batch.size, dtype=torch.int32, device=self.device)
-            assert isinstance(tokens, SimTensor)
-            _launch_forward(parts, self, batch, tokens, parts.batches)
+            if self.graph_runner.can_use_cuda_graph(batch):
+                # upstream's replay: the batch into the captured buffers, then the graph; the
+                # sampler reads the logits of the batch's own rows
+                parts.replaying = batch
+                logits = self.graph_runner.replay(batch)
+                parts.replaying = None
+                tokens = logits.argmax(dim=-1).to(torch.int32)
+            else:
+                tokens = torch.empty(batch.size, dtype=torch.int32, device=self.device)
+                assert isinstance(tokens, SimTensor)
+                _launch_forward(parts, self, batch, tokens, parts.batches)
             for req in batch.reqs:
                 req.complete_one()
             next_tokens_cpu = tokens.to("cpu", non_blocking=True)
@@ -168,44 +193,89 @@ def _launch_forward(
     parts: EngineParts, engine: Any, batch: Any, tokens: SimTensor, batch_id: int
 ) -> None:
     """The model as one kernel on the current (engine) stream, over what the batch names."""
+    label = f"{'P' if batch.is_prefill else 'D'}{batch_id}"
+    _launch_model(
+        parts,
+        engine,
+        Inputs(
+            list(batch.reqs), batch.input_ids, batch.positions, batch.out_loc, batch.attn_metadata
+        ),
+        _Out(tokens, lambda values: torch.from_numpy(values)),
+        batch.is_prefill,
+        label,
+        batch_id,
+    )
+
+
+class Inputs(NamedTuple):
+    """What a forward kernel reads: its sequences (a padded batch's dummy rows included) and
+    the tensors holding their input ids, positions, KV locations and attention metadata."""
+
+    reqs: list[Any]
+    input_ids: Any
+    positions: Any
+    out_loc: Any
+    meta: Any
+
+
+class _Out(NamedTuple):
+    """Where a forward writes its samples, and the values it writes for the sampled tokens."""
+
+    tensor: Any
+    values: Callable[[np.ndarray], torch.Tensor]
+
+
+def _launch_model(
+    parts: EngineParts,
+    engine: Any,
+    given: Inputs,
+    out: _Out,
+    prefill: bool,
+    label: str,
+    batch_id: int,
+    real: int | None = None,
+) -> None:
+    """The kernel over `given`; only its first `real` sequences are the batch's own (the rest pad
+    it to a captured size: their page-table reads are a separate access, so that the checks
+    that read a forward's rows from its page-table read see the batch's own)."""
     cuda, model = parts.cuda, parts.model
-    reqs = list(batch.reqs)
+    reqs = given.reqs
+    real = len(reqs) if real is None else real
     width = engine.page_table.shape[1]
     rows = [int(r.table_idx) for r in reqs]
     ends = [int(r.device_len) for r in reqs]
     begins = [int(r.cached_len) for r in reqs]
     table: SimTensor = engine.page_table
     kv: SimTensor = engine.kv
-    inputs, out_loc = batch.input_ids, batch.out_loc
-    meta = batch.attn_metadata
+    inputs, out_loc, meta = given.input_ids, given.out_loc, given.meta
     with plain():
-        table_cells = np.concatenate(
-            [
-                np.arange(row * width, row * width + end, dtype=np.int64)
-                for row, end in zip(rows, ends, strict=True)
-            ]
-        )
+        row_cells = [
+            np.arange(row * width, row * width + end, dtype=np.int64)
+            for row, end in zip(rows, ends, strict=True)
+        ]
+        table_cells = np.concatenate(row_cells)
         kv_of_table = (
             table.logic.reshape(-1)[torch.from_numpy(table_cells)].numpy().astype(np.int64)
         )
         kv_cells = np.mod(kv_of_table, kv.numel())
         written = np.mod(out_loc.logic.numpy().astype(np.int64), kv.numel())
+    own_table = table_cells if real == len(reqs) else np.concatenate(row_cells[:real])
     accesses: list[tuple[torch.Tensor, np.ndarray | None, str]] = [
         (inputs, None, "r"),
-        (batch.positions, None, "r"),
+        (given.positions, None, "r"),
         (out_loc, None, "r"),
         (meta.cu_seqlens_q, None, "r"),
         (meta.seq_lens, None, "r"),
-        (table, table_cells, "r"),
+        (table, own_table, "r"),
         (kv, kv_cells, "r"),
         (kv, written, "w"),
-        (tokens, None, "w"),
+        (out.tensor, None, "w"),
     ]
+    if real < len(reqs):  # the padding's rows
+        accesses.insert(6, (table, np.concatenate(row_cells[real:]), "r"))
     timing = parts.cuda.device.timing
     new_tokens = sum(e - b for b, e in zip(begins, ends, strict=True))
     cost = timing.forward(new_tokens, sum(ends))
-    phase = "prefill" if batch.is_prefill else "decode"
-    label = f"{'P' if phase == 'prefill' else 'D'}{batch_id}"
 
     def compute(
         pool: torch.Tensor, table_values: torch.Tensor, ids: torch.Tensor, loc: torch.Tensor
@@ -215,7 +285,7 @@ def _launch_forward(
         kv_all = pool.numpy()
         table_np = table_values.reshape(-1).numpy()
         ids_np = ids.numpy()
-        out = np.empty(len(reqs), dtype=DTYPE)
+        values = np.empty(len(reqs), dtype=DTYPE)
         offset = 0
         for i, (row, begin, end) in enumerate(zip(rows, begins, ends, strict=True)):
             cells = np.mod(
@@ -224,8 +294,8 @@ def _launch_forward(
             new = ids_np[offset : offset + end - begin]
             offset += end - begin
             context = np.concatenate([kv_all[cells], new]).astype(DTYPE)
-            out[i] = model.next_token_of(context.tobytes())
-        return out, np.mod(loc.numpy().astype(np.int64), len(kv_all)), ids_np.astype(DTYPE)
+            values[i] = model.next_token_of(context.tobytes())
+        return values, np.mod(loc.numpy().astype(np.int64), len(kv_all)), ids_np.astype(DTYPE)
 
     # program order: the logical copies get the same computation at issue
     with plain():
@@ -233,11 +303,11 @@ def _launch_forward(
             kv.logic, table.logic, inputs.logic, out_loc.logic
         )
         kv.logic[torch.from_numpy(logical_loc)] = torch.from_numpy(logical_ids)
-        tokens.logic.copy_(torch.from_numpy(logical_tokens))
+        out.tensor.logic.copy_(out.values(logical_tokens))
     # what the kernel runs on: the physical copies, not the program's tensors (it drops them when
     # it likes; the allocator decides what happens to their memory)
     kv_phys, table_phys, inputs_phys, loc_phys = kv.phys, table.phys, inputs.phys, out_loc.phys
-    tokens_phys = tokens.phys
+    out_phys = out.tensor.phys
 
     def start() -> Callable[[], None]:
         with plain():
@@ -246,9 +316,87 @@ def _launch_forward(
         def end() -> None:
             with plain():
                 kv_phys[torch.from_numpy(loc)] = torch.from_numpy(ids)
-                tokens_phys.copy_(torch.from_numpy(values))
+                out_phys.copy_(out.values(values))
 
         return end
 
-    uids = tuple(int(r.uid) for r in reqs)
-    cuda.launch("forward", label, accesses, cost, start, batch=batch_id, uids=uids)
+    uids = tuple(int(r.uid) for r in reqs[:real])
+    kind = "forward"
+    cuda.launch(kind, label, accesses, cost, start, batch=batch_id, uids=uids)
+
+
+class StandInGraph:
+    """A captured decode graph of `bs` sequences: its replay is one kernel whose footprint is the
+    captured one (the capture buffers' first `bs` rows, the metadata buffers, the logits), plus
+    the page-table and KV cells of the sequences being replayed (read through the metadata, as
+    a paged attention kernel does). It writes each sequence's sample as a one-hot logits row."""
+
+    def __init__(self, parts: EngineParts, engine: Any, batch: Any, logits: Any) -> None:
+        self.parts = parts
+        self.engine = engine
+        self.bs = batch.padded_size
+        self.captured = Inputs(
+            [], batch.input_ids, batch.positions, batch.out_loc, batch.attn_metadata
+        )
+        self.logits = logits
+
+    def replay(self) -> None:
+        parts, batch = self.parts, self.parts.replaying
+        assert batch is not None and batch.padded_size == self.bs
+        vocab = int(self.logits.shape[-1])
+
+        def one_hot(values: np.ndarray) -> torch.Tensor:
+            rows = torch.zeros(len(values), vocab, dtype=torch.float32)
+            rows[torch.arange(len(values)), torch.from_numpy(values.astype(np.int64) % vocab)] = 1
+            return rows
+
+        batch_id, label = parts.batch_ids[id(batch)]
+        _launch_model(
+            parts,
+            self.engine,
+            self.captured._replace(reqs=list(batch.padded_reqs)),
+            _Out(self.logits, one_hot),
+            False,
+            f"{label} (graph {self.bs})",
+            batch_id,
+            real=batch.size,
+        )
+
+
+def make_graph_runner(parts: EngineParts, engine: Any, sizes: list[int]) -> Any:
+    """mini-sglang's own `GraphRunner` (its sizes, `pad_batch`, `can_use_cuda_graph`, `replay`),
+    capturing stand-in graphs: the same capture buffers and per-size batches as upstream's
+    `_capture_graphs`, without running a model (there is none to capture)."""
+    up = parts.upstream
+    base = up["minisgl.engine.graph"].GraphRunner
+
+    class StandInGraphRunner(base):  # type: ignore[misc, valid-type]
+        def _capture_graphs(self, max_seq_len: int, vocab_size: int, model: Any) -> None:
+            self.graph_map: dict[int, StandInGraph] = {}
+            if self.max_graph_bs == 0:
+                return
+            self.attn_backend.init_capture_graph(
+                max_seq_len=max_seq_len, bs_list=self.graph_bs_list
+            )
+            self.buffer = up["minisgl.engine.graph"].GraphCaptureBuffer.init(
+                self.max_graph_bs, vocab_size, self.device
+            )
+            for bs in sorted(self.graph_bs_list, reverse=True):
+                batch = up["minisgl.core"].Batch(reqs=[self.dummy_req] * bs, phase="decode")
+                batch.padded_reqs = batch.reqs
+                self.attn_backend.prepare_for_capture(batch)
+                self.buffer.set_batch(batch)
+                self.graph_map[bs] = StandInGraph(parts, engine, batch, self.buffer.logits[:bs])
+
+    return StandInGraphRunner(
+        stream=engine.stream,
+        device=engine.device,
+        model=None,
+        attn_backend=engine.attn_backend,
+        cuda_graph_bs=sizes,
+        cuda_graph_max_bs=None,
+        free_memory=FREE_BYTES,
+        max_seq_len=engine.max_seq_len,
+        vocab_size=parts.config.vocab_size,
+        dummy_req=engine.dummy_req,
+    )

@@ -43,7 +43,8 @@ from overlapcheck.backends.torchsim.memory import (
 from overlapcheck.backends.torchsim.schema import OpInfo, op_info
 from overlapcheck.backends.torchsim.streams import SimStream, StreamRuntime
 from overlapcheck.backends.torchsim.tensor import SimTensor, SimulatedCudaError
-from overlapcheck.core.trace import HOST, Access, Op
+from overlapcheck.core.sites import caller
+from overlapcheck.core.trace import HOST, Access, Allocation, Op
 
 aten = torch.ops.aten
 # A small kernel (elementwise, index, concatenation): about what one takes on a GPU, launch to end.
@@ -265,6 +266,21 @@ class Interceptor:
             return self._view(func, args, kwargs)
         return self._kernel(func, args, kwargs)
 
+    def _allocated(self, buffer: Buffer, like: torch.Tensor, site: str, what: str) -> None:
+        """A new tensor got `like`'s cells of `buffer` (fresh or reused): never written since."""
+        trace = self.device.trace
+        trace.allocations.append(
+            Allocation(
+                len(trace.ops),
+                self.device.recorder.step,
+                buffer.name,
+                view_cells(buffer, like),
+                site,
+                what,
+                caller(),
+            )
+        )
+
     # -- host work ------------------------------------------------------------------------------
 
     def _host(
@@ -409,7 +425,7 @@ class Interceptor:
             return self._read_to_host(func, args, kwargs, info.name)
         aliases = info.aliases
         fresh: list[tuple[Buffer, torch.Tensor]] = []  # (buffer, geometry) of each new output
-        name_hint = where()[1]
+        here, name_hint = where()
 
         def result(value: Any, alias: int | None) -> Any:
             if alias is not None:
@@ -421,6 +437,7 @@ class Interceptor:
                 self.device.trace.sizes[buffer.name] = buffer.numel
                 same_geometry(buffer.logical, value).copy_(value)
                 fresh.append((buffer, value))
+                self._allocated(buffer, value, here, packet.__name__)
                 return self.wrap(buffer, value)
             raise SimulatedCudaError(f"{func}: an output on {out_device}")
 
@@ -434,7 +451,6 @@ class Interceptor:
         if info.empty:
             return made  # no kernel: the memory is allocated, its contents undefined
         written = _written(found)
-        here = where()[0]
         op = runtime.op(
             runtime.current.name,
             kind,
@@ -556,6 +572,7 @@ class Interceptor:
             self.device.trace.sizes[buffer.name] = buffer.numel
             same_geometry(buffer.logical, logical).copy_(logical)
             out = self.wrap(buffer, logical)
+            self._allocated(buffer, logical, here, "to")
             self._h2d(out, x, non_blocking, here)
             return out
         # device to host: pinned when non-blocking (as PyTorch's `_to_copy` does)

@@ -122,6 +122,9 @@ class SimulatedCuda:
             for access in op.accesses:
                 if access.buffer == old:
                     access.buffer = tensor.buffer.name
+        for allocation in self.device.trace.allocations:
+            if allocation.buffer == old:
+                allocation.buffer = tensor.buffer.name
 
     def launch(
         self,

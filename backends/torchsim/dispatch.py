@@ -437,7 +437,7 @@ class Interceptor:
                 self.device.trace.sizes[buffer.name] = buffer.numel
                 same_geometry(buffer.logical, value).copy_(value)
                 fresh.append((buffer, value))
-                self._allocated(buffer, value, here, packet.__name__)
+                self._allocated(buffer, value, here, info.name)
                 return self.wrap(buffer, value)
             raise SimulatedCudaError(f"{func}: an output on {out_device}")
 

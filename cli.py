@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from overlapcheck import __version__
-from overlapcheck.commands import bench, calibrate, explore, faults, replay, run, timeline
+from overlapcheck.commands import bench, calibrate, explore, faults, replay, report, run, timeline
 from overlapcheck.core.errors import UserError
 from overlapcheck.formats.bug_report import save_checker_bug
 from overlapcheck.harness.crash import CheckerBug
 from overlapcheck.harness.heap import keep_freed_heap
 
-COMMANDS = [run, explore, replay, timeline, faults, bench, calibrate]
+COMMANDS = [run, explore, replay, report, timeline, faults, bench, calibrate]
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

@@ -157,9 +157,7 @@ class SchedulerSpec:
         elif self.given is not None:
             file = getattr(sys.modules.get(getattr(self.given, "__module__", "")), "__file__", None)
             own += [Path(file)] if isinstance(file, str) else []
-        return fingerprint(
-            scheduler, own, roots, [reference_folder()] if self.is_reference else []
-        )
+        return fingerprint(scheduler, own, roots, [reference_folder()] if self.is_reference else [])
 
     def to_json(self, scheduler: object | None = None) -> dict[str, Any]:
         """What a counterexample records: the spec, and (after a run built `scheduler`) its

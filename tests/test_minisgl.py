@@ -408,7 +408,7 @@ def test_find_fix_confirm_in_an_unpacked_tree_names_the_changed_file(tmp_path: P
     [found] = out.glob("no-race-*.json")
     saved = json.loads(found.read_text())["scheduler"]["code"]["roots"]
     assert [Path(r["path"]) for r in saved] == [checkout.resolve()]
-    (old, new), = FIX_6
+    ((old, new),) = FIX_6
     source = checkout / "python/minisgl/scheduler/scheduler.py"
     source.write_text(source.read_text().replace(old, new))
     replay = overlapcheck(["replay", str(found), "--json"], checkout, tmp_path)

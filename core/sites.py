@@ -1,10 +1,11 @@
 """Where in the scheduler's own code a device call was made, and how findings name that place.
 
 Every traced operation carries its `Site`: the innermost frame of the scheduler's code (not
-overlapcheck's machinery, not torch, not the standard library) at the call, as (file, line,
-function). Capturing it is three attribute reads per frame and one cached lookup per file, so it
-runs for every operation; turning it into a `Location` (a path relative to the scheduler's
-root) happens only when a finding is reported.
+overlapcheck's machinery, not torch, not the standard library) at the call. Capturing it is a
+few attribute reads per frame and one cached lookup per file, so it
+runs for every operation (a code object and an instruction offset); turning it into a
+`Location` (its line, a path relative to the scheduler's root) happens only when a finding is
+reported.
 
 Whose a file is: overlapcheck's own folders are the checker's, except the schedulers it ships
 (`reference/`, `examples/`); the standard library and site-packages are libraries; any other file
@@ -18,10 +19,12 @@ import sysconfig
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from types import CodeType
 from typing import Any
 
-# (absolute file, line, function): a frame, without holding the frame.
-Site = tuple[str, int, str]
+# A frame, without holding the frame: its code and the offset of the instruction it was at
+# (the line is worked out only when a finding is reported: `f_lineno` decodes the line table).
+Site = tuple[CodeType, int]
 
 _PACKAGE = Path(__file__).resolve().parent.parent  # the package root: this file is in core/
 # Folders of overlapcheck that hold schedulers under test, not the checker.
@@ -81,11 +84,20 @@ def caller(depth: int = 2) -> Site | None:
         code = frame.f_code
         kind = _kind(code.co_filename)
         if kind == _FOUND:
-            return (code.co_filename, frame.f_lineno, code.co_name)
+            return (code, frame.f_lasti)
         if kind == _STOP:
             return None
         frame = frame.f_back
     return None
+
+
+def line_of(site: Site) -> int:
+    """The line a site's instruction belongs to."""
+    code, offset = site
+    for start, end, line in code.co_lines():
+        if start <= offset < end and line is not None:
+            return line
+    return code.co_firstlineno
 
 
 @cache
@@ -122,7 +134,21 @@ class Location:
     def of(
         cls, role: str, site: Site, agent: str = "", step: int | None = None, what: str = ""
     ) -> Location:
-        filename, line, function = site
+        code = site[0]
+        return cls.at(role, code.co_filename, line_of(site), code.co_name, agent, step, what)
+
+    @classmethod
+    def at(
+        cls,
+        role: str,
+        filename: str,
+        line: int,
+        function: str,
+        agent: str = "",
+        step: int | None = None,
+        what: str = "",
+    ) -> Location:
+        """A location in `filename` (absolute), named relative to its root (`source_root`)."""
         root = source_root(filename)
         path = Path(filename).resolve()
         try:

@@ -58,14 +58,14 @@ def test_files_are_named_relative_to_their_checkout_not_by_base_name(tmp_path: P
     one = tmp_path / "engine" / "sched" / "utils.py"
     two = tmp_path / "engine" / "kv" / "utils.py"
     assert source_root(str(one)) == str(tmp_path / "engine")
-    a = Location.of("read", (str(one), 3, "f"))
-    b = Location.of("write", (str(two), 4, "g"))
+    a = Location.at("read", str(one), 3, "f")
+    b = Location.at("write", str(two), 4, "g")
     assert (a.file, b.file) == ("sched/utils.py", "kv/utils.py")
     assert a.text() == "sched/utils.py:3 in f"
     assert Location.from_json(a.to_json()) == a
     # a loose file, in no checkout: named relative to its own folder
     loose = tmp_path / "mine.py"
-    assert Location.of("x", (str(loose), 1, "h")).file == "mine.py"
+    assert Location.at("x", str(loose), 1, "h").file == "mine.py"
 
 
 def test_the_caller_is_the_schedulers_frame_not_the_machinery() -> None:

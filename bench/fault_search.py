@@ -43,9 +43,9 @@ def main(workers: int = 1, seeds: range = SEEDS) -> list[dict[str, Any]]:
             examples.append(outcome.stats.examples_to_failure or 0)
             totals.append(outcome.stats.seconds)
             shrinks.append(outcome.stats.seconds - (outcome.stats.first_failure or 0.0))
-            reqs.append(outcome.found["size"]["requests"])
-            iters.append(outcome.found["size"]["iterations"])
-            invs.add(outcome.found["invariant"])
+            reqs.append(outcome.found.requests)
+            iters.append(outcome.found.iterations)
+            invs.add(outcome.found.invariant)
         row: dict[str, Any] = {"fault": name, "found": len(firsts), "seeds": n}
         rows.append(row)
         if not firsts:

@@ -69,8 +69,10 @@ def kinds_of(scenario: Scenario) -> list[str]:
 def save(example: Example, out: Path) -> Path:
     """A violating example as a counterexample file in `out` (unshrunk: it was never searched)."""
     timing = example.timing
-    data = counterexample.to_json(example.result, timing.profile, timing.draws, git=git_revision())
-    return counterexample.save_data(data, out, unshrunk=True)
+    cex = counterexample.Counterexample.of_run(
+        example.result, timing.profile, timing.draws, git=git_revision()
+    )
+    return cex.save(out, unshrunk=True)
 
 
 def run(

@@ -158,7 +158,7 @@ def _replay_once(path: str) -> Replay:
     )
 
 
-def _find(fault: str) -> dict[str, Any] | None:
+def _find(fault: str) -> counterexample.Counterexample | None:
     spec = SearchSpec(faults=frozenset([fault]), budget=60, max_examples=20_000, seed=0)
     outcome = search_here(spec)
     return outcome.found
@@ -200,7 +200,7 @@ def _counterexamples(folder: Path | None, workers: int) -> Iterator[tuple[list[P
     with tempfile.TemporaryDirectory(prefix="overlapcheck-reliability-") as tmp:
         with _context().Pool(workers) as pool:
             found = pool.map(_find, list(FAULTS))
-        paths = [counterexample.save_data(d, tmp) for d in found if d is not None]
+        paths = [cex.save(tmp) for cex in found if cex is not None]
         yield paths, True
 
 

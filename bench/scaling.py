@@ -55,7 +55,7 @@ def throughput(workers: int, seconds: float) -> tuple[float, float]:
 
     spec = SearchSpec(budget=seconds, max_examples=10**9, seed=0, round_size=10)
     outcome = search_streams(spec, workers, Listener(progress=on_progress))
-    assert outcome.found is None, outcome.found and outcome.found["violation"]
+    assert outcome.found is None, outcome.found and outcome.found.violation
     steady = [s for s in samples if s.examples > 0 and s.alive == workers]
     if len(steady) < 2 or steady[-1].seconds - steady[0].seconds < 1:
         wall = outcome.stats.seconds

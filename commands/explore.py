@@ -218,10 +218,10 @@ def main(args: argparse.Namespace) -> int:
         f"{stats.examples} examples, {stats.iterations} scheduler iterations simulated, "
         f"{stats.seconds:.1f} s"
     )
-    data = outcome.counterexample
-    if data is None and outcome.bug is not None:
+    found = outcome.counterexample
+    if found is None and outcome.bug is not None:
         raise outcome.bug  # the CLI saves its input and exits 3
-    if data is None:
+    if found is None:
         if outcome.interrupted:
             print(f"overlapcheck: interrupted; nothing found in {summary}", file=sys.stderr)
             return report.end(130)
@@ -233,19 +233,17 @@ def main(args: argparse.Namespace) -> int:
             write_sarif(sarif, [])
         return report.end(0)
     try:
-        path = keeper.finish(data)
+        path = keeper.finish(found)
     except OSError as err:
         # The folder went away or filled up mid-search: print the counterexample rather than
         # lose it, and still exit 1: a violation was found, and a script testing for 1 must see it.
-        print(json.dumps({k: v for k, v in data.items() if k != "trace"}), file=human)
+        print(json.dumps({k: v for k, v in found.data.items() if k != "trace"}), file=human)
         print(
             f"overlapcheck: error: {args.out}: cannot save the counterexample "
             f"({err.strerror}); it is printed above",
             file=sys.stderr,
         )
-        violation = data.get("violation")
-        if isinstance(violation, dict):
-            report.violation = violation
+        report.violation = found.violation
         return report.end(1)
     report.counterexample = path
     cex = counterexample.load(path)
@@ -264,7 +262,7 @@ def main(args: argparse.Namespace) -> int:
     say(f"VIOLATION {v.line()}")
     print_hints([v], run.config.loop)
     size = f"{len(run.scenario.requests)} request(s), {run.iterations} iterations"
-    first = (outcome.unshrunk or {}).get("invariant")
+    first = outcome.unshrunk.invariant if outcome.unshrunk is not None else None
     if outcome.found is not None and first is not None and first != v.invariant:
         say(
             f"(the first failure was {first}; shrinking settled on a smaller failure of "
@@ -335,8 +333,8 @@ class _Report:
             unshrunk = {
                 "path": str(self.keeper.path) if self.keeper.path is not None else None,
                 "kept": self.keeper.kept,
-                "invariant": o.unshrunk["invariant"],
-                "size": o.unshrunk["size"],
+                "invariant": o.unshrunk.invariant,
+                "size": o.unshrunk.size,
             }
         return {
             "command": "explore",
@@ -358,7 +356,7 @@ class _Report:
             "counterexample": str(self.counterexample) if self.counterexample else None,
             "unshrunk": unshrunk,
             "violation": self.violation,
-            "size": data["size"] if data is not None else None,
+            "size": data.size if data is not None else None,
             "timelines": [str(p) for p in self.timelines],
             "replay": f"overlapcheck replay {self.counterexample}" if self.counterexample else None,
         }
@@ -402,8 +400,8 @@ def _search(spec: SearchSpec, args: argparse.Namespace, keeper: FailureKeeper) -
             rate = max(live.seconds, 1e-9)
             workers = f", {live.alive}/{live.workers} workers" if live.workers > 1 else ""
             shrinking = ""
-            if keeper.first_data is not None:
-                invariant = keeper.first_data["invariant"]
+            if keeper.first_found is not None:
+                invariant = keeper.first_found.invariant
                 shrinking = f"; shrinking {invariant}: {keeper.replaced} smaller"
             progress.update(
                 task,

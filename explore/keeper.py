@@ -10,21 +10,11 @@ ends, the result is saved under its own name and the unshrunk file goes.
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from overlapcheck.formats import counterexample
-
-
-def write_atomically(data: dict[str, Any], path: Path) -> None:
-    """`data` as JSON at `path`, by a rename from a temporary file in the same folder."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    os.replace(tmp, path)
+from overlapcheck.formats.counterexample import Counterexample
 
 
 class FailureKeeper:
@@ -35,43 +25,42 @@ class FailureKeeper:
         self.out = out
         self.notice = notice
         self.path: Path | None = None  # the file that holds the smallest failure so far
-        self.first_data: dict[str, Any] | None = None
+        self.first_found: Counterexample | None = None
         self.replaced = 0  # smaller failures written over it
         self.found_at: float | None = None  # perf_counter when the first failure arrived
         self.saved_after: float | None = None  # seconds from its arrival to its file
 
-    def first(self, data: dict[str, Any]) -> None:
+    def first(self, found: Counterexample) -> None:
         self.found_at = time.perf_counter()
-        self.first_data = data
-        size = data["size"]
+        self.first_found = found
         try:
-            self.path = counterexample.save_data(data, self.out, unshrunk=True)
+            self.path = found.save(self.out, unshrunk=True)
         except OSError as err:
             self.notice(
-                f"found {data['invariant']}; cannot save it before shrinking ({err.strerror}); "
+                f"found {found.invariant}; cannot save it before shrinking ({err.strerror}); "
                 "shrinking"
             )
             return
         self.saved_after = time.perf_counter() - self.found_at
         self.notice(
-            f"found {data['invariant']} ({size['requests']} request(s), {size['iterations']} "
+            f"found {found.invariant} ({found.requests} request(s), {found.iterations} "
             f"iterations); saved before shrinking: {self.path}; shrinking (Ctrl-C keeps the "
             "smallest failure so far)"
         )
 
-    def smaller(self, data: dict[str, Any]) -> None:
+    def smaller(self, found: Counterexample) -> None:
         if self.path is None:
             return
         try:
-            write_atomically(data, self.path)
+            found.write(self.path)
         except OSError:
             return  # the file keeps the last one written; the search keeps the newest in memory
         self.replaced += 1
 
-    def finish(self, data: dict[str, Any]) -> Path:
-        """Save `data` (the shrunk failure, or the smallest so far) under its own name; the
+    def finish(self, found: Counterexample) -> Path:
+        """Save `found` (the shrunk failure, or the smallest so far) under its own name; the
         unshrunk file goes once it is safely written."""
-        path = counterexample.save_data(data, self.out)
+        path = found.save(self.out)
         if self.path is not None and self.path != path:
             self.path.unlink(missing_ok=True)
         return path

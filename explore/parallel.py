@@ -47,7 +47,7 @@ from overlapcheck.explore.stream_messages import (
     StreamMessage,
     Unshrunk,
 )
-from overlapcheck.formats import counterexample
+from overlapcheck.formats.counterexample import Counterexample
 from overlapcheck.harness.crash import CheckerBug
 from overlapcheck.harness.heap import keep_freed_heap
 from overlapcheck.harness.revision import git_revision
@@ -68,9 +68,12 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
-def cex_data(found: Found, spec: SearchSpec) -> dict[str, Any]:
-    """A found violation as a counterexample file's JSON value (what crosses process lines)."""
-    data = counterexample.to_json(
+def cex_of(found: Found, spec: SearchSpec) -> Counterexample:
+    """A found violation as a counterexample (what crosses process lines)."""
+    search = None
+    if found.choices:  # what `explore --resume FILE` replays and shrinks from
+        search = spec.to_json() | {"choices": base64.b64encode(found.choices).decode()}
+    return Counterexample.of_run(
         found.result,
         spec.profile,
         found.draws,
@@ -78,10 +81,8 @@ def cex_data(found: Found, spec: SearchSpec) -> dict[str, Any]:
         spec.extra_checks,
         spec.scheduler,
         git_revision(),
+        search,
     )
-    if found.choices:  # what `explore --resume FILE` replays and shrinks from
-        data["search"] = spec.to_json() | {"choices": base64.b64encode(found.choices).decode()}
-    return data
 
 
 def run_stream(
@@ -102,14 +103,14 @@ def run_stream(
     def on_failure(found: Found) -> bool:
         if not claim():
             return False
-        report(Unshrunk(index, cex_data(found, spec)))
+        report(Unshrunk(index, cex_of(found, spec)))
         return True
 
     def on_smaller(found: Found) -> None:
-        report(Smaller(index, cex_data(found, spec)))
+        report(Smaller(index, cex_of(found, spec)))
 
     result = search(spec, on_round, on_failure, should_stop, on_smaller)
-    data = cex_data(result.found, spec) if result.found is not None else None
+    data = cex_of(result.found, spec) if result.found is not None else None
     stats = result.stats
     done = Done(index, stats.examples, stats.iterations, data, result.cut)
     report(done)
@@ -139,9 +140,9 @@ class Outcome:
     """What the streams found, added up."""
 
     stats: SearchStats
-    found: dict[str, Any] | None = None  # the shrunk counterexample (file JSON)
-    unshrunk: dict[str, Any] | None = None  # the first failing example, before shrinking
-    best: dict[str, Any] | None = None  # the smallest failure so far (the unshrunk one at first)
+    found: Counterexample | None = None  # the shrunk counterexample
+    unshrunk: Counterexample | None = None  # the first failing example, before shrinking
+    best: Counterexample | None = None  # the smallest failure so far (the unshrunk one at first)
     cut: str | None = None  # CUT_INTERRUPTED or CUT_BUDGET: shrinking ended short; found = best
     interrupted: bool = False  # Ctrl-C ended the search (before or during shrinking)
     winner: int | None = None
@@ -150,7 +151,7 @@ class Outcome:
     bug: CheckerBug | None = None  # overlapcheck crashed in a worker: the input to save
 
     @property
-    def counterexample(self) -> dict[str, Any] | None:
+    def counterexample(self) -> Counterexample | None:
         """What to save: the shrunk failure, else the smallest one so far (a cut or a death)."""
         return self.found or self.best
 
@@ -175,8 +176,8 @@ class Listener:
     """What a search tells its caller as it happens; each hook does nothing unless given."""
 
     progress: Callable[[Live], None] = _ignore  # running totals, a few times a second
-    unshrunk: Callable[[dict[str, Any]], None] = _ignore  # the first failure, before shrinking
-    smaller: Callable[[dict[str, Any]], None] = _ignore  # each smaller failure while shrinking
+    unshrunk: Callable[[Counterexample], None] = _ignore  # the first failure, before shrinking
+    smaller: Callable[[Counterexample], None] = _ignore  # each smaller failure while shrinking
     notice: Callable[[str], None] = _ignore  # a line for the user: a worker died, where Ray runs
 
 
@@ -470,13 +471,13 @@ def search_here(spec: SearchSpec, listener: Listener = QUIET) -> Outcome:
     outcome = Outcome(SearchStats())
 
     def on_failure(found: Found) -> bool:
-        outcome.unshrunk = outcome.best = cex_data(found, spec)
+        outcome.unshrunk = outcome.best = cex_of(found, spec)
         outcome.winner = 0
         listener.unshrunk(outcome.unshrunk)
         return True
 
     def on_smaller_found(found: Found) -> None:
-        outcome.best = cex_data(found, spec)
+        outcome.best = cex_of(found, spec)
         listener.smaller(outcome.best)
 
     try:
@@ -487,7 +488,7 @@ def search_here(spec: SearchSpec, listener: Listener = QUIET) -> Outcome:
     outcome.stats, outcome.cut = result.stats, result.cut
     outcome.interrupted = result.cut == CUT_INTERRUPTED
     if result.found is not None:
-        outcome.found, outcome.winner = cex_data(result.found, spec), 0
+        outcome.found, outcome.winner = cex_of(result.found, spec), 0
     return outcome
 
 

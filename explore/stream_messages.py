@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from overlapcheck.core.scenario import Scenario
+from overlapcheck.formats.counterexample import Counterexample
 
 
 class Progress(NamedTuple):
@@ -19,19 +20,19 @@ class Progress(NamedTuple):
 
 class Unshrunk(NamedTuple):
     stream: int
-    cex: dict[str, Any]  # a counterexample file's JSON value
+    cex: Counterexample  # the failure found, as its file will hold it
 
 
 class Smaller(NamedTuple):
     stream: int
-    cex: dict[str, Any]
+    cex: Counterexample
 
 
 class Done(NamedTuple):
     stream: int
     examples: int
     iterations: int
-    cex: dict[str, Any] | None  # the shrunk counterexample, or None
+    cex: Counterexample | None  # the shrunk counterexample, or None
     cut: str | None  # what cut the shrink short (the budget, an interrupt), or None
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -39,81 +40,66 @@ LEGACY_INVARIANTS = (
 )
 
 
-def to_json(
-    result: RunResult,
-    profile: Profile,
-    draws: dict[int, float],
-    skip: frozenset[str] = frozenset(),
-    extra_checks: tuple[str, ...] = (),
-    scheduler: SchedulerSpec | None = None,
-    git: str = "unknown",
-) -> dict[str, Any]:
-    """The counterexample file's JSON value; `git` is the revision of the code that found it."""
-    violation = result.violations[0]
-    spec = scheduler or SchedulerSpec()
-    return {
-        "format": FORMAT,
-        "version": VERSION,
-        "overlapcheck": __version__,
-        "git": git,
-        # Which scheduler ran, and its code file by file: a replay says which files changed.
-        "scheduler": spec.to_json(result.scheduler),
-        "scenario": result.scenario.to_json(),
-        "faults": sorted(result.config.faults),
-        "skip": sorted(skip),  # invariants the search did not check
-        "checks": list(extra_checks),  # opt-in ones it did (bounded-wait=K)
-        # Exactly what was checked: a replay checks the same, whatever invariants come later (a
-        # new one firing first would hide the recorded violation and change the trace).
-        "invariants": check_specs(skip, extra_checks),
-        "timing": {
-            "profile": profile.as_dict(),
-            "draws": {str(k): v for k, v in sorted(draws.items())},
-        },
-        "invariant": violation.invariant,
-        "violation": violation.to_json(),
-        "trace_hash": result.trace_hash,
-        # The watchdog's timeout (wall-clock seconds a step may take; null: off): a no-hang
-        # found with a short one must replay with it.
-        "hang_timeout": result.hang_timeout,
-        "size": {"requests": len(result.scenario.requests), "iterations": result.iterations},
-        # The trace itself, so that tools can read what happened without replaying.
-        "trace": trace_to_json(result.trace),
-    }
-
-
-def save(
-    result: RunResult,
-    profile: Profile,
-    draws: dict[int, float],
-    out_dir: str | Path,
-    skip: frozenset[str] = frozenset(),
-    extra_checks: tuple[str, ...] = (),
-    scheduler: SchedulerSpec | None = None,
-    git: str = "unknown",
-) -> Path:
-    data = to_json(result, profile, draws, skip, extra_checks, scheduler, git)
-    return save_data(data, out_dir)
-
-
-UNSHRUNK = "unshrunk-"
-
-
-def save_data(data: dict[str, Any], out_dir: str | Path, unshrunk: bool = False) -> Path:
-    """Write a counterexample (`to_json`'s value) as `<invariant>-<hash>.json` in `out_dir`, or
-    as `unshrunk-<invariant>-<hash>.json`: a failure saved before shrinking, which the shrunk
-    one replaces. Written whole, then renamed: a reader never sees half a file."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    name = f"{UNSHRUNK if unshrunk else ''}{data['invariant']}-{data['trace_hash'][:8]}.json"
-    path = out / name
-    tmp = out / f".{name}.tmp"
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    tmp.replace(path)
-    return path
-
-
 class Counterexample:
-    """A loaded counterexample file."""
+    """A counterexample: everything needed to replay a violation exactly. The one type on
+    both sides of the file: a search builds it from a run (`of_run`), it crosses process pipes
+    as it is, `save`/`write` put it on disk, and `load` reads it back (files of every earlier
+    release included), validated the same way each time.
+
+        cex = Counterexample.of_run(result, profile, draws, scheduler=spec)
+        path = cex.save("counterexamples")   # counterexamples/no-race-637ee2ed.json
+        assert load(path).trace_hash == cex.trace_hash
+    """
+
+    @classmethod
+    def of_run(
+        cls,
+        result: RunResult,
+        profile: Profile,
+        draws: dict[int, float],
+        skip: frozenset[str] = frozenset(),
+        extra_checks: tuple[str, ...] = (),
+        scheduler: SchedulerSpec | None = None,
+        git: str = "unknown",
+        search: dict[str, Any] | None = None,
+    ) -> Counterexample:
+        """The first violation of `result` (a run that built its scheduler in this process:
+        its code is fingerprinted now); `git`: the revision of the code that found it;
+        `search`: what `explore --resume` needs to go on shrinking it."""
+        violation = result.violations[0]
+        spec = scheduler or SchedulerSpec()
+        data: dict[str, Any] = {
+            "format": FORMAT,
+            "version": VERSION,
+            "overlapcheck": __version__,
+            "git": git,
+            # Which scheduler ran, and its code file by file: a replay says which files changed.
+            "scheduler": spec.to_json(result.scheduler),
+            "scenario": result.scenario.to_json(),
+            "faults": sorted(result.config.faults),
+            "skip": sorted(skip),  # invariants the search did not check
+            "checks": list(extra_checks),  # opt-in ones it did (bounded-wait=K)
+            # Exactly what was checked: a replay checks the same, whatever invariants come
+            # later (a new one firing first would hide the recorded violation and change the
+            # trace).
+            "invariants": check_specs(skip, extra_checks),
+            "timing": {
+                "profile": profile.as_dict(),
+                "draws": {str(k): v for k, v in sorted(draws.items())},
+            },
+            "invariant": violation.invariant,
+            "violation": violation.to_json(),
+            "trace_hash": result.trace_hash,
+            # The watchdog's timeout (wall-clock seconds a step may take; null: off): a no-hang
+            # found with a short one must replay with it.
+            "hang_timeout": result.hang_timeout,
+            "size": {"requests": len(result.scenario.requests), "iterations": result.iterations},
+            # The trace itself, so that tools can read what happened without replaying.
+            "trace": trace_to_json(result.trace),
+        }
+        if search is not None:
+            data["search"] = search
+        return cls(data, f"{violation.invariant}-{result.trace_hash[:8]}")
 
     def __init__(self, data: dict[str, Any], where: str) -> None:
         self.data = data
@@ -170,6 +156,47 @@ class Counterexample:
 
     def timing(self) -> Timing:
         return Timing(self.profile, ReplayDelay(self.draws))
+
+    @property
+    def requests(self) -> int:
+        """Its size: requests in the workload (the scenario's, for files that do not say)."""
+        return int(self.data.get("size", {}).get("requests", len(self.scenario.requests)))
+
+    @property
+    def iterations(self) -> int:
+        """Its size: scheduler iterations of the recorded run (0: the file does not say)."""
+        value = self.data.get("size", {}).get("iterations")
+        return value if isinstance(value, int) else 0
+
+    @property
+    def size(self) -> dict[str, Any]:
+        return {"requests": self.requests, "iterations": self.iterations}
+
+    @property
+    def violation(self) -> dict[str, Any] | None:
+        """The recorded violation as the file holds it (`Violation.to_json()`)."""
+        value = self.data.get("violation")
+        return value if isinstance(value, dict) else None
+
+    def file_name(self, unshrunk: bool = False) -> str:
+        """`<invariant>-<hash>.json`, or `unshrunk-<invariant>-<hash>.json` for a failure
+        saved before shrinking."""
+        return f"{UNSHRUNK if unshrunk else ''}{self.invariant}-{self.trace_hash[:8]}.json"
+
+    def save(self, out_dir: str | Path, unshrunk: bool = False) -> Path:
+        """Write it as `file_name()` in `out_dir` (made if missing)."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / self.file_name(unshrunk)
+        self.write(path)
+        return path
+
+    def write(self, path: Path) -> None:
+        """The one writer of counterexample files: written whole beside `path`, then renamed
+        over it, so a reader (or a kill mid-write) sees the old file or the new one."""
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(self.data, indent=1) + "\n")
+        os.replace(tmp, path)
 
     def code_changes(self, now: CodeFingerprint | None = None) -> list[str] | None:
         """The scheduler's files that changed since the file was saved, relative to their
@@ -256,6 +283,24 @@ def _draws(raw: dict[str, Any]) -> dict[int, float]:
             raise ValueError(f"timing.draws[{key}]: expected a finite delay >= 0, got {value!r}")
         draws[int(key)] = float(value)
     return draws
+
+
+UNSHRUNK = "unshrunk-"
+
+
+def save(
+    result: RunResult,
+    profile: Profile,
+    draws: dict[int, float],
+    out_dir: str | Path,
+    skip: frozenset[str] = frozenset(),
+    extra_checks: tuple[str, ...] = (),
+    scheduler: SchedulerSpec | None = None,
+    git: str = "unknown",
+) -> Path:
+    """`Counterexample.of_run(...).save(out_dir)`: a run's first violation, on disk."""
+    cex = Counterexample.of_run(result, profile, draws, skip, extra_checks, scheduler, git)
+    return cex.save(out_dir)
 
 
 def load(path: str | Path) -> Counterexample:

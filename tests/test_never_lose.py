@@ -17,6 +17,7 @@ from overlapcheck.explore.keeper import FailureKeeper
 from overlapcheck.explore.parallel import Listener, Outcome, search_streams
 from overlapcheck.explore.search import CUT_BUDGET, Found, SearchSpec, search
 from overlapcheck.formats import counterexample
+from overlapcheck.formats.counterexample import Counterexample
 from overlapcheck.orchestrate.sim_replay import replay_on_sim
 
 FAULT = "free-slot-early"
@@ -42,8 +43,8 @@ def interrupt_once_saved(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     saved: list[Path] = []
     first = FailureKeeper.first
 
-    def first_then_ctrl_c(self: FailureKeeper, data: dict[str, Any]) -> None:
-        first(self, data)
+    def first_then_ctrl_c(self: FailureKeeper, found: Counterexample) -> None:
+        first(self, found)
         assert self.path is not None and self.path.exists()
         saved.append(self.path)
         raise KeyboardInterrupt
@@ -109,16 +110,16 @@ def test_ctrl_c_before_anything_is_found_exits_130_with_the_stats(
     assert report["interrupted"] and not report["found"] and report["stats"]["examples"] == done
 
 
-def search_keeping(out: Path, seed: int) -> tuple[FailureKeeper, list[dict[str, Any]], Outcome]:
+def search_keeping(out: Path, seed: int) -> tuple[FailureKeeper, list[Counterexample], Outcome]:
     """A search whose failure a keeper holds in `out`; returns each replacement as written."""
     keeper = FailureKeeper(out, lambda line: None)
-    replaced: list[dict[str, Any]] = []
+    replaced: list[Counterexample] = []
 
-    def smaller(data: dict[str, Any]) -> None:
-        keeper.smaller(data)
+    def smaller(found: Counterexample) -> None:
+        keeper.smaller(found)
         assert keeper.path is not None
-        assert json.loads(keeper.path.read_text())["trace_hash"] == data["trace_hash"]
-        replaced.append(data)
+        assert json.loads(keeper.path.read_text())["trace_hash"] == found.trace_hash
+        replaced.append(found)
 
     spec = SearchSpec(faults=frozenset([FAULT]), budget=3600, seed=seed)
     outcome = search_streams(spec, 1, Listener(unshrunk=keeper.first, smaller=smaller))
@@ -140,14 +141,14 @@ def test_each_smaller_failure_replaces_the_saved_file(tmp_path: Path) -> None:
     assert keeper.path is not None
     on_disk = json.loads(keeper.path.read_text())
     # The file ends holding the last (smallest) one, which is what shrinking settled on.
-    assert on_disk["trace_hash"] == replaced[-1]["trace_hash"] == outcome.found["trace_hash"]
+    assert on_disk["trace_hash"] == replaced[-1].trace_hash == outcome.found.trace_hash
     first = outcome.unshrunk
     assert first is not None
-    assert outcome.found["size"]["requests"] <= first["size"]["requests"]
+    assert outcome.found.requests <= first.requests
     assert not list(out.glob(".*.tmp"))  # every replacement was renamed into place
     path = keeper.finish(outcome.found)
     assert not keeper.kept
-    assert_replays(path, outcome.found["invariant"])
+    assert_replays(path, outcome.found.invariant)
 
 
 class _Clock:
@@ -218,7 +219,7 @@ def saved_counterexample(folder: Path) -> Path:
     spec = SearchSpec(faults=frozenset(["copy-done-wrong-stream"]), budget=3600, seed=0)
     outcome = search_streams(spec, 1)
     assert outcome.found is not None
-    return counterexample.save_data(outcome.found, folder)
+    return outcome.found.save(folder)
 
 
 def test_the_reliability_bench_reports_no_violation_and_identical_replays(

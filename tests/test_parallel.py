@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 from overlapcheck.explore.parallel import (
     Listener,
@@ -23,6 +22,7 @@ from overlapcheck.explore.parallel import (
 )
 from overlapcheck.explore.search import SearchSpec, stream_seed
 from overlapcheck.formats import counterexample
+from overlapcheck.formats.counterexample import Counterexample
 from overlapcheck.orchestrate.sim_replay import replay_on_sim
 
 
@@ -45,14 +45,14 @@ def test_the_first_violation_stops_the_others_and_its_counterexample_replays(
     tmp_path: Path,
 ) -> None:
     spec = SearchSpec(faults=frozenset(["chunk-sample-overwrite"]), budget=3600, seed=1)
-    unshrunk: list[dict[str, Any]] = []
+    unshrunk: list[Counterexample] = []
     outcome = search_processes(spec, 2, Listener(unshrunk=unshrunk.append))
     assert outcome.found is not None and outcome.winner in (0, 1)
     assert not outcome.deaths
     # The other stream stopped at the first violation, not at the end of its examples.
     assert outcome.stats.examples < spec.max_examples
-    assert len(unshrunk) == 1 and unshrunk[0]["invariant"] == outcome.found["invariant"]
-    path = counterexample.save_data(outcome.found, tmp_path)
+    assert len(unshrunk) == 1 and unshrunk[0].invariant == outcome.found.invariant
+    path = outcome.found.save(tmp_path)
     cex = counterexample.load(path)
     replayed = replay_on_sim(cex)
     assert cex.reproduced(replayed) is not None
@@ -123,8 +123,8 @@ def test_the_unshrunk_counterexample_is_on_disk_before_shrinking(tmp_path: Path)
     spec = SearchSpec(faults=frozenset(["staging-buffer-reuse"]), budget=3600, seed=0)
     seen: list[Path] = []
 
-    def on_unshrunk(data: dict[str, Any]) -> None:
-        seen.append(counterexample.save_data(data, tmp_path, unshrunk=True))
+    def on_unshrunk(found: Counterexample) -> None:
+        seen.append(found.save(tmp_path, unshrunk=True))
 
     outcome = search_streams(spec, 1, Listener(unshrunk=on_unshrunk))
     assert outcome.found is not None and len(seen) == 1

@@ -57,7 +57,7 @@ def test_search_ray_collects_stats_and_the_counterexample_in_the_driver() -> Non
     spec = SearchSpec(faults=frozenset(["copy-done-wrong-stream"]), budget=3600, seed=0)
     unshrunk: list[dict[str, object]] = []
     outcome = search_ray(spec, "local", 2, Listener(unshrunk=unshrunk.append))
-    assert outcome.found is not None and outcome.found["invariant"] == "no-race"
+    assert outcome.found is not None and outcome.found.invariant == "no-race"
     assert len(unshrunk) == 1 and outcome.stats.examples >= 1 and not outcome.deaths
 
 

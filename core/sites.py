@@ -114,6 +114,18 @@ def source_root(filename: str) -> str:
     return str(path.parent)
 
 
+@cache
+def _named(filename: str) -> tuple[str, str]:
+    """`filename` relative to its source root, and that root (a finding may be reported at
+    every iteration of a run: the file system is asked once per file)."""
+    root = source_root(filename)
+    path = Path(filename).resolve()
+    try:
+        return path.relative_to(root).as_posix(), root
+    except ValueError:
+        return path.as_posix(), root
+
+
 @dataclass(frozen=True, slots=True)
 class Location:
     """One place a finding points at: what happened there (`role`: "write", "read", "freed",
@@ -149,12 +161,7 @@ class Location:
         what: str = "",
     ) -> Location:
         """A location in `filename` (absolute), named relative to its root (`source_root`)."""
-        root = source_root(filename)
-        path = Path(filename).resolve()
-        try:
-            file = path.relative_to(root).as_posix()
-        except ValueError:
-            file = path.as_posix()
+        file, root = _named(filename)
         return cls(role, file, line, function, root, agent, step, what)
 
     def text(self) -> str:

@@ -27,6 +27,7 @@ block's by its storage's use count falling back to the allocator's own.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 
@@ -47,9 +48,13 @@ class _Block:
     markers: list[Marker] = field(default_factory=list)  # freed: events it waits for
     freed: tuple[Site | None, int] = (None, 0)  # where the program dropped its last tensor, step
 
-    @property
+    @cached_property
     def nbytes(self) -> int:
         return self.buffer.numel * self.buffer.physical.element_size()
+
+    @cached_property
+    def dtype(self) -> torch.dtype:
+        return self.buffer.physical.dtype
 
 
 class DeviceAllocator:
@@ -79,9 +84,7 @@ class DeviceAllocator:
         fits = [
             b
             for b in pool
-            if b.buffer.physical.dtype == dtype
-            and b.nbytes >= rounded
-            and (b.nbytes <= SMALL) == small
+            if b.dtype == dtype and b.nbytes >= rounded and (b.nbytes <= SMALL) == small
         ]
         if fits:
             block = min(fits, key=lambda b: b.nbytes)  # best fit; the earliest freed of a size
@@ -150,6 +153,14 @@ class _PinnedBlock:
     own: int  # its use count when only the allocator holds it
     markers: dict[str, Marker] = field(default_factory=dict)  # by stream: after its last copy
 
+    @cached_property
+    def dtype(self) -> torch.dtype:
+        return self.buffer.physical.dtype
+
+    @cached_property
+    def bucket(self) -> int:
+        return _bucket(self.buffer.numel * self.buffer.physical.element_size())
+
 
 def _use_count(storage: int) -> int:
     count: int = torch._C._storage_Use_Count(storage)
@@ -181,8 +192,8 @@ class HostAllocator:
             (
                 b
                 for b in self.free
-                if b.buffer.physical.dtype == dtype
-                and _bucket(b.buffer.numel * made.element_size()) == bucket
+                if b.dtype == dtype
+                and b.bucket == bucket
                 and all(m.query() for m in b.markers.values())
             ),
             None,

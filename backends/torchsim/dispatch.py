@@ -573,7 +573,7 @@ class Interceptor:
             same_geometry(buffer.logical, logical).copy_(logical)
             out = self.wrap(buffer, logical)
             self._allocated(buffer, logical, here, "to")
-            self._h2d(out, x, non_blocking, here)
+            self._h2d(out, x, non_blocking, here, logical_done=True)
             return out
         # device to host: pinned when non-blocking (as PyTorch's `_to_copy` does)
         assert isinstance(x, SimTensor)
@@ -598,7 +598,16 @@ class Interceptor:
             return dst
         return self._host(func, args, kwargs)
 
-    def _h2d(self, dst: SimTensor, src: torch.Tensor, non_blocking: bool, here: str) -> None:
+    def _h2d(
+        self,
+        dst: SimTensor,
+        src: torch.Tensor,
+        non_blocking: bool,
+        here: str,
+        logical_done: bool = False,
+    ) -> None:
+        """A copy from host memory into `dst` (`logical_done`: the logical copy already holds
+        the values, as in a fresh tensor `_to_copy` made)."""
         runtime = self.runtime
         src_buffer = self.memory.pinned_of(src)
         asynchronous = non_blocking and src_buffer is not None
@@ -606,7 +615,8 @@ class Interceptor:
         # by the program's tensor), or pageable memory staged now
         source: _Ref | torch.Tensor
         with plain():
-            same_geometry(dst.buffer.logical, dst.logic).copy_(self.logical(src))
+            if not logical_done:
+                same_geometry(dst.buffer.logical, dst.logic).copy_(self.logical(src))
             if asynchronous and src_buffer is not None:
                 source = _Ref(src_buffer, geometry(src))
             else:

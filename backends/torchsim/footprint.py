@@ -50,23 +50,6 @@ def arguments(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Iterato
             yield name, value
 
 
-def _tensors(value: Any) -> Iterator[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, list | tuple):
-        for v in value:
-            if isinstance(v, torch.Tensor):
-                yield v
-
-
-def _cells_of(locate: Locate, view: torch.Tensor) -> tuple[Buffer, np.ndarray] | None:
-    found = locate(view)
-    if found is None:
-        return None
-    buffer, where = found
-    return buffer, view_cells(buffer, where)
-
-
 def _indexed(
     locate: Locate, view: torch.Tensor, pick: Callable[[torch.Tensor], torch.Tensor]
 ) -> tuple[Buffer, np.ndarray] | None:
@@ -104,9 +87,8 @@ def touches(
                 skip = arg_index
     written = info.written
     for i, value in enumerate(args):
-        if i == skip or i >= len(written):
-            continue
-        _add(locate, value, written[i], reads, writes)
+        if i != skip and i < len(written):
+            _add(locate, value, written[i], reads, writes)
     by_name = info.by_name
     for name, value in kwargs.items():
         found = by_name.get(name)
@@ -118,14 +100,20 @@ def touches(
 def _add(
     locate: Locate, value: Any, written: bool, reads: list[Touch], writes: list[Touch]
 ) -> None:
-    """The cells of the tensors in one argument's value, read or written."""
-    for tensor in _tensors(value):
-        found = _cells_of(locate, tensor)
+    """The cells of the tensors in one argument's value (one level of lists down), read or
+    written."""
+    if isinstance(value, torch.Tensor):
+        found = locate(value)
         if found is not None:
+            buffer, where = found
             if written:
-                writes.append(Touch(found[0], found[1], "w"))
+                writes.append(Touch(buffer, view_cells(buffer, where), "w"))
             else:
-                reads.append(Touch(found[0], found[1], "r"))
+                reads.append(Touch(buffer, view_cells(buffer, where), "r"))
+    elif isinstance(value, list | tuple):
+        for v in value:
+            if isinstance(v, torch.Tensor):
+                _add(locate, v, written, reads, writes)
 
 
 def _precise(

@@ -136,10 +136,13 @@ class SimulatedCuda:
         batch: int | None = None,
         uids: tuple[int, ...] = (),
         unit: Unit | None = None,
+        shape: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> None:
         """A kernel of the caller's own on the current stream: `accesses` are (tensor, cells of
         its buffer or None for the whole view, "r" | "w"); `start` runs when the kernel starts
-        (read the physical copies there) and returns what to run when it ends (write them)."""
+        (read the physical copies there) and returns what to run when it ends (write them).
+        `shape`: a forward's (slots, context lengths), for a forward whose block table is not
+        the contract's token-wide `page_table` (`Op.shape`)."""
         traced = []
         for tensor, cells, mode in accesses:
             found = self.interceptor.locate(tensor)
@@ -151,6 +154,8 @@ class SimulatedCuda:
             self.runtime.current.name, kind, label=label, accesses=traced, batch=batch, uids=uids
         )
         op.delay = cost.delay
+        if shape is not None:
+            op.shape = shape
         self.interceptor._enqueue(_Launch(op, unit or self.device.compute, cost.seconds, start))
 
     def drain(self) -> None:

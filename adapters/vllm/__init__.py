@@ -75,8 +75,9 @@ def make_sync_ngram_scheduler(
 def make_connector_scheduler(
     config: SchedulerConfig, device: Device, source: MessageSource, sink: MessageSink
 ) -> SchedulerUnderTest:
-    """`AsyncScheduler` with a consumer KV connector: external KV loaded on a transfer stream."""
-    return _make(Variant(connector=True), config, device, source, sink)
+    """`AsyncScheduler` with a consumer KV connector (external KV loaded on a transfer stream),
+    no drafts: the search is about the deferred block frees."""
+    return _make(Variant(connector=True, drafts=0), config, device, source, sink)
 
 
 def make_unchunked_scheduler(

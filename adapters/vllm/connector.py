@@ -53,11 +53,11 @@ def connector_class() -> type:
     base: Any = base_module.KVConnectorBase_V1
     metadata: Any = base_module.KVConnectorMetadata
 
-    class Metadata(metadata):  # type: ignore[misc, valid-type]
+    class Metadata(metadata):  # type: ignore[misc]
         def __init__(self, loads: list[PlannedLoad]) -> None:
             self.loads = loads
 
-    class OverlapcheckConnector(base):  # type: ignore[misc, valid-type]
+    class OverlapcheckConnector(base):  # type: ignore[misc]
         def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
             super().__init__(vllm_config, role, kv_cache_config)
             self.block_size = int(vllm_config.cache_config.block_size)

@@ -165,25 +165,33 @@ class StandInWorker:
             begin = self.blocks[req_id]
             self.blocks[req_id] = begin + len(ids)
             table.append((slot * width + begin + np.arange(len(ids)), ids))
-        self._stage(self.token_pool, pool)
-        self._stage(self.block_table, table)
-        self._stage(self.num_computed, computed)
+        self._stage(
+            [(self.token_pool, pool), (self.block_table, table), (self.num_computed, computed)]
+        )
 
-    def _stage(self, target: torch.Tensor, writes: list[tuple[np.ndarray, np.ndarray]]) -> None:
-        """Writes of (flat cells, values) into `target`: through pinned memory, then one
-        index_put on the current stream (vLLM's staged writes)."""
-        if not writes:
+    def _stage(
+        self, targets: list[tuple[torch.Tensor, list[tuple[np.ndarray, np.ndarray]]]]
+    ) -> None:
+        """Writes of (flat cells, values) into device buffers, as vLLM's staged writes: one
+        pinned buffer of cells and values, one copy to the device on the current stream, then
+        an index_put per buffer."""
+        parts = [(t, w) for t, w in targets if w]
+        if not parts:
             return
         with plain():
-            cells = np.concatenate([c for c, _ in writes])
-            values = np.concatenate([v for _, v in writes])
-            host_cells = torch.from_numpy(cells.astype(np.int64))
-            host_values = torch.from_numpy(values.astype(np.int32))
-        pinned_cells = host_cells.pin_memory()
-        pinned_values = host_values.pin_memory()
-        dev_cells = pinned_cells.to(self.cuda.torch_device, non_blocking=True)
-        dev_values = pinned_values.to(self.cuda.torch_device, non_blocking=True)
-        target.view(-1).index_put_((dev_cells,), dev_values)
+            sizes = [sum(len(c) for c, _ in w) for _, w in parts]
+            staged = np.empty((2, sum(sizes)), dtype=np.int32)
+            staged[0] = np.concatenate([c for _, w in parts for c, _ in w])
+            staged[1] = np.concatenate([v for _, w in parts for _, v in w])
+        pinned = torch.tensor(staged, dtype=torch.int32, pin_memory=True)
+        all_cells, all_values = pinned.to(self.cuda.torch_device, non_blocking=True).unbind(0)
+        at = 0
+        for (target, _), size in zip(parts, sizes, strict=True):
+            cells, values = all_cells, all_values
+            if len(parts) > 1:
+                cells, values = cells.narrow(0, at, size), values.narrow(0, at, size)
+            target.view(-1).index_put_((cells,), values)
+            at += size
 
     # -- the step ------------------------------------------------------------------------------
 
@@ -213,8 +221,9 @@ class StandInWorker:
 
     def _batch(self, out: Any) -> list[Seq]:
         """The batch's sequences, in the scheduler's order, from the worker's own counts."""
+        counts: SimTensor = self.num_computed  # type: ignore[assignment]
         with plain():
-            computed = self.num_computed.logic.numpy()
+            computed = counts.logic.numpy()
         seqs = []
         spec = out.scheduled_spec_decode_tokens
         for req_id, n in out.num_scheduled_tokens.items():
@@ -223,9 +232,7 @@ class StandInWorker:
             start = int(computed[slot])
             inputs = n - drafts
             samples = start + inputs >= self.prefill_len[req_id]
-            seqs.append(
-                Seq(req_id, self.uid_of[req_id], slot, start, inputs, drafts, samples)
-            )
+            seqs.append(Seq(req_id, self.uid_of[req_id], slot, start, inputs, drafts, samples))
         return seqs
 
     def _launch(self, seqs: list[Seq], result: torch.Tensor, label: str) -> None:
@@ -252,9 +259,9 @@ class StandInWorker:
         for key in ("pool", "drafts", "computed", "table", "kv"):
             accesses.append((named[key], reads[key], "r"))
         for key in ("kv", "pool", "computed", "drafts"):
-            cells = [c for k, c, _ in writes if k == key]
-            if cells:
-                accesses.append((named[key], np.concatenate(cells), "w"))
+            written = [c for k, c, _ in writes if k == key]
+            if written:
+                accesses.append((named[key], np.concatenate(written), "w"))
         accesses.append((res, None, "w"))
         phys = {key: t.phys.reshape(-1) for key, t in named.items()}
         res_phys = res.phys
@@ -350,18 +357,27 @@ class _Step:
     ) -> tuple[dict[str, np.ndarray], list[tuple[str, np.ndarray, np.ndarray]], np.ndarray]:
         """(cells read by buffer, writes as (buffer, cells, values), result rows)."""
         bs, length, width, k, dwidth = self.bs, self.length, self.width, self.k, self.dwidth
-        pool, table, kv, computed, drafts = a["pool"], a["table"], a["kv"], a["computed"], a["drafts"]
+        pool, table, kv, computed, drafts = (
+            a["pool"],
+            a["table"],
+            a["kv"],
+            a["computed"],
+            a["drafts"],
+        )
         n_kv = len(kv)
         reads: dict[str, list[np.ndarray]] = {key: [] for key in a}
         writes: list[tuple[str, np.ndarray, np.ndarray]] = []
         rows = np.full((len(self.seqs), 3 + 2 * k), -1, dtype=np.int32)
-        for i, s in enumerate(self.seqs):
+        # First every sequence's new KV is written (vLLM writes the layer's cache before its
+        # attention), then each sequence attends over its context in the cache.
+        planned = []
+        after = kv.copy()
+        for s in self.seqs:
             slot = s.index
             reads["computed"].append(np.array([slot]))
             c = int(computed[slot])
             end = c + s.inputs + s.drafts
-            row_at = slot * length
-            in_cells = row_at + np.arange(c, c + s.inputs)
+            in_cells = slot * length + np.arange(c, c + s.inputs)
             reads["pool"].append(in_cells)
             draft_cells = slot * dwidth + np.arange(s.drafts)
             reads["drafts"].append(draft_cells)
@@ -370,14 +386,18 @@ class _Step:
             blocks = table[table_cells].astype(np.int64)
             positions = np.arange(end)
             kv_cells = np.mod(blocks[positions // bs] * bs + positions % bs, n_kv)
-            reads["kv"].append(kv_cells[:c])
+            reads["kv"].append(kv_cells)  # attention reads the new positions too
             query = np.concatenate([pool[in_cells], drafts[draft_cells]]).astype(np.int64)
             writes.append(("kv", kv_cells[c:], query))
+            after[kv_cells[c:]] = query
+            planned.append((c, end, kv_cells, query))
+        for i, (s, (c, end, kv_cells, query)) in enumerate(zip(self.seqs, planned, strict=True)):
+            slot, row_at = s.index, s.index * length
             if not s.samples:
                 writes.append(("computed", np.array([slot]), np.array([end])))
                 rows[i, 0] = 0
                 continue
-            full = np.concatenate([kv[kv_cells[:c]], query]).astype(DTYPE)
+            full = after[kv_cells].astype(DTYPE)
             base = c + s.inputs
             model = self.model
             targets = [model.next_token_of(full[: base + j].tobytes()) for j in range(s.drafts + 1)]

@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import torch
 
 from overlapcheck.adapters.base import Loaded, UpstreamScheduler
@@ -33,6 +34,9 @@ from overlapcheck.core.messages import AbortMsg, UserMsg
 from overlapcheck.core.protocol import Books, MessageSink, MessageSource
 from overlapcheck.core.rules import max_output
 from overlapcheck.core.trace import HOST
+
+# Host time an engine-core iteration with nothing to do takes (a poll of its input queue).
+IDLE_ITERATION = 5e-6
 
 
 class VllmScheduler(UpstreamScheduler):
@@ -108,6 +112,10 @@ class VllmScheduler(UpstreamScheduler):
             if msgs is None:
                 self.cuda.drain()
                 return False
+            if not holding and not msgs:
+                # Idle, and what comes next is due after some iterations, not at a time: an
+                # idle engine-core iteration (its input-queue poll) takes a little host time.
+                self.sim.sleep_until(self.sim.now() + IDLE_ITERATION)
             self._take(msgs)
             if self.variant.asynchronous:
                 self._step_with_batch_queue()
@@ -239,7 +247,5 @@ class VllmScheduler(UpstreamScheduler):
             self.sched.add_request(request)
 
 
-def _array(tokens: tuple[int, ...]) -> Any:
-    import numpy as np
-
+def _array(tokens: tuple[int, ...]) -> np.ndarray:
     return np.asarray(tokens, dtype=np.int64)

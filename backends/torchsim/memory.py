@@ -19,6 +19,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -88,11 +89,19 @@ def at(base: torch.Tensor, where: Geometry) -> torch.Tensor:
     return base.as_strided(*where)
 
 
+@lru_cache(maxsize=4096)
+def _span(start: int, count: int) -> np.ndarray:
+    """Cells `start` to `start + count - 1`, one array per span: the same few spans (a row, a
+    staging slice) recur at every iteration. Shared, as a strided view's cells share the
+    buffer's `cell_ids`: footprints are never written to (torch would warn at every index
+    made of a read-only array, so it is not marked so)."""
+    return np.arange(start, start + count, dtype=np.int64)
+
+
 def view_cells(buffer: Buffer, view: torch.Tensor) -> np.ndarray:
     """The cells of `buffer` that `view` (a view of it, same dtype) covers, in the view's order."""
     if view.is_contiguous():
-        start = int(view.storage_offset())
-        return np.arange(start, start + view.numel(), dtype=np.int64)
+        return _span(view.storage_offset(), view.numel())
     ids: np.ndarray = same_geometry(buffer.cell_ids(), view).reshape(-1).numpy()
     return ids
 

@@ -291,6 +291,8 @@ def main(args: argparse.Namespace) -> int:
     if not args.no_timeline:
         report.timelines = _draw(run, path, say)
     say(f"replay: overlapcheck replay {path}")
+    # The invariant this search found, not a guess: skipping another would find it again.
+    say(f"next: add --skip {v.invariant} to this command to hide it and look for another finding")
     return report.end(1)
 
 
@@ -433,8 +435,9 @@ def _draw(run: RunResult, path: Path, say: Callable[[str], None]) -> list[Path]:
     except ImportError:
         return []
     drawn = []
-    # The Perfetto file must not take the counterexample's own name.
-    for out in (path.with_suffix(".png"), path.with_name(f"{path.stem}.perfetto.json")):
+    # The Perfetto file ends in .perfetto, not .json: `replay counterexamples/no-race-*.json`
+    # must match the counterexample alone.
+    for out in (path.with_suffix(".png"), path.with_suffix(".perfetto")):
         render_trace(run.trace, out, violation=run.violations[0], title=path.stem)
         say(f"timeline: {out}")
         drawn.append(out)

@@ -24,7 +24,7 @@ from overlapcheck.formats.counterexample import FORMAT as COUNTEREXAMPLE
 from overlapcheck.formats.jsonfile import read_json_file
 from overlapcheck.formats.trace_file import FORMAT as TRACE_FORMAT
 from overlapcheck.formats.trace_file import trace_file_from_json
-from overlapcheck.harness.runner import run_scenario
+from overlapcheck.harness.runner import RunResult, run_scenario
 from overlapcheck.harness.scheduler_spec import SchedulerSpec
 from overlapcheck.orchestrate.calibrate_fit import as_ran
 from overlapcheck.orchestrate.sim_replay import replay_on_sim
@@ -33,7 +33,7 @@ from overlapcheck.timeline.model import Interval, Rendered
 from overlapcheck.timeline.render import FORMATS, render_trace
 
 # What `--json` says a file holds, by its extension.
-FORMAT_NAMES = {".png": "png", ".svg": "svg", ".json": "perfetto"}
+FORMAT_NAMES = {".png": "png", ".svg": "svg", ".json": "perfetto", ".perfetto": "perfetto"}
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -225,12 +225,33 @@ def _draw_file(
     if kind == COUNTEREXAMPLE:
         # The scheduler the file records, unless --scheduler names another. Named after the file:
         # its scenario is a generated one, which every counterexample shares.
-        result = replay_on_sim(counterexample.load(path), scheduler)
+        cex = counterexample.load(path)
+        result = replay_on_sim(cex, scheduler)
         violation = result.violations[0] if result.violations else None
+        title = path.stem + _what_changed(cex, result, scheduler)
         return render_trace(
-            result.trace, out, violation, path.stem, window=window, total=result.simulated_seconds
+            result.trace, out, violation, title, window=window, total=result.simulated_seconds
         )
     raise UserError(
         f'{path}: neither a trace ("format": "{TRACE_FORMAT}") nor a '
         f'counterexample ("format": "{COUNTEREXAMPLE}")'
     )
+
+
+def _what_changed(
+    cex: counterexample.Counterexample, result: RunResult, scheduler: SchedulerSpec | None
+) -> str:
+    """What the title adds when the run drawn is not the one the file recorded: the drawing is
+    of the code as it is now, and a reader must not take it for the recorded failure."""
+    if scheduler is not None and scheduler != cex.scheduler:
+        what = f"scheduler {scheduler.text}, not the recorded {cex.scheduler.text}"
+    else:
+        now = cex.scheduler.fingerprint(result.scheduler) if cex.code is not None else None
+        files = cex.code_changes(now)
+        if not files:
+            return ""
+        what = f"the scheduler's code changed since it was saved: {', '.join(files)}"
+    fired = "" if cex.reproduced(result) is not None else f"; {cex.invariant} no longer fires"
+    note = f" (replayed with {what}{fired})"
+    print(f"note: drawing the replay of {cex.where}{note}", file=sys.stderr)
+    return note

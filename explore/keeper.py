@@ -5,7 +5,7 @@ The first failure goes to `unshrunk-<invariant>-<hash>.json` at once. Each small
 while shrinking replaces that file's content (written beside it, then renamed over it: a reader,
 or a kill mid-write, sees the old file or the new one, never half of one), so the file always
 holds the smallest failure so far, a counterexample that replays like any other. When the search
-ends, the result is saved under its own name and the unshrunk file goes.
+ends, the result is saved under its own name and the unshrunk file goes, with a line that says so.
 """
 
 from __future__ import annotations
@@ -61,8 +61,10 @@ class FailureKeeper:
         """Save `found` (the shrunk failure, or the smallest so far) under its own name; the
         unshrunk file goes once it is safely written."""
         path = found.save(self.out)
-        if self.path is not None and self.path != path:
-            self.path.unlink(missing_ok=True)
+        if self.path is not None and self.path != path and self.path.exists():
+            self.path.unlink()
+            # said, not done silently: the path printed at the start no longer exists
+            self.notice(f"removed {self.path}, saved before shrinking: {path} replaces it")
         return path
 
     @property

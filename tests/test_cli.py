@@ -202,9 +202,9 @@ def test_explore_writes_timelines_beside_the_counterexample_without_clobbering_i
         str(tmp_path),
     )
     assert proc.returncode == 1, proc.stderr
-    (cex,) = [p for p in tmp_path.glob("no-race-*.json") if not p.name.endswith(".perfetto.json")]
+    (cex,) = tmp_path.glob("no-race-*.json")  # the counterexample alone: its glob is one file
     data = json.loads(cex.read_text())
     assert data["format"] == "overlapcheck-counterexample" and data["trace"]["ops"]
-    perfetto = json.loads(cex.with_name(f"{cex.stem}.perfetto.json").read_text())
+    perfetto = json.loads(cex.with_suffix(".perfetto").read_text())
     assert perfetto["traceEvents"]
     assert cex.with_suffix(".png").stat().st_size > 1000

@@ -78,6 +78,7 @@ def test_ctrl_c_while_shrinking_keeps_the_failure_and_exits_1(
     path = Path(report["counterexample"])
     assert path.exists() and not path.name.startswith(counterexample.UNSHRUNK)
     assert len(saved) == 1 and not saved[0].exists()  # the unshrunk file became the counterexample
+    assert f"removed {saved[0]}, saved before shrinking: {path} replaces it" in captured.err
     assert report["violation"]["invariant"] == report["unshrunk"]["invariant"]
     assert_replays(path, report["violation"]["invariant"])
 

@@ -161,3 +161,22 @@ def test_a_normal_loop_only_scheduler_gets_a_hint_and_runs_clean_with_loop_norma
     assert "hint: no-hidden-sync is checked because the run asks for the overlap loop" in err
     assert main([*argv, "--loop", "normal"]) == 0
     assert "hint:" not in capsys.readouterr().err
+
+
+def test_explore_names_the_skip_that_moves_on_and_it_finds_another(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """README's chain: explore a scheduler with several bugs, then skip what it found. The
+    README once named the invariant to skip (`exact-length`) where the search may find another
+    first, and then the next search found the same again: the line to skip comes from the run."""
+    upstream = "overlapcheck.examples.upstream_overlap:make_scheduler"
+    search = ["explore", "--scheduler", upstream, "--workers", "1", "--max-examples", "300"]
+    search += ["--budget", "3600", "--no-timeline", "--db", "none"]
+    assert main([*search, "--out", str(tmp_path / "a")]) == 1
+    out = capsys.readouterr().out
+    [hint] = [line for line in out.splitlines() if line.startswith("next: add --skip ")]
+    first = hint.split()[3]
+    assert f"VIOLATION [{first}]" in out
+    assert main([*search, "--out", str(tmp_path / "b"), "--skip", first]) == 1
+    second = capsys.readouterr().out
+    assert f"VIOLATION [{first}]" not in second and "VIOLATION [" in second

@@ -387,6 +387,41 @@ def test_cli_counterexample_is_replayed(race: RunResult, tmp_path: Path) -> None
     assert process == f"{path.stem} — no-race, step {race.violations[0].step}"
 
 
+def test_a_counterexample_whose_scheduler_changed_is_drawn_saying_so(tmp_path: Path) -> None:
+    """The drawing is a replay of the code as it is now: after a fix it is not the recorded
+    failure, and the title and a note say so (they once drew it under the old title)."""
+    import subprocess
+    import sys
+
+    from overlapcheck.formats import counterexample
+    from overlapcheck.harness.scheduler_spec import SchedulerSpec
+
+    plugin = tmp_path / "mine.py"
+    plugin.write_text(
+        "from dataclasses import replace\n"
+        "from overlapcheck.reference.scheduler import Scheduler\n\n\n"
+        "def make(config, device, source, sink):\n"
+        "    return Scheduler(replace(config, faults=FAULTS), device, source, sink)\n\n\n"
+        'FAULTS = frozenset({"copy-done-wrong-stream"})\n'
+    )
+    spec = SchedulerSpec.load(f"{plugin}:make")
+    found = run_scenario(named_scenario("single-slot"), SimBackend(), scheduler=spec)
+    path = counterexample.save(found, Profile(), {}, tmp_path, scheduler=spec)
+    plugin.write_text(plugin.read_text().replace('{"copy-done-wrong-stream"}', "()"))
+    out = tmp_path / "cx.json"
+    drawn = subprocess.run(
+        [sys.executable, "-m", "overlapcheck", "timeline", str(path), "-o", str(out), "--json"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert drawn.returncode == 0, drawn.stderr
+    [panel] = json.loads(drawn.stdout)["panels"]
+    assert "the scheduler's code changed since it was saved: mine.py" in panel["title"]
+    assert "no-race no longer fires" in panel["title"]
+    assert "note: drawing the replay of" in drawn.stderr
+
+
 def test_cli_json_describes_the_picture(
     race: RunResult, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

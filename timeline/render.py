@@ -15,7 +15,10 @@ from overlapcheck.timeline.model import Interval, Panel, Rendered, summarise, tr
 if TYPE_CHECKING:
     from overlapcheck.harness.runner import RunResult
 
-FORMATS = (".png", ".svg", ".json")
+FORMATS = (".png", ".svg", ".json", ".perfetto")
+# Chrome Trace Event JSON, which ui.perfetto.dev opens whatever the name: `.perfetto` is what
+# explore writes beside a counterexample, so `counterexamples/no-race-*.json` matches only it.
+PERFETTO = (".json", ".perfetto")
 
 
 def output_path(out: str | Path) -> Path:
@@ -37,7 +40,7 @@ def render_panels(
     path = output_path(out)
     if window is not None and not window[0] < window[1]:
         raise UserError(f"empty window {window[0] * 1e6:g}:{window[1] * 1e6:g} µs")
-    if path.suffix.lower() == ".json":
+    if path.suffix.lower() in PERFETTO:
         # Perfetto zooms by itself: the JSON always holds the whole run.
         write_chrome(panels, path)
         return Rendered(path, tuple(summarise(p, None) for p in panels))

@@ -221,8 +221,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "release-by-uid",
         "scheduler.py",
-        "        self.table.free(req.slot)\n        self.held.remove(req)\n",
-        "        self.table.free(req.slot)\n"
+        '        self.device.released("slot", (req.slot,))\n        self.held.remove(req)\n',
+        '        self.device.released("slot", (req.slot,))\n'
         "        self.held = [r for r in self.held if r.uid != req.uid]\n",
         "release: the deferred release of a finished request drops every held request with its "
         "uid, so one that reused the uid inside the window loses its books (free by request "

@@ -14,7 +14,7 @@ import numpy as np
 from overlapcheck.core import speculative as spec
 from overlapcheck.core.batch import BatchInput, RowWrite, SeqWork
 from overlapcheck.core.config import SchedulerConfig
-from overlapcheck.core.contract import check_batch, check_kv_cells, check_kv_copy
+from overlapcheck.core.contract import ContractError, check_batch, check_kv_cells, check_kv_copy
 from overlapcheck.core.device import KvCopy
 from overlapcheck.core.sites import caller
 from overlapcheck.core.trace import (
@@ -53,6 +53,9 @@ class FootprintRecorder:
         self._slot_cells = np.zeros((config.num_slots, self.width), dtype=np.int64)
         self._slot_lists: dict[int, list[int]] = {}
         self._samples: tuple[BatchInput, np.ndarray] | None = None  # the last batch's sample cells
+        # The batch whose metadata each parity's slot was last staged for (`stage_metadata`): a
+        # forward reads its own, so one without it staged broke the contract.
+        self._staged = [-1, -1]
         # What the contract checks keep every recorded cell below (`Trace.sizes`).
         trace.sizes.update(
             {
@@ -103,6 +106,7 @@ class FootprintRecorder:
 
     def metadata_copy(self, batch: BatchInput, stream: str, issue: float) -> Op:
         """The H2D of a batch's metadata out of the staging buffer."""
+        self._staged[batch.batch_id % 2] = batch.batch_id
         return self._batch_op(
             stream,
             "h2d",
@@ -127,6 +131,12 @@ class FootprintRecorder:
         else:
             spec.check_plain(batch)
             accesses, shape = self._forward_accesses(batch)
+        if self._staged[batch.batch_id % 2] != batch.batch_id:
+            raise ContractError(
+                f"forward {batch.label} without its metadata staged: the forward reads the "
+                f"metadata slot of its batch's parity, which `stage_metadata` fills; call it "
+                f"for this batch before its forward"
+            )
         op = self._batch_op(stream, "forward", issue, batch, batch.label, accesses)
         op.shape = shape
         return op

@@ -19,7 +19,7 @@ import sysconfig
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from types import CodeType
+from types import CodeType, TracebackType
 from typing import Any
 
 # A frame, without holding the frame: its code and the offset of the instruction it was at
@@ -89,6 +89,17 @@ def caller(depth: int = 2) -> Site | None:
             return None
         frame = frame.f_back
     return None
+
+
+def raised_at(tb: TracebackType | None) -> Site | None:
+    """The innermost frame of the scheduler's code on an exception's traceback: the call that
+    broke a contract, the line that raised."""
+    found = None
+    while tb is not None:
+        if _kind(tb.tb_frame.f_code.co_filename) == _FOUND:
+            found = (tb.tb_frame.f_code, tb.tb_lasti)
+        tb = tb.tb_next
+    return found
 
 
 def line_of(site: Site) -> int:

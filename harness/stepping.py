@@ -13,6 +13,7 @@ from overlapcheck.core.errors import InvariantError
 from overlapcheck.core.expected import Expected
 from overlapcheck.core.messages import AbortMsg, InMsg, OutMsg, TokenMsg, UserMsg
 from overlapcheck.core.protocol import MessageSource, SchedulerUnderTest
+from overlapcheck.core.sites import Location, raised_at
 from overlapcheck.core.trace import Message
 from overlapcheck.harness.crash import CheckerBug, crash_violation, hang_violation
 from overlapcheck.harness.watchdog import StepHung, Watchdog
@@ -299,7 +300,11 @@ def _steps(
     except InvariantViolated:
         return False  # recorded already
     except InvariantError as err:  # the scheduler's own integrity checks, or a device deadlock
-        record_quietly(checks, Violation(err.invariant, ctx.step, ctx.now(), (), err.detail))
+        site = raised_at(err.__traceback__)
+        at = () if site is None else (Location.of("call", site, "host", ctx.step),)
+        record_quietly(
+            checks, Violation(err.invariant, ctx.step, ctx.now(), (), err.detail, locations=at)
+        )
     except CheckerBug:
         raise
     except Exception as err:

@@ -71,3 +71,22 @@ def test_files_are_named_relative_to_their_checkout_not_by_base_name(tmp_path: P
 def test_the_caller_is_the_schedulers_frame_not_the_machinery() -> None:
     # this test file is overlapcheck's (the checker's tree), so no frame here is a scheduler's
     assert caller(1) is None
+
+
+def test_a_forward_without_its_metadata_staged_breaks_the_contract_at_its_line(
+    tmp_path: Path, capsys: object
+) -> None:
+    source = (ROOT / "examples" / "minimal_scheduler.py").read_text()
+    staged = "            self.staged = dev.stage_metadata(batch, dev.scheduler_stream)\n"
+    assert source.count(staged) == 1
+    mine = tmp_path / "mine.py"
+    mine.write_text(source.replace(staged, "            self.staged = None\n"))
+    assert main(["run", "--scheduler", f"{mine}:make_scheduler", "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)  # type: ignore[attr-defined]
+    (found,) = out["violations"]
+    assert found["invariant"] == "device-contract"  # not a wrong token (`oracle`)
+    assert "without its metadata staged" in found["message"]
+    (at,) = found["locations"]
+    assert (at["file"], at["function"]) == ("mine.py", "_launch")
+    line = mine.read_text().splitlines()[at["line"] - 1]
+    assert "dev.forward(batch" in line

@@ -78,6 +78,7 @@ def _seq(slot: int = 0, drafts: int = 2, shift: int = 0, source: int = -1) -> Se
 def test_a_verify_batch_is_checked_against_the_contract() -> None:
     cfg = SchedulerConfig(num_slots=4, num_pages=64, max_seq_len=32, draft_tokens=2)
     rec = FootprintRecorder(cfg, Trace())
+    rec.metadata_copy(BatchInput(2, "decode", (_seq(shift=2, source=0),)), "scheduler", 0.0)
     rec.forward(BatchInput(2, "decode", (_seq(shift=2, source=0),)), "engine", 0.0)
     bad = [
         _seq(drafts=3),  # more than k

@@ -103,7 +103,9 @@ class ForwardOutput(ABC):
 
 
 class Device(ABC):
-    """An accelerator with two streams, as the scheduler sees it."""
+    """An accelerator with three streams (scheduler, engine, transfer), as the scheduler sees
+    it. Each method's docstring is the contract; README's device table names them all (a test
+    keeps the two equal)."""
 
     trace: Trace
     scheduler_stream: Stream

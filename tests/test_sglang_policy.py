@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import os
 import random
-import tarfile
 from collections import Counter
 from itertools import permutations
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sglang_snapshot import shared_tree, skip_unless_usable
 
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.messages import SamplingParams
@@ -25,36 +24,18 @@ from overlapcheck.reference.cache.radix import RadixCache
 from overlapcheck.reference.policy import make_policy
 from overlapcheck.reference.req import Req
 
-pytest.importorskip("torch")
+skip_unless_usable()
 
-ROOT = Path(__file__).resolve().parent.parent
-SNAPSHOT = Path(
-    os.environ.get("SGLANG_SNAPSHOT", ROOT.parent / "shared/upstream/sglang-0.5.23-src.tar.gz")
-)
-if not SNAPSHOT.is_file():
-    pytest.skip(f"no SGLang snapshot at {SNAPSHOT}", allow_module_level=True)
 from overlapcheck.adapters.base import Loaded  # noqa: E402
 from overlapcheck.adapters.sglang.policy import PolicyCase, sglang_order  # noqa: E402
-from overlapcheck.adapters.sglang.upstream import missing_dependencies  # noqa: E402
-
-if missing_dependencies():
-    pytest.skip(
-        f"SGLang's dependencies are not installed: {missing_dependencies()} "
-        "(pip install -e '.[sglang]')",
-        allow_module_level=True,
-    )
 
 
 @pytest.fixture(scope="module")
-def sglang(tmp_path_factory: pytest.TempPathFactory) -> Loaded:
+def sglang() -> Loaded:
     from overlapcheck.adapters.sglang.upstream import ENV, load_sglang
 
-    folder = tmp_path_factory.mktemp("sglang")
-    with tarfile.open(SNAPSHOT) as tar:
-        tar.extractall(folder, filter="data")
-    (root,) = folder.iterdir()
     saved = os.environ.get(ENV)
-    os.environ[ENV] = str(root)
+    os.environ[ENV] = str(shared_tree())
     try:
         return load_sglang()
     finally:

@@ -3,3 +3,7 @@
     SGLANG_PATH=/path/to/folder-holding-sglang overlapcheck explore \\
         --scheduler overlapcheck.adapters.sglang:make_scheduler
 """
+
+from overlapcheck.adapters.sglang.adapter import make_scheduler
+
+__all__ = ["make_scheduler"]

@@ -5,14 +5,13 @@ unpacked wheel or sdist, or a git checkout, whose package sits under `python/`),
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import logging
 import os
 from pathlib import Path
 
 from overlapcheck.adapters.base import Loaded, Upstream, load
-from overlapcheck.adapters.sglang import stand_ins
+from overlapcheck.adapters.sglang.stand_ins import install as install_stand_ins
 from overlapcheck.core.errors import UserError
 
 ENV = "SGLANG_PATH"
@@ -31,6 +30,15 @@ NEEDED: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("sglang.srt.sampling.sampling_params", ("SamplingParams",)),
     ("sglang.srt.mem_cache.radix_cache", ("RadixCache", "RadixKey")),
     ("sglang.srt.mem_cache.base_prefix_cache", ("InsertParams",)),
+    ("sglang.srt.managers.scheduler", ("Scheduler",)),
+    (
+        "sglang.srt.managers.io_struct",
+        ("TokenizedGenerateReqInput", "AbortReq", "BatchTokenIDOutput"),
+    ),
+    ("sglang.srt.models.registry", ("ModelRegistry",)),
+    ("sglang.srt.distributed.parallel_state", ("cleanup_dist_env_and_memory",)),
+    ("sglang.srt.layers.logits_processor", ("LogitsProcessorOutput",)),
+    ("sglang.srt.mem_cache.unified_cache.components", ("ComponentType",)),
 )
 
 # Imported by the modules the adapter loads (the `sglang` extra of pyproject.toml installs them).
@@ -58,9 +66,9 @@ def _upstream(import_root: str) -> Upstream:
     )
 
 
-@functools.cache
 def load_sglang() -> Loaded:
-    """SGLang's modules, imported once per process (its import takes seconds)."""
+    """SGLang's modules (imported once per process: its import takes seconds; the tree is
+    checked at every call)."""
     missing = missing_dependencies()
     if missing:
         raise UserError(
@@ -69,14 +77,15 @@ def load_sglang() -> Loaded:
         )
     given = os.environ.get(ENV)
     checkout = bool(given) and (Path(given or ".").expanduser() / "python" / MARKER).is_file()
-    stand_ins.install()
+    install_stand_ins()
     loaded = load(_upstream("python" if checkout else ""))
     _quiet()
     return loaded
 
 
 def _quiet() -> None:
-    """SGLang logs at INFO from many modules: warnings only."""
+    """SGLang logs from many modules (its warnings about a tiny KV pool among them): errors
+    only. Its own checks raise."""
     for name in list(logging.root.manager.loggerDict):
         if name.startswith("sglang"):
-            logging.getLogger(name).setLevel(logging.WARNING)
+            logging.getLogger(name).setLevel(logging.ERROR)

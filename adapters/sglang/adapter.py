@@ -1,0 +1,156 @@
+"""SGLang's own `Scheduler` as a scheduler under test, on `device="cpu"`.
+
+`Scheduler.run_event_loop` runs as it ships, in a greenlet: it publishes its stream context and
+dispatches to `event_loop_overlap` (or `event_loop_normal` with `--loop normal`), which never
+returns. Each iteration of that loop begins with `request_receiver.recv_requests()`; the stand-in
+receiver (`transport.py`) is where one `step()` ends and the next begins: the loop is suspended
+there and resumed by the next `step()`, which hands it the messages that have arrived. Nothing
+of SGLang's is edited; a subclass marks its host phases (schedule, launch, process) for the
+timeline, each calling SGLang's method unchanged.
+
+The model worker, its memory pools and radix tree, the sampler and the FutureMap are SGLang's
+own; the model is the toy model (`toy.py`). On `device="cpu"` SGLang's streams are no-ops and
+its forward runs at once, so this mode judges the request lifecycle (every invariant on the
+messages, the oracle on the tokens, SGLang's own `SchedulerInvariantChecker` each iteration), not
+the streams.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import greenlet
+import torch
+import zmq
+
+from overlapcheck.adapters.base import UpstreamScheduler
+from overlapcheck.adapters.sglang.books import read_books
+from overlapcheck.adapters.sglang.build import build
+from overlapcheck.adapters.sglang.toy import HOLDER
+from overlapcheck.adapters.sglang.transport import Receiver, Sender, Transport
+from overlapcheck.adapters.sglang.upstream import load_sglang
+from overlapcheck.backends.sim.device import SimDevice
+from overlapcheck.core.config import SchedulerConfig
+from overlapcheck.core.device import Device
+from overlapcheck.core.errors import UserError
+from overlapcheck.core.protocol import Books, MessageSink, MessageSource
+
+# The Scheduler methods the adapter calls or wraps.
+METHODS = (
+    "run_event_loop",
+    "event_loop_overlap",
+    "event_loop_normal",
+    "get_next_batch_to_run",
+    "run_batch",
+    "process_batch_result",
+    "is_fully_idle",
+)
+
+
+class SglangScheduler(UpstreamScheduler):
+    """Drives SGLang's Scheduler one event-loop iteration per `step()`."""
+
+    def __init__(
+        self, config: SchedulerConfig, device: SimDevice, source: MessageSource, sink: MessageSink
+    ) -> None:
+        loaded = load_sglang()
+        super().__init__(config, device, source, sink, loaded)
+        self.sim = device
+        self.transport = Transport(loaded, config, self.front)
+        self.started = False
+        self.over = False
+        self.loop_grad = torch.is_grad_enabled()
+        base = loaded["sglang.srt.managers.scheduler"].Scheduler
+        loaded.require_methods(base, METHODS)
+        with self._quiet_torch():
+            self.sched = build(loaded, self._checked(base), config, "cpu")
+        self._unplug(Sender(self.transport))
+        self.sched.request_receiver = Receiver(self._pull)
+        self.loop = greenlet.greenlet(self.sched.run_event_loop)
+
+    def _unplug(self, sender: Sender) -> None:
+        """Its ZeroMQ sockets closed (nothing is at their other end), its senders' `send_output`
+        given to the stand-in; the receiver is replaced."""
+        channels = self.sched.ipc_channels
+        for field in getattr(type(channels), "__dataclass_fields__", {}):
+            value = getattr(channels, field)
+            _close(value)
+            if hasattr(value, "send_output"):
+                value.send_output = sender.send_output
+        self.sched.output_streamer.send_to_detokenizer = sender
+
+    def _checked(self, base: type) -> type:
+        device = self.sim
+
+        class Checked(base):  # type: ignore[misc]
+            def get_next_batch_to_run(self, *args: Any, **kwargs: Any) -> Any:
+                with device.span("schedule", len(self.waiting_queue)):
+                    return super().get_next_batch_to_run(*args, **kwargs)
+
+            def run_batch(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
+                with device.span("launch", len(batch.reqs)):
+                    return super().run_batch(batch, *args, **kwargs)
+
+            def process_batch_result(self, batch: Any, result: Any) -> Any:
+                with device.span("process", len(batch.reqs)):
+                    return super().process_batch_result(batch, result)
+
+        return Checked
+
+    @contextlib.contextmanager
+    def _quiet_torch(self) -> Iterator[None]:
+        """SGLang's loop runs with gradients off (`DynamicGradMode`); that is thread state, which
+        a greenlet does not keep apart: it is the loop's inside a step, the caller's outside."""
+        outside = torch.is_grad_enabled()
+        torch.set_grad_enabled(self.loop_grad)
+        try:
+            yield
+        finally:
+            self.loop_grad = torch.is_grad_enabled()
+            torch.set_grad_enabled(outside)
+
+    def step(self) -> bool:
+        if self.over:
+            return False
+        HOLDER.model = self.sim.model
+        HOLDER.kv_pool = self.sched.tp_worker.model_runner.token_to_kv_pool
+        HOLDER.req_to_token = self.sched.req_to_token_pool.req_to_token
+        with self._quiet_torch():
+            more = self.loop.switch()
+        return bool(more)
+
+    def _pull(self) -> list[Any]:
+        """Inside the loop, at the start of each iteration: the iteration before is one step."""
+        if self.started:
+            self._yield(True)
+        self.started = True
+        msgs = self.receive(holding=not self.sched.is_fully_idle())
+        if msgs is None:
+            self.over = True
+            self._yield(False)  # the run is over: the loop is never resumed
+        return self.transport.inbound(msgs or [])
+
+    def _yield(self, more: bool) -> None:
+        parent = self.loop.parent
+        assert parent is not None
+        parent.switch(more)
+
+    def books(self) -> Books:
+        return read_books(self.sched)
+
+
+def _close(value: Any) -> None:
+    socket = getattr(value, "socket", value)
+    if isinstance(socket, zmq.Socket) and not socket.closed:
+        socket.close(linger=0)
+
+
+def make_scheduler(
+    config: SchedulerConfig, device: Device, source: MessageSource, sink: MessageSink
+) -> SglangScheduler:
+    """`--scheduler overlapcheck.adapters.sglang:make_scheduler` (runs on the simulator)."""
+    if not isinstance(device, SimDevice):
+        raise UserError("the SGLang adapter runs on the simulator only (--backend sim)")
+    return SglangScheduler(config, device, source, sink)

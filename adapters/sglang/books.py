@@ -1,0 +1,87 @@
+"""`books()` for SGLang: read off its own pools and tree between iterations.
+
+Slots are `req_pool_idx` rows of its `ReqToTokenPool` (`free_slots` is its free list); row 0 is
+its padding row and it hands out rows 1..N, which are our slots 0..N-1. Pages are
+its allocator's: SGLang keeps page 0 as the padding page and hands out pages 1..N, which are our
+pages 0..N-1; a KV index `i` lies in SGLang page `i // page_size`. Free pages: the allocator's
+`get_all_free_pages()` (its free list and the pages freed but not merged back yet). Cached pages:
+the device values of the radix tree (`all_values_flatten()`). Locked pages are not told: the tree
+is SGLang's Rust tree core, whose nodes Python does not see (SGLang's own checker, run every
+iteration, compares its protected size with what requests hold).
+
+Live requests: those waiting (`waiting_queue`, pending), the chunked one, those running, and
+those of the batches launched and not processed yet (`last_batch`, `result_queue`), unless
+finished with their row given back. What one holds: its row, and the pages of
+`req_to_token[row, :kv_allocated_len]`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from overlapcheck.core.protocol import Books, Holding
+
+
+def _ints(tensor: Any) -> np.ndarray:
+    if tensor is None:
+        return np.zeros(0, dtype=np.int64)
+    out: np.ndarray = np.asarray(tensor.detach().cpu().numpy(), dtype=np.int64).reshape(-1)
+    return out
+
+
+def _pages(indices: np.ndarray, page_size: int) -> tuple[int, ...]:
+    return tuple(int(p) for p in np.unique(indices // page_size) - 1)
+
+
+def read_books(sched: Any) -> Books:
+    page_size = int(sched.page_size)
+    free = {int(s) for s in sched.req_to_token_pool.free_slots}
+    free_slots = tuple(int(s) - 1 for s in sched.req_to_token_pool.free_slots)
+    rows = sched.req_to_token_pool.req_to_token
+    seen: set[int] = set()
+    live: list[Holding] = []
+
+    def add(req: Any) -> None:
+        uid = int(req.rid)
+        if uid in seen:
+            return
+        slot = req.kv.req_pool_idx
+        if slot is not None and int(slot) in free:
+            slot = None
+        if slot is None and req.finished():
+            return
+        seen.add(uid)
+        if slot is None:
+            live.append(Holding(uid, None, ()))
+            return
+        allocated = int(req.kv.kv_allocated_len)
+        indices = _ints(rows[int(slot), :allocated])
+        live.append(Holding(uid, int(slot) - 1, _pages(indices, page_size)))
+
+    pending = tuple(int(r.rid) for r in sched.waiting_queue)
+    for req in sched.waiting_queue:
+        add(req)
+    if sched.chunked_req is not None:
+        add(sched.chunked_req)
+    for req in sched.running_batch.reqs:
+        add(req)
+    batches = [sched.last_batch] + [b for b, _ in getattr(sched, "result_queue", ())]
+    for batch in batches:
+        for req in batch.reqs if batch is not None else ():
+            add(req)
+    allocator = sched.token_to_kv_pool_allocator
+    free_pages = tuple(int(p) - 1 for p in _ints(allocator.get_all_free_pages()))
+    cached: tuple[int, ...] = ()
+    tree = sched.tree_cache
+    if getattr(tree, "disable", False) is False and hasattr(tree, "all_values_flatten"):
+        cached = _pages(_ints(tree.all_values_flatten()), page_size)
+    return Books(
+        live=tuple(sorted(live)),
+        free_slots=free_slots,
+        free_pages=free_pages,
+        cached_pages=cached,
+        locked_pages=(),
+        pending=pending,
+    )

@@ -1,0 +1,88 @@
+"""Building SGLang's own `Scheduler` for one run, as `run_scheduler_process` does in its process:
+server arguments from the run's configuration, the process-wide configuration published, then
+`Scheduler(server_args, port_args)`, which builds its model worker, memory pools (its own
+`ReqToTokenPool`, token-to-KV allocator, paged when `page_size` > 1) and radix tree itself.
+
+The model it loads is the toy model (`toy.py`), registered under an architecture of its own; its
+checks of its own books (`SchedulerInvariantChecker`) are switched on strictly (a leak raises).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from overlapcheck.adapters.base import Loaded
+from overlapcheck.adapters.sglang.model import model_dir
+from overlapcheck.adapters.sglang.toy import ARCH, make_model_class
+from overlapcheck.core.config import SchedulerConfig
+from overlapcheck.core.errors import UserError
+
+# SGLang's names of our queue policies (ours alone have none).
+POLICIES = {"fcfs": "fcfs", "lpm": "lpm", "dfs-weight": "dfs-weight", "lof": "lof",
+            "random": "random", "hrrn": "hrrn"}  # fmt: skip
+
+# SGLang's own consistency checks, every iteration, raising on a violation.
+STRICT_CHECKS = {
+    "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_BUSY": "1",
+    "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1",
+    "SGLANG_CHECK_KV_PAGE_INVARIANTS": "1",
+}
+# Offline: the model folder is local; nothing is fetched.
+QUIET = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+def server_args(loaded: Loaded, config: SchedulerConfig, device: str) -> Any:
+    policy = POLICIES.get(config.policy)
+    if policy is None:
+        raise UserError(
+            f"SGLang has no queue policy {config.policy!r} (it has {', '.join(POLICIES)})"
+        )
+    # A request gets what `core.rules.max_output` allows (the front end clamps `max_new_tokens` to
+    # it); two positions of slack keep SGLang's own clamp (context length - 1 - prompt) above it.
+    return loaded["sglang.srt.server_args"].ServerArgs(
+        model_path=str(model_dir(config.vocab_size, config.eos_token_id, config.max_seq_len + 2)),
+        device=device,
+        dtype="float32",
+        skip_tokenizer_init=True,
+        load_format="dummy",
+        attention_backend="torch_native",
+        sampling_backend="pytorch",
+        disable_cuda_graph=True,
+        max_running_requests=config.num_slots,
+        max_total_tokens=config.num_pages * config.page_size,
+        page_size=config.page_size,
+        chunked_prefill_size=config.max_extend_tokens,
+        context_length=config.max_seq_len + 2,
+        disable_radix_cache=config.cache == "naive",
+        disable_overlap_schedule=config.loop == "normal",
+        schedule_policy=policy,
+        random_seed=config.seed,
+    )
+
+
+def build(loaded: Loaded, scheduler_class: type, config: SchedulerConfig, device: str) -> Any:
+    """A new scheduler of `scheduler_class` (a subclass of SGLang's `Scheduler`) for one run."""
+    for name, value in {**STRICT_CHECKS, **QUIET}.items():
+        os.environ.setdefault(name, value)
+    registry = loaded["sglang.srt.models.registry"].ModelRegistry
+    output = loaded["sglang.srt.layers.logits_processor"].LogitsProcessorOutput
+    if ARCH not in registry.models:
+        registry.models[ARCH] = make_model_class(output)
+    args = server_args(loaded, config, device)
+    # One engine at a time in a process, as SGLang rebuilds one: the last one's process groups
+    # torn down with its own test teardown, the configuration published anew (last wins).
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        loaded["sglang.srt.distributed.parallel_state"].cleanup_dist_env_and_memory()
+    context = loaded["sglang.srt.runtime_context"]
+    context.reset_context()
+    port_args = loaded["sglang.srt.server_args"].PortArgs.init_new(args)
+    context.publish(
+        args, role="scheduler", ranks=context.SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0)
+    )
+    try:
+        return scheduler_class(args, port_args)
+    except TypeError as err:
+        raise loaded.incompatible(f"Scheduler(server_args, port_args): {err}") from None

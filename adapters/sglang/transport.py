@@ -1,0 +1,106 @@
+"""SGLang's transport, stood in for: what its tokenizer manager sends the scheduler over ZeroMQ,
+and what the scheduler sends its detokenizer.
+
+In: each admitted `UserMsg` as a `TokenizedGenerateReqInput` (prompt ids, `max_new_tokens` clamped
+as the front end allows, EOS honoured unless `ignore_eos`, streamed), each `AbortMsg` as an
+`AbortReq`. Out: each `BatchTokenIDOutput` as `TokenMsg`s, one per new output id of each request
+(`output_ids` holds what was not sent before), `finished` on the last one of a request whose
+`finished_reasons` entry is set. An abort's own output (no new ids) sends nothing: the user asked
+for the abort.
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import Any
+
+from overlapcheck.adapters.base import FrontEnd, Loaded
+from overlapcheck.core.config import SchedulerConfig
+from overlapcheck.core.messages import AbortMsg, UserMsg
+from overlapcheck.core.rules import max_output
+
+IO = "sglang.srt.managers.io_struct"
+
+
+class Transport:
+    """Converts messages both ways for one run."""
+
+    def __init__(self, loaded: Loaded, config: SchedulerConfig, front: FrontEnd) -> None:
+        self.loaded = loaded
+        self.config = config
+        self.front = front
+
+    def inbound(self, msgs: list[UserMsg | AbortMsg]) -> list[Any]:
+        io = self.loaded[IO]
+        out: list[Any] = []
+        for msg in msgs:
+            if isinstance(msg, AbortMsg):
+                if self.front.abort(msg.uid):
+                    out.append(io.AbortReq(rid=str(msg.uid)))
+                continue
+            if not self.front.admit(msg):
+                continue
+            out.append(self._request(msg))
+        return out
+
+    def _request(self, msg: UserMsg) -> Any:
+        io = self.loaded[IO]
+        sp = msg.sampling_params
+        params = self.loaded["sglang.srt.sampling.sampling_params"].SamplingParams(
+            max_new_tokens=max_output(self.config, msg),
+            temperature=sp.temperature,
+            top_p=sp.top_p,
+            top_k=sp.top_k if sp.top_k > 0 else -1,
+            ignore_eos=sp.ignore_eos,
+        )
+        params.normalize(None)
+        return io.TokenizedGenerateReqInput(
+            rid=str(msg.uid),
+            input_text="",
+            input_ids=array("q", msg.input_ids),
+            input_embeds=None,
+            mm_inputs=None,
+            token_type_ids=None,
+            sampling_params=params,
+            return_logprob=False,
+            logprob_start_len=-1,
+            top_logprobs_num=0,
+            token_ids_logprob=None,
+            stream=True,
+        )
+
+    def outbound(self, output: Any) -> None:
+        """One message the scheduler sends its detokenizer."""
+        if not isinstance(output, self.loaded[IO].BatchTokenIDOutput):
+            return
+        for rid, ids, reason in zip(
+            output.rids, output.output_ids, output.finished_reasons, strict=True
+        ):
+            uid = int(rid)
+            tokens = [int(t) for t in ids]
+            for i, token in enumerate(tokens):
+                self.front.token(uid, token, reason is not None and i == len(tokens) - 1)
+
+
+class Receiver:
+    """Stands in for SGLang's `SchedulerRequestReceiver` (ZeroMQ from the tokenizer manager):
+    `recv_requests` is where each iteration of its event loop begins."""
+
+    def __init__(self, pull: Any) -> None:
+        self.pull = pull  # () -> list of SGLang requests (the adapter's step boundary)
+
+    def recv_requests(self, local_reqs: list[Any] | None = None) -> list[Any]:
+        return [*self.pull(), *(local_reqs or [])]
+
+
+class Sender:
+    """Stands in for the ZeroMQ socket to the detokenizer (and the tokenizer manager)."""
+
+    def __init__(self, transport: Transport) -> None:
+        self.transport = transport
+
+    def send_output(self, output: Any, *args: Any, **kwargs: Any) -> None:
+        self.transport.outbound(output)
+
+    def send_pyobj(self, output: Any, *args: Any, **kwargs: Any) -> None:
+        self.transport.outbound(output)

@@ -1,0 +1,83 @@
+"""SGLang's own scheduler (0.5.23, from `../shared/upstream/sglang-0.5.23-src.tar.gz` or
+`SGLANG_SNAPSHOT`, unpacked at test time) run unmodified by `adapters/sglang` on `device="cpu"`,
+one iteration of its event loop per step. SGLang is imported once per test process; runs in
+another process (exit codes, the same trace hash twice) are `slow`.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sglang_snapshot import shared_tree, skip_unless_usable
+
+SPEC = "overlapcheck.adapters.sglang:make_scheduler"
+skip_unless_usable()
+
+from overlapcheck.adapters.sglang.upstream import ENV  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def snapshot() -> Path:
+    return shared_tree()
+
+
+def overlapcheck(args: list[str], tree: Path | str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, ENV: str(tree)}
+    return subprocess.run(
+        [sys.executable, "-m", "overlapcheck", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=600,
+    )
+
+
+@pytest.mark.parametrize(("loop", "cache"), [("overlap", "radix"), ("normal", "naive")])
+def test_the_shipped_scheduler_serves_the_basic_scenario(
+    snapshot: Path, monkeypatch: pytest.MonkeyPatch, loop: str, cache: str
+) -> None:
+    from overlapcheck.adapters.sglang import make_scheduler
+    from overlapcheck.backends.sim.backend import SimBackend
+    from overlapcheck.harness.runner import run_scenario
+    from overlapcheck.scenarios.named import named_scenario
+
+    monkeypatch.setenv(ENV, str(snapshot))
+    scenario = named_scenario("basic").with_config(loop=loop, cache=cache)
+    run = run_scenario(scenario, SimBackend(), scheduler=make_scheduler, keep_going=True)
+    # every request got the sequential reference's tokens, and SGLang's own checks held
+    assert run.ok, [v.message for v in run.violations]
+    assert run.iterations > 4
+    assert {op.kind for op in run.trace.ops} >= {"span"}
+
+
+def test_a_wrong_folder_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from overlapcheck.adapters.sglang.upstream import load_sglang
+    from overlapcheck.core.errors import UserError
+
+    monkeypatch.setenv(ENV, str(tmp_path / "nowhere"))
+    with pytest.raises(UserError, match="is not a SGLang tree") as err:
+        load_sglang()
+    assert "\n" not in str(err.value) and ENV in str(err.value)
+
+
+@pytest.mark.slow
+def test_a_wrong_folder_exits_2(tmp_path: Path) -> None:
+    done = overlapcheck(["run", "--scheduler", SPEC], tmp_path, tmp_path)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and ENV in lines[0], done.stderr
+
+
+@pytest.mark.slow
+def test_the_same_trace_hash_in_two_processes(snapshot: Path, tmp_path: Path) -> None:
+    hashes = []
+    for _ in range(2):
+        done = overlapcheck(["run", "--scheduler", SPEC, "--scenario", "basic"], snapshot, tmp_path)
+        assert done.returncode == 0, done.stderr[-2000:]
+        hashes.append(done.stdout.split("trace ")[-1].split()[0])
+    assert hashes[0] == hashes[1]

@@ -12,7 +12,7 @@ from typing import Any
 
 from overlapcheck.backends.sim.timing import Profile, ProfileError, SeededDelay, Timing
 from overlapcheck.commands.paths import output_file
-from overlapcheck.core.config import CACHE_KINDS, LOOP_KINDS, POLICIES, ConfigError
+from overlapcheck.core.config import CACHE_KINDS, LOOP_KINDS, MAX_RANKS, POLICIES, ConfigError
 from overlapcheck.core.errors import UserError
 from overlapcheck.core.scenario import Scenario
 from overlapcheck.formats.profile_file import read_profile
@@ -115,6 +115,25 @@ def add_config_overrides(parser: argparse.ArgumentParser) -> None:
         help="re-enable a named known bug (repeatable; one of " + ", ".join(FAULTS) + "; "
         "see `overlapcheck faults`; default: none)",
     )
+    add_ranks_option(parser, "the scenario's, else 1")
+
+
+def add_ranks_option(parser: argparse.ArgumentParser, default: str) -> None:
+    parser.add_argument(
+        "--ranks",
+        type=ranks_count,
+        dest="num_ranks",
+        metavar="N",
+        help="run N ranks of the scheduler side by side, fed the same messages, and check that "
+        f"they launch and decide alike (rank-consistent; docs/ranks.md) (default: {default})",
+    )
+
+
+def ranks_count(text: str) -> int:
+    value = positive_int(text)
+    if value > MAX_RANKS:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_RANKS} ranks, got {text!r}")
+    return value
 
 
 def add_timing(parser: argparse.ArgumentParser) -> None:
@@ -149,7 +168,7 @@ def resolve_scenario(text: str) -> Scenario:
 
 def apply_overrides(scenario: Scenario, args: argparse.Namespace) -> Scenario:
     changes: dict[str, Any] = {}
-    for name in ("loop", "cache", "page_size", "max_extend_tokens", "policy"):
+    for name in ("loop", "cache", "page_size", "max_extend_tokens", "policy", "num_ranks"):
         value = getattr(args, name, None)
         if value is not None:
             changes[name] = value

@@ -11,6 +11,7 @@ import networkx as nx
 from overlapcheck.commands.common import (
     add_hang_timeout_option,
     add_model_options,
+    add_ranks_option,
     add_sarif_option,
     add_scheduler_option,
     finish_with_outputs,
@@ -60,6 +61,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "the fix holds (default: the faults the file records)",
     )
     add_scheduler_option(p, default=None)
+    add_ranks_option(p, "the file's")
     p.add_argument(
         "--ray",
         metavar="ADDRESS",
@@ -98,6 +100,8 @@ def main(args: argparse.Namespace) -> int:
         from overlapcheck.commands.ray_replay import replay_on_cluster
 
         return replay_on_cluster(cex.with_scheduler(scheduler), args)
+    if args.backend != "sim" and max(args.num_ranks or 1, cex.scenario.config.num_ranks) > 1:
+        raise UserError("a replay of several ranks runs on the simulator only (--backend sim)")
     if args.backend != "sim":
         try:
             from overlapcheck.commands.device_replay import replay_on_device
@@ -119,8 +123,13 @@ def main(args: argparse.Namespace) -> int:
             under_test if under_test is not cex else None,
         )
     target = cex.without_faults() if args.no_faults else cex
+    ranks = args.num_ranks
+    if ranks is not None and ranks != cex.scenario.config.num_ranks:
+        target = with_ranks(target, ranks)
+    else:
+        ranks = None
     result = replay_on_sim(target, scheduler, args.hang_timeout)
-    verdict = judge(cex, result, scheduler, args.no_faults)
+    verdict = judge(cex, result, scheduler, args.no_faults, ranks)
     code = EXIT[verdict.kind]
     if args.json:
         json.dump(
@@ -155,6 +164,19 @@ def main(args: argparse.Namespace) -> int:
 # The exit status of each verdict (the README's table): 1 a violation, 0 the fix holds, 4 a
 # replay that differs although nothing the file records changed.
 EXIT = {"reproduced": 1, "other": 1, "fixed": 0, "differs": 4}
+
+
+def with_ranks(cex: Counterexample, ranks: int) -> Counterexample:
+    """The same counterexample run with `ranks` ranks, `rank-consistent` checked among them."""
+    data = dict(cex.data)
+    scenario = dict(data["scenario"])
+    scenario["config"] = {**scenario.get("config", {}), "num_ranks": ranks}
+    data["scenario"] = scenario
+    checks = list(cex.invariants)
+    if ranks > 1 and "rank-consistent" not in checks:
+        checks.append("rank-consistent")
+    data["invariants"] = checks
+    return Counterexample(data, f"{cex.where} (--ranks {ranks})")
 
 
 def _explain(cex: Counterexample, result: RunResult, verdict: Judgement) -> list[str]:

@@ -25,6 +25,7 @@ from overlapcheck.commands.common import (
     skipped,
 )
 from overlapcheck.commands.paths import output_file
+from overlapcheck.core.errors import UserError
 from overlapcheck.formats.run_json import run_to_json
 from overlapcheck.harness.runner import RunResult, run_scenario
 from overlapcheck.harness.scheduler_spec import SchedulerSpec
@@ -80,6 +81,10 @@ def main(args: argparse.Namespace) -> int:
     if args.timeline:
         output_file(args.timeline, "timeline", TIMELINE_FORMATS)
     scenario = apply_overrides(resolve_scenario(args.scenario), args)
+    if args.backend != "sim" and scenario.config.num_ranks > 1:
+        raise UserError(
+            f"--ranks {scenario.config.num_ranks} runs on the simulator only (--backend sim)"
+        )
     options = {k: getattr(args, k) for k in ("model", "preset", "sanitize") if getattr(args, k)}
     backend = make_backend(args.backend, make_timing(args), **options)
     spec = scheduler_from_args(args) or SchedulerSpec()

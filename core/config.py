@@ -55,6 +55,7 @@ MAX_SLOTS = 4_096
 MAX_ROW_CELLS = 1 << 22  # (num_slots + 1) x max_seq_len
 MAX_KV_CELLS = 1 << 22  # num_pages x page_size
 MAX_VOCAB = 1 << 20
+MAX_RANKS = 64  # each rank is a whole scheduler and simulated device in one process
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +88,10 @@ class SchedulerConfig:
     # first that fits, with dummy rows, and replays that graph); empty: no graphs. Schedulers
     # without graphs ignore it (the reference has none).
     cuda_graph_bs: tuple[int, ...] = ()
+    # Ranks (tensor or data parallel; core/ranks.py): the harness builds the scheduler once per
+    # rank, each with its own `rank`; a scheduler may read both, and most ignore them.
+    num_ranks: int = 1
+    rank: int = 0
 
     def __post_init__(self) -> None:
         positive = ("num_slots", "num_pages", "page_size", "max_extend_tokens", "max_seq_len")
@@ -153,6 +158,10 @@ class SchedulerConfig:
                 f"cuda_graph_bs must be batch sizes from 1 to {MAX_SLOTS}, "
                 f"got {self.cuda_graph_bs!r}"
             )
+        if not 1 <= self.num_ranks <= MAX_RANKS:
+            raise ConfigError(f"num_ranks must be in 1..{MAX_RANKS}, got {self.num_ranks}")
+        if not 0 <= self.rank < self.num_ranks:
+            raise ConfigError(f"rank must be in 0..{self.num_ranks - 1}, got {self.rank}")
         if self.draft_tokens > MAX_DRAFT_TOKENS:
             raise ConfigError(
                 f"draft_tokens must be <= {MAX_DRAFT_TOKENS}, got {self.draft_tokens}"

@@ -26,6 +26,7 @@ from overlapcheck.core.trace import (
     STAGING,
     TOKEN_POOL,
     Access,
+    Launch,
     Op,
     Release,
     Trace,
@@ -139,6 +140,10 @@ class FootprintRecorder:
             )
         op = self._batch_op(stream, "forward", issue, batch, batch.label, accesses)
         op.shape = shape
+        launches = self.trace.launches
+        if launches is not None:  # ranks compare what they launch (core/ranks.py)
+            positions = tuple((s.start, s.end) for s in batch.seqs)
+            launches.append(Launch(op.seq, batch.phase, batch.uids, positions))
         return op
 
     def resolve(self, batch: BatchInput, stream: str, issue: float) -> Op:

@@ -214,12 +214,14 @@ class Scenario:
         cfg = {
             f: getattr(self.config, f)
             for f in SchedulerConfig.__dataclass_fields__
-            if f != "faults"
+            if f not in ("faults", "rank", "num_ranks")  # the harness sets each rank's `rank`
         }
         if not cfg["cuda_graph_bs"]:  # off: files as before graphs were a switch
             del cfg["cuda_graph_bs"]
         else:
             cfg["cuda_graph_bs"] = list(cfg["cuda_graph_bs"])
+        if self.config.num_ranks != 1:
+            cfg["num_ranks"] = self.config.num_ranks
         out: dict[str, Any] = {
             "name": self.name,
             "description": self.description,

@@ -14,7 +14,7 @@ import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 import numpy as np
 
@@ -178,6 +178,17 @@ class Allocation:
     origin: Site | None = None  # the same frame, structured (`core/sites.py`), for findings
 
 
+class Launch(NamedTuple):
+    """What one forward runs, as the scheduler asked for it: what ranks compare
+    (`rank-consistent`, `core/ranks.py`). Recorded only where `Trace.launches` is a list (a run
+    of several ranks); never part of the digest."""
+
+    seq: int  # the forward op's place in the trace
+    phase: str
+    uids: tuple[int, ...]
+    positions: tuple[tuple[int, int], ...]  # each sequence's new positions, [start, end)
+
+
 class Trace:
     """Operations and messages of one run, in issue order."""
 
@@ -194,6 +205,8 @@ class Trace:
         # the race checker sizes its shadow by them instead of scanning each access for its
         # largest cell. A trace read from a file has none; the checker then grows as it goes.
         self.sizes: dict[str, int] = {}
+        # Each forward as launched, where a run compares ranks (None: not recorded).
+        self.launches: list[Launch] | None = None
         self._next_event = 0
 
     def new_event_id(self) -> int:
@@ -213,6 +226,8 @@ class Trace:
         dropped, and an earlier operation that started or ended after `now` is unstarted or
         unfinished again, so the trace of an interrupted run is the same in every process."""
         del self.ops[num_ops:], self.messages[num_messages:], self.received[num_received:]
+        if self.launches is not None:
+            self.launches[:] = [x for x in self.launches if x.seq < num_ops]
         for op in self.ops:
             if op.start is not None and op.start > now and op.agent != HOST:
                 op.start, op.delay = None, 0.0

@@ -67,5 +67,6 @@ def resumed_spec(path: str | Path, spec: SearchSpec) -> SearchSpec:
         policy=policy,
         extra_checks=cex.extra_checks,
         scheduler=cex.scheduler,
+        ranks=cex.scenario.config.num_ranks if cex.scenario.config.num_ranks > 1 else None,
         resume=choices,
     )

@@ -33,6 +33,7 @@ from overlapcheck.harness.runner import DEFAULT_HANG_TIMEOUT, RunResult, run_sce
 from overlapcheck.harness.scheduler_spec import SchedulerSpec
 from overlapcheck.harness.watchdog import DeadlineReached
 from overlapcheck.invariants.registry import check_specs
+from overlapcheck.reference.faults import FAULTS
 from overlapcheck.scenarios.named import named_scenario
 from overlapcheck.scenarios.strategies import HypothesisDelay, scenarios, variations
 
@@ -284,6 +285,9 @@ class SearchSpec:
     # A saved example (`Found.choices`) to replay first and shrink from: `explore --resume`.
     resume: bytes = b""
     loop: LoopKind | None = None
+    # Ranks of the scheduler run side by side (`core/ranks.py`); None: the scenario's, or 2
+    # where a chosen fault is only reachable with several ranks.
+    ranks: int | None = None
     # Examples Hypothesis's shrinker may run on a generated workload's failure before the
     # workload passes (`explore/reduce.py`) take it over, and the runs those passes may take.
     shrink_examples: int = SHRINK_EXAMPLES
@@ -308,11 +312,21 @@ class SearchSpec:
             drawn = variations(base, self.faults)
         else:
             drawn = scenarios(self.scenario, self.faults, self.policy)
-        loop = self.loop
+        loop, ranks = self.loop, self.pinned_ranks
+        if ranks is not None:
+            drawn = drawn.map(lambda scenario: scenario.with_config(num_ranks=ranks))
         if loop is None:
             return drawn
         # The loop is still drawn (and shrinks as before); a pinned one replaces the draw.
         return drawn.map(lambda scenario: scenario.with_config(loop=loop))
+
+    @property
+    def pinned_ranks(self) -> int | None:
+        """The ranks every example runs (None: the scenario's, one for generated ones)."""
+        if self.ranks is not None:
+            return self.ranks
+        one = not isinstance(self.scenario, Scenario) or self.scenario.config.num_ranks == 1
+        return 2 if one and any(FAULTS[f].ranks for f in self.faults if f in FAULTS) else None
 
     def database_namespace(self) -> bytes:
         """What a saved example means: the same choices replay as the same test only under the
@@ -332,6 +346,8 @@ class SearchSpec:
         }
         if self.loop is not None:
             what["loop"] = self.loop
+        if self.pinned_ranks is not None:
+            what["ranks"] = self.pinned_ranks
         text = json.dumps(what, sort_keys=True, default=str)
         return hashlib.blake2b(text.encode(), digest_size=12).hexdigest().encode()
 
@@ -349,10 +365,13 @@ class SearchSpec:
         """What a counterexample file records of the search that found it, beyond what it
         records anyway (faults, checks, scheduler, profile): enough for `explore --resume`."""
         scenario = self.scenario
-        return {
+        out: dict[str, Any] = {
             "scenario": scenario.to_json() if isinstance(scenario, Scenario) else scenario,
             "policy": self.policy,
         }
+        if self.pinned_ranks is not None:
+            out["ranks"] = self.pinned_ranks
+        return out
 
 
 def stream_seed(seed: int, index: int) -> int:

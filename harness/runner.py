@@ -19,16 +19,19 @@ from typing import Any, cast
 from overlapcheck.backends.base import Backend, KeepsKvShadow
 from overlapcheck.core.capability import provides
 from overlapcheck.core.config import SchedulerConfig
+from overlapcheck.core.errors import UserError
 from overlapcheck.core.expected import Expected
 from overlapcheck.core.kv_shadow import KvShadow
 from overlapcheck.core.messages import UserMsg
-from overlapcheck.core.protocol import SchedulerFactory
+from overlapcheck.core.protocol import SchedulerFactory, SchedulerUnderTest
+from overlapcheck.core.ranks import RankLog
 from overlapcheck.core.rules import max_output, rejection
 from overlapcheck.core.scenario import RequestSpec, Scenario, user_msg
 from overlapcheck.core.speculative import Drafter, TakesDrafter
 from overlapcheck.core.trace import Trace
+from overlapcheck.harness.ranks import Broadcast, Lockstep, Rank, build_others
 from overlapcheck.harness.scheduler_spec import SchedulerSpec
-from overlapcheck.harness.stepping import Checks, Harness, check_after, drive
+from overlapcheck.harness.stepping import Checks, Harness, Workload, check_after, drive
 from overlapcheck.harness.watchdog import Watchdog
 from overlapcheck.invariants.base import Invariant, Violation
 from overlapcheck.invariants.context import Request, RunContext
@@ -126,19 +129,28 @@ def run_scenario(
         device = cast(KeepsKvShadow, backend).make_shadowed_device(scenario, shadow)
     else:
         device = backend.make_device(scenario)
+    if cfg.num_ranks > 1:
+        device.trace.launches = []  # what rank-consistent compares (core/ranks.py)
     defer = not backend.checks_online if defer_checks is None else defer_checks
     # A check that reads the books reads live state, so it never waits for the end of the run.
     later = [inv for inv in chosen if defer and inv.deferrable and not inv.needs_books]
     checks = Checks([inv for inv in chosen if inv not in later], keep_going)
     under_test = SchedulerSpec.of(scheduler)
     ctx = RunContext(scenario, device, backend.name, None, shadow)
-    source = WorkloadSource(scenario.requests, deliveries, cfg, device.trace, lambda: ctx.step)
+    source: Workload = WorkloadSource(
+        scenario.requests, deliveries, cfg, device.trace, lambda: ctx.step
+    )
+    if cfg.num_ranks > 1:  # rank 0 receives, the others get what it got (harness/ranks.py)
+        source = broadcast = Broadcast(source, lambda: ctx.step)
     wanted = any(inv.id == "oracle" for inv in checks.checks)
     harness = Harness(ctx, checks, source, _oracle(scenario, backend, wanted))
     if later:
         harness.log = []
     sched = under_test.build(cfg, device, harness, harness.send, scenario)
     ctx.scheduler = sched
+    stepped: SchedulerUnderTest = sched
+    if cfg.num_ranks > 1:
+        stepped, others = _ranks(sched, under_test, backend, scenario, ctx, broadcast)
     if drafter is not None:
         if provides(sched, TakesDrafter):
             cast(TakesDrafter, sched).use_drafter(drafter)
@@ -158,7 +170,7 @@ def run_scenario(
         checks.checks = [inv for inv in checks.checks if inv not in skipped]
     with _fewer_collections(move_out=backend.small_run_objects):
         watchdog = Watchdog(hang_timeout_for(backend, hang_timeout), deadline)
-        completed = drive(sched, ctx, checks, step_bound(scenario), harness.log, watchdog)
+        completed = drive(stepped, ctx, checks, step_bound(scenario), harness.log, watchdog)
     violations, notices = checks.violations, ctx.notices
     if later:
         assert harness.log is not None
@@ -170,6 +182,13 @@ def run_scenario(
         notices = notices + [n for n in late_notices if n not in notices]
     ctx.detach()
     device.close()
+    extra: dict[str, Any] = {}
+    if cfg.num_ranks > 1:
+        extra["ranks"] = ctx.ranks  # each rank's launches and decisions, rank 0's first
+        extra["rank_traces"] = [device.trace] + [r.device.trace for r in others]
+        for rank in others:
+            rank.scheduler = None
+            rank.device.close()
     return RunResult(
         scenario=scenario,
         backend=backend.name,
@@ -185,7 +204,30 @@ def run_scenario(
         requests=ctx.ledger.requests,
         checks=checks.checks + later,
         hang_timeout=watchdog.timeout,
+        extra=extra,
     )
+
+
+def _ranks(
+    sched: SchedulerUnderTest,
+    under_test: SchedulerSpec,
+    backend: Backend,
+    scenario: Scenario,
+    ctx: RunContext,
+    broadcast: Broadcast,
+) -> tuple[Lockstep, list[Rank]]:
+    """The other ranks of a run of several, and what steps them all (harness/ranks.py)."""
+    if backend.name != "sim":
+        raise UserError(
+            f"--ranks {scenario.config.num_ranks} runs on the simulator only (--backend sim)"
+        )
+    assert ctx.device.trace.launches is not None
+    step = lambda: ctx.step  # noqa: E731
+    count = scenario.config.num_ranks
+    others = build_others(count, under_test, backend, scenario, broadcast, step)
+    lead_log = RankLog(0, ctx.device.trace.launches)
+    ctx.ranks = [lead_log] + [r.log for r in others]
+    return Lockstep(sched, lead_log, others, step), others
 
 
 # Wall-clock seconds a simulated step may take: a step of the largest configuration a run can

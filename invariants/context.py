@@ -18,6 +18,7 @@ from overlapcheck.core.expected import ExactTokens
 from overlapcheck.core.kv_shadow import KvShadow
 from overlapcheck.core.messages import AbortMsg, InMsg, OutMsg, RejectMsg, UserMsg
 from overlapcheck.core.protocol import Books, HasBooks, HasVocabulary
+from overlapcheck.core.ranks import RankLog
 from overlapcheck.core.rules import max_output, rejection
 from overlapcheck.core.trace import Op, Trace, TraceView
 from overlapcheck.invariants.forward_shape import ForwardIndex, ShapeCache
@@ -256,6 +257,7 @@ class RunContext:
         self.trace: TraceView = device.trace
         self.frozen_now: float | None = None
         self.live_books = True
+        self.ranks: list[RankLog] = []  # every rank of a run of several (core/ranks.py)
 
     @property
     def scheduler(self) -> object:

@@ -13,6 +13,7 @@ from overlapcheck.invariants.no_race import NoRace
 from overlapcheck.invariants.oracle import Oracle
 from overlapcheck.invariants.placeholders import Placeholders
 from overlapcheck.invariants.progress import Progress
+from overlapcheck.invariants.rank_consistent import RankConsistent
 from overlapcheck.invariants.resources import Liveness, PagesConserved, SlotNotInFlight
 from overlapcheck.invariants.uninit import NoUninitRead
 from overlapcheck.invariants.work_bound import WorkBound
@@ -36,6 +37,7 @@ INVARIANTS: dict[str, Callable[[], Invariant]] = {
     "progress": Progress,
     "work-bound": WorkBound,
     "no-hidden-sync": NoHiddenSync,
+    "rank-consistent": RankConsistent,  # only where a run has several ranks (core/ranks.py)
 }
 
 

@@ -35,6 +35,15 @@ def replay_on_sim(
     )
 
 
+# Ranks whose order follows object addresses (a `set` of objects) diverge by those addresses,
+# which differ from process to process: such a finding replays, but not always with one trace.
+ADDRESS_DEPENDENT = "rank-consistent"
+ADDRESS_NOTE = (
+    "ranks that diverge may order by object addresses (a set of objects), which differ from "
+    "run to run, so their replays need not repeat the same trace"
+)
+
+
 class Judgement(NamedTuple):
     """What a simulator replay says about a counterexample.
 
@@ -59,6 +68,7 @@ def judge(
     result: RunResult,
     scheduler: SchedulerSpec | None = None,
     faults_off: bool = False,
+    ranks: int | None = None,
 ) -> Judgement:
     """Compare a replay (`replay_on_sim(cex, scheduler)`, of `cex.without_faults()` when
     `faults_off`) with what `cex` recorded."""
@@ -73,10 +83,14 @@ def judge(
             moved = cex.code.commits_moved(now) if cex.code is not None and now else []
             checkout = f" (checkout {'; '.join(moved)})" if moved else ""
             changed.append(f"the scheduler's code changed: {', '.join(files)}{checkout}")
+    if ranks is not None and ranks != cex.scenario.config.num_ranks:
+        changed.append(f"{ranks} rank(s), not the recorded {cex.scenario.config.num_ranks}")
     if faults_off and cex.scenario.config.faults:
         changed.append(f"the faults are off ({', '.join(sorted(cex.scenario.config.faults))})")
     hit = cex.reproduced(result)
     same = result.trace_hash == cex.trace_hash
+    if hit is not None and not same and not changed and hit.invariant == ADDRESS_DEPENDENT:
+        changed.append(ADDRESS_NOTE)  # the same divergence: its order is the addresses'
     if not changed:
         kind: Literal["reproduced", "fixed", "other", "differs"] = (
             "reproduced" if hit is not None and same else "differs"

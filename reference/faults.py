@@ -23,6 +23,7 @@ class Fault:
     origin: str
     breaks: tuple[str, ...]
     speculative: bool = False  # only reachable with draft_tokens > 0
+    ranks: bool = False  # only reachable with num_ranks > 1 (`--ranks N`)
 
 
 FINISH_BY_CAN_DECODE = "finish-by-can-decode"
@@ -44,6 +45,8 @@ RESOLVE_UNORDERED = "resolve-unordered"
 READS_DONE_EARLY = "reads-done-early"
 PLACEHOLDER_UNDERFLOW = "placeholder-underflow"
 PREEMPT_PLACEHOLDER_RESET = "preempt-placeholder-reset"
+# Ranks (num_ranks > 1; core/ranks.py)
+LOCAL_EXTEND_FLAG = "local-extend-flag"
 
 SPEC_FAULTS = (
     Fault(
@@ -268,6 +271,23 @@ FAULTS: dict[str, Fault] = {
             ("no-race", "kv-provenance", "oracle"),
         ),
         *SPEC_FAULTS,
+        Fault(
+            LOCAL_EXTEND_FLAG,
+            "Each rank decides from its own share of the batch (the sequences data-parallel "
+            "attention gives it) whether the batch extends: the flag that chooses the ranks' "
+            "collectives, and in SGLang whether to disable overlap for two consecutive prefill "
+            "batches. A rank whose share is empty (fewer sequences than ranks) counts the batch "
+            "as idle while the others count it as extend, so the ranks' collectives and stream "
+            "operations no longer pair: a hang. The fix all-gathers the flag: every rank judges "
+            "the whole batch. With one rank its share is the whole batch, so only several ranks "
+            "(`--ranks N`) reach it; `decisions()` exposes the flag.",
+            "SGLang's `is_disable_overlap_for_batch` (scheduler.py; "
+            "SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP): DP-attention ranks decided from their "
+            "local `forward_mode.is_extend()` and deadlocked on divergent stream operations; "
+            "fixed by using the all-gathered `is_extend_in_batch` under `require_mlp_sync`",
+            ("rank-consistent",),
+            ranks=True,
+        ),
     )
 }
 

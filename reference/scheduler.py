@@ -12,7 +12,7 @@ it, message stream included (see `reference/faults.py`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
 from overlapcheck.core.batch import BatchInput, Phase, RowWrite, SeqWork
@@ -73,6 +73,7 @@ class Scheduler:
         self._next_batch_id = 1
         # Speculative decode steps (draft_tokens > 0): reference/speculative.py.
         self.spec = SpecDecoder(self) if config.draft_tokens else None
+        self._extend = False  # the last iteration's batch extends (`decisions()`)
 
     # -- public accessors (invariants read these) ---------------------------------------------
 
@@ -160,14 +161,33 @@ class Scheduler:
 
     def overlap_step(self) -> None:
         launched = self._schedule_and_launch()
+        self._extend = self._is_extend(launched)
         if self.inflight is not None:
             self._process(self.inflight)
         self.inflight = launched
 
     def normal_step(self) -> None:
         launched = self._schedule_and_launch()
+        self._extend = self._is_extend(launched)
         if launched is not None:
             self._process(launched)
+
+    def decisions(self) -> Mapping[str, object]:
+        """The last iteration's collective decisions (`core/ranks.py`), which every rank must
+        make alike: whether its batch runs in extend mode, the flag that data-parallel attention
+        ranks all-gather to choose their collectives (and SGLang's, whether to disable overlap
+        for two consecutive prefill batches)."""
+        return {"extend": self._extend}
+
+    def _is_extend(self, launched: Launched | None) -> bool:
+        """Whether the batch extends (prefill or mixed), judged as every rank sees it: the
+        all-gathered flag. The fault judges this rank's own share of the batch instead, the
+        sequences data-parallel attention gives it (every `num_ranks`-th, from its rank)."""
+        if launched is None or launched.batch.phase == "decode":
+            return False
+        if self._fault(F.LOCAL_EXTEND_FLAG):
+            return bool(launched.batch.seqs[self.config.rank :: self.config.num_ranks])
+        return True
 
     def run_until_idle(self, max_steps: int | None = None) -> int:
         """Run until idle with no more arrivals (offline use); returns the iterations run."""

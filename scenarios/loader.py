@@ -23,8 +23,8 @@ class ScenarioError(UserError, ValueError):
 # Each config field's type, from its default: ints for sizes and thresholds, strings for the
 # switches (whose allowed values SchedulerConfig itself checks).
 CONFIG_TYPES: dict[str, type] = {
-    f.name: type(f.default) for f in fields(SchedulerConfig) if f.name != "faults"
-}
+    f.name: type(f.default) for f in fields(SchedulerConfig) if f.name not in ("faults", "rank")
+}  # (no `rank`: a file names how many ranks run, and the harness numbers them)
 CONFIG_FIELDS = {*CONFIG_TYPES, "faults"}
 REQUEST_FIELDS = {f.name for f in fields(RequestSpec)}
 T = TypeVar("T")

@@ -324,6 +324,11 @@ CASES = [
         ("config.faults", "unknown fault nope"),
     ),
     Case("page-size-huge", ("run", "--page-size", "1000000000"), ("num_pages x page_size",)),
+    # Ranks (docs/ranks.md): a count in 1..64, given on the command line or as num_ranks.
+    Case("ranks-zero", ("run", "--ranks", "0"), ("--ranks", "positive integer")),
+    Case("ranks-too-many", ("explore", "--ranks", "65"), ("--ranks", "at most 64")),
+    _toml("config-rank", "[config]\nrank = 1\n" + TOML_REQUEST, ("unknown config field rank",)),
+    Case("ranks-on-cpu", ("run", "--ranks", "2", "--backend", "cpu"), ("simulator only",)),
     Case(
         "timeline-unwritable",
         ("run", "--scenario", "basic", "--timeline", "no-dir/x.png"),

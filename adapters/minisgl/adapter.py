@@ -20,6 +20,7 @@ import torch
 
 from overlapcheck.adapters.base import UpstreamScheduler
 from overlapcheck.adapters.minisgl.books import read_books
+from overlapcheck.adapters.minisgl.checkout import RANK
 from overlapcheck.adapters.minisgl.checkout import load as load_checkout
 from overlapcheck.adapters.minisgl.engine import EngineParts, make_engine_class
 from overlapcheck.backends.sim.device import SimDevice
@@ -109,13 +110,17 @@ class MiniSglScheduler(UpstreamScheduler):
     def _block(self) -> Iterator[None]:
         kernel = __import__("minisgl.kernel", fromlist=["fast_compare_key"])
         radix = self.up["minisgl.kvcache.radix_cache"]
-        with (
-            self.cuda,
-            torch.inference_mode(),
-            _patched(kernel, "fast_compare_key", fast_compare_key),
-            _patched(radix, "time", self.clock),
-        ):
-            yield
+        rank = RANK.set(self.config.rank)  # whose requests it makes and hashes (checkout.py)
+        try:
+            with (
+                self.cuda,
+                torch.inference_mode(),
+                _patched(kernel, "fast_compare_key", fast_compare_key),
+                _patched(radix, "time", self.clock),
+            ):
+                yield
+        finally:
+            RANK.reset(rank)
 
     @contextlib.contextmanager
     def _building(self) -> Iterator[None]:
@@ -123,11 +128,13 @@ class MiniSglScheduler(UpstreamScheduler):
         scheduler_module = __import__("minisgl.scheduler.scheduler", fromlist=["load_tokenizer"])
         core: Any = up["minisgl.core"]
         eos = self.config.eos_token_id
-        # One Scheduler per run: upstream sets its context and TP info once per process.
+        # One Scheduler per run (per rank): upstream sets its context and TP info once per
+        # process. Both are read only while the Scheduler is built (the radix cache's page size,
+        # the logger's rank), so the ranks of one run can be built one after another here.
         core._GLOBAL_CTX = None
         info: Any = __import__("minisgl.distributed.info", fromlist=["set_tp_info"])
         info._TP_INFO = None
-        info.set_tp_info(rank=0, size=1)
+        info.set_tp_info(rank=self.config.rank, size=self.config.num_ranks)
         with (
             _patched(up["minisgl.engine"], "Engine", make_engine_class(self.parts)),
             _patched(scheduler_module, "load_tokenizer", lambda path: _Tokenizer(eos)),
@@ -170,7 +177,7 @@ class MiniSglScheduler(UpstreamScheduler):
         try:
             config = up["minisgl.scheduler"].SchedulerConfig(
                 model_path="overlapcheck-toy-model",
-                tp_info=up["minisgl.distributed"].DistributedInfo(0, 1),
+                tp_info=up["minisgl.distributed"].DistributedInfo(cfg.rank, cfg.num_ranks),
                 dtype=torch.int32,
                 max_running_req=cfg.num_slots,
                 page_size=cfg.page_size,

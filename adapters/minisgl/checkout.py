@@ -8,6 +8,7 @@ edited.
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from typing import Any
 
 from overlapcheck.adapters.base import Loaded, Upstream
@@ -61,15 +62,26 @@ def load() -> Loaded:
     return loaded
 
 
+# The rank whose Scheduler is being built or stepped (the adapter sets it: `RANK.set`).
+RANK: ContextVar[int] = ContextVar("overlapcheck_minisgl_rank", default=0)
+
+
 def _request_hash(req: Any) -> int:
-    return hash(req.uid)
+    rank = req.__dict__.get("_overlapcheck_rank")
+    if rank is None:  # first hashed by the rank that made it
+        rank = req.__dict__["_overlapcheck_rank"] = RANK.get()
+    return hash(req.uid) if rank == 0 else hash((req.uid, rank))
 
 
 def _deterministic(req_class: Any) -> None:
     """mini-sglang keeps requests in sets (`DecodeManager.running_reqs`) and builds each decode
     batch by iterating one. `Req` hashes by identity, so that order follows memory addresses and
     differs from process to process. Hashing by uid keeps identity equality and makes the order
-    the same in every process (a set never promised one)."""
+    the same in every process (a set never promised one).
+
+    Under tensor parallelism each rank is a process of its own, whose addresses order its sets
+    its own way: ranks 1.. hash by (uid, rank), so each orders a set of requests differently
+    from rank 0, and the same way in every run (rank 0, and a run of one rank, as before)."""
     req_class.__hash__ = _request_hash
 
 

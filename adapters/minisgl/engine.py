@@ -26,6 +26,7 @@ from overlapcheck.backends.torchsim.dispatch import plain
 from overlapcheck.backends.torchsim.session import FREE_BYTES, SimulatedCuda
 from overlapcheck.backends.torchsim.tensor import SimTensor
 from overlapcheck.core.config import SchedulerConfig
+from overlapcheck.core.trace import Launch
 
 
 class StandInMetadata:
@@ -322,7 +323,12 @@ def _launch_model(
 
     uids = tuple(int(r.uid) for r in reqs[:real])
     kind = "forward"
+    trace = cuda.device.trace
+    seq = len(trace.ops)  # the forward's op, next
     cuda.launch(kind, label, accesses, cost, start, batch=batch_id, uids=uids)
+    if trace.launches is not None:  # ranks compare what they launch (core/ranks.py)
+        positions = tuple(zip(begins[:real], ends[:real], strict=True))
+        trace.launches.append(Launch(seq, "prefill" if prefill else "decode", uids, positions))
 
 
 class StandInGraph:

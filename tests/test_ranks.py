@@ -1,0 +1,189 @@
+"""Ranks that must agree (`--ranks N`, `core/ranks.py`, `rank-consistent`)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection, Mapping
+from pathlib import Path
+
+import pytest
+from rank_schedulers import set_order, sorted_order
+
+from overlapcheck.backends.sim.backend import SimBackend
+from overlapcheck.backends.sim.timing import Profile, SeededDelay, Timing
+from overlapcheck.cli import main
+from overlapcheck.core.config import ConfigError, SchedulerConfig
+from overlapcheck.core.device import Device
+from overlapcheck.core.protocol import MessageSink, MessageSource
+from overlapcheck.explore.search import SearchSpec, search
+from overlapcheck.formats import counterexample
+from overlapcheck.harness.runner import RunResult, run_scenario
+from overlapcheck.harness.scheduler_spec import SchedulerSpec
+from overlapcheck.orchestrate.sim_replay import replay_on_sim
+from overlapcheck.reference.faults import LOCAL_EXTEND_FLAG
+from overlapcheck.reference.scheduler import Scheduler
+from overlapcheck.scenarios.loader import scenario_from_dict
+from overlapcheck.scenarios.named import named_scenario
+
+SCENARIOS = ("basic", "shared-prefix", "abort", "chunked-long", "memory-pressure", "page-size-4")
+
+
+def _run(name: str, ranks: int, loop: str = "overlap", seed: int | None = None) -> RunResult:
+    """A named scenario's run, with seeded delays (None: nominal timing)."""
+    scenario = named_scenario(name).with_config(num_ranks=ranks, loop=loop)
+    timing = Timing() if seed is None else Timing(Profile(), SeededDelay(seed))
+    return run_scenario(scenario, SimBackend(timing))
+
+
+@pytest.mark.parametrize("loop", ["overlap", "normal"])
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_the_reference_ranks_agree(ranks: int, loop: str) -> None:
+    for name in SCENARIOS[: 6 // ranks + 1]:
+        one = _run(name, 1, loop, seed=7)
+        many = _run(name, ranks, loop, seed=7)
+        assert many.ok, many.violations[0].line()
+        # each rank ran every iteration and launched what rank 0 launched
+        logs = many.extra["ranks"]
+        assert [log.rank for log in logs] == list(range(ranks))
+        assert all(len(log.more) == many.iterations + 1 for log in logs)
+        assert all(log.launches == logs[0].launches for log in logs[1:])
+        assert len(logs[0].launches) > 0
+        if name == "basic":  # nominal hosts, no divergence: rank 0 runs as a run of one
+            assert _run(name, ranks, loop).trace_hash == _run(name, 1, loop).trace_hash
+        assert one.ok
+
+
+def test_every_rank_is_handed_what_rank_0_received_in_the_same_iteration() -> None:
+    result = _run("abort", 3, seed=3)
+    first, *others = result.extra["rank_traces"]
+    received = [(m.step, m.uid, m.kind) for m in first.received]
+    assert received and any(kind == "abort" for _, _, kind in received)
+    for trace in others:
+        assert [(m.step, m.uid, m.kind) for m in trace.received] == received
+        # and each rank computed the same tokens
+        assert [(m.uid, m.token) for m in trace.messages] == [
+            (m.uid, m.token) for m in first.messages
+        ]
+
+
+@pytest.mark.parametrize("loop", ["overlap", "normal"])
+def test_a_rank_local_flag_is_a_divergence_naming_iteration_ranks_and_values(loop: str) -> None:
+    scenario = named_scenario("basic").with_config(
+        num_ranks=2, loop=loop, faults=frozenset([LOCAL_EXTEND_FLAG])
+    )
+    result = run_scenario(scenario, SimBackend())
+    [violation] = result.violations
+    assert violation.invariant == "rank-consistent"
+    assert violation.details["ranks"] == [0, 1]
+    assert violation.details["differs"] == "decision 'extend'"
+    assert violation.details["values"] == ["True", "False"]
+    assert f"at iteration {violation.step}" in violation.message
+    # one rank alone never sees it: its share of a batch is the whole batch
+    alone = run_scenario(scenario.with_config(num_ranks=1), SimBackend())
+    assert alone.ok
+    assert (
+        alone.trace_hash
+        == run_scenario(named_scenario("basic").with_config(loop=loop), SimBackend()).trace_hash
+    )
+
+
+@pytest.mark.parametrize("loop", ["overlap", "normal"])
+def test_search_finds_the_rank_local_flag_in_both_loops_and_it_replays(
+    loop: str, tmp_path: Path
+) -> None:
+    spec = SearchSpec(faults=frozenset([LOCAL_EXTEND_FLAG]), loop=loop, budget=60, seed=2)
+    assert spec.pinned_ranks == 2  # a fault that needs ranks gets two
+    result = search(spec)
+    assert result.found is not None
+    run = result.found.result
+    assert run.violations[0].invariant == "rank-consistent"
+    assert run.config.num_ranks == 2 and run.config.loop == loop
+    path = counterexample.save(run, Profile(), result.found.draws, tmp_path)
+    assert json.loads(path.read_text())["scenario"]["config"]["num_ranks"] == 2
+    cex = counterexample.load(path)
+    replayed = replay_on_sim(cex)
+    assert cex.reproduced(replayed) is not None
+    assert replayed.trace_hash == run.trace_hash
+
+
+def test_a_set_of_request_objects_diverges_and_sorted_does_not() -> None:
+    found = 0
+    for name in ("basic", "shared-prefix", "early-eos", "abort"):
+        scenario = named_scenario(name).with_config(num_ranks=2)
+        bad = run_scenario(scenario, SimBackend(), scheduler=set_order)
+        found += any(v.invariant == "rank-consistent" for v in bad.violations)
+        good = run_scenario(scenario, SimBackend(), scheduler=sorted_order)
+        assert good.ok, good.violations[0].line()
+    assert found >= 2, "a decode batch ordered by object addresses went unnoticed"
+
+
+def test_a_search_finds_a_set_of_request_objects_within_seconds() -> None:
+    spec = SearchSpec(
+        budget=30,
+        seed=5,
+        ranks=2,
+        scheduler=SchedulerSpec(f"{Path(__file__).parent / 'rank_schedulers.py'}:set_order"),
+        shrink_examples=0,
+        reduce_runs=0,
+    )
+    result = search(spec)
+    assert result.found is not None
+    assert result.found.result.violations[0].invariant == "rank-consistent"
+    assert result.stats.examples <= 50, result.stats  # (in about 5 s on a loaded 2-core host)
+
+
+class RankedDecisions(Scheduler):
+    """Declares a decision that depends on the rank, and says whether it may."""
+
+    local: tuple[str, ...] = ()
+
+    def decisions(self) -> Mapping[str, object]:
+        return {"extend": self._extend, "shard": self.config.rank}
+
+    def rank_local(self) -> Collection[str]:
+        return self.local
+
+
+class DeclaredLocal(RankedDecisions):
+    local = ("shard",)
+
+
+def _make(cls: type[Scheduler]):  # type: ignore[no-untyped-def]
+    def make(cfg: SchedulerConfig, device: Device, source: MessageSource, sink: MessageSink):  # type: ignore[no-untyped-def]
+        return cls(cfg, device, source, sink)
+
+    return make
+
+
+def test_a_decision_differs_unless_declared_rank_local() -> None:
+    scenario = named_scenario("basic").with_config(num_ranks=2)
+    [violation] = run_scenario(scenario, SimBackend(), scheduler=_make(RankedDecisions)).violations
+    assert violation.details["differs"] == "decision 'shard'"
+    assert violation.step == 0
+    assert run_scenario(scenario, SimBackend(), scheduler=_make(DeclaredLocal)).ok
+
+
+def test_ranks_in_files_and_configs() -> None:
+    raw = {"config": {"num_ranks": 3}, "requests": [{"uid": 0, "prompt": [5, 6]}]}
+    scenario = scenario_from_dict(raw)
+    assert scenario.config.num_ranks == 3 and scenario.config.rank == 0
+    assert scenario.to_json()["config"]["num_ranks"] == 3
+    one = scenario.with_config(num_ranks=1).to_json()["config"]
+    assert "num_ranks" not in one and "rank" not in one  # files of one rank as before
+    with pytest.raises(ConfigError):
+        SchedulerConfig(num_ranks=2, rank=2)
+    with pytest.raises(ConfigError):
+        SchedulerConfig(num_ranks=0)
+
+
+def test_replay_with_more_ranks_says_what_changed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    scenario = named_scenario("basic").with_config(faults=frozenset([LOCAL_EXTEND_FLAG]))
+    run = run_scenario(scenario.with_config(num_ranks=2), SimBackend())
+    path = counterexample.save(run, Profile(), {}, tmp_path)
+    assert main(["replay", str(path)]) == 1
+    assert "identical" in capsys.readouterr().out
+    assert main(["replay", str(path), "--ranks", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "fixed" in out and "1 rank(s), not the recorded 2" in out

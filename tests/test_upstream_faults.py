@@ -323,9 +323,10 @@ def test_copy_done_wrong_stream_reads_the_samples_before_they_land(loop: LoopKin
 
 def test_every_fault_has_a_scenario_here() -> None:
     # the preemption faults have theirs in tests/test_preemption.py, those of speculative
-    # decoding in tests/test_speculative.py
+    # decoding in tests/test_speculative.py, those of ranks in tests/test_ranks.py
     speculative = {name for name, f in FAULTS.items() if f.speculative}
-    assert set(FAULTS) - set(PREEMPTION_FAULT_CONFIG) - speculative == {
+    ranks = {name for name, f in FAULTS.items() if f.ranks}
+    assert set(FAULTS) - set(PREEMPTION_FAULT_CONFIG) - speculative - ranks == {
         "finish-by-can-decode",
         "reply-after-finish",
         "free-slot-early",

@@ -44,7 +44,7 @@ def _installation() -> tuple[Path, ...]:
     paths = {sysconfig.get_paths().get(key) for key in keys}
     paths.update(site.getsitepackages() if hasattr(site, "getsitepackages") else [])
     paths.add(site.getusersitepackages() if hasattr(site, "getusersitepackages") else None)
-    paths.update((sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix))
+    # (not the prefixes themselves: code of one's own may live under /usr/local, say)
     return tuple(sorted({Path(p).resolve() for p in paths if p}))
 
 

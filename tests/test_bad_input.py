@@ -277,7 +277,9 @@ CASES = [
         ("no-dir/t.json", "does not exist"),
     ),
     Case("trace-a-folder", ("run", "--trace", "."), ("is a folder", "trace")),
-    Case("timeline-format", ("run", "--timeline", "x.txt"), ("x.txt", ".png, .svg, .json, .perfetto")),
+    Case(
+        "timeline-format", ("run", "--timeline", "x.txt"), ("x.txt", ".png, .svg, .json, .perfetto")
+    ),
     Case(
         "hb-graph-unwritable",
         ("replay", "x.json", "--hb-graph", "no-dir/g.graphml"),

@@ -35,6 +35,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "simulator, iterations per second on one workload (needs MINISGL_PATH)",
     )
     p.add_argument(
+        "--vllm",
+        action="store_true",
+        help="vLLM's own scheduler under the simulated CUDA beside the reference on the "
+        "simulator, iterations per second on one workload (needs VLLM_PATH or vllm installed)",
+    )
+    p.add_argument(
         "--faults",
         action="store_true",
         help="time to first failure and shrunk size per named fault (median of 5 seeds)",
@@ -152,6 +158,7 @@ def main(args: argparse.Namespace) -> int:
             or args.mutants is not None
             or args.reliability
             or args.minisgl
+            or args.vllm
             or args.preemption_rate
         )
         if args.speed or not chosen:
@@ -171,6 +178,13 @@ def main(args: argparse.Namespace) -> int:
             report["minisgl"] = [
                 asdict(r) | {"iterations_per_second": r.iterations_per_second}
                 for r in minisgl_speed.main()
+            ]
+        if args.vllm:
+            from overlapcheck.bench import vllm_speed
+
+            report["vllm"] = [
+                asdict(r) | {"iterations_per_second": r.iterations_per_second}
+                for r in vllm_speed.main()
             ]
         if args.faults:
             from overlapcheck.bench import fault_search

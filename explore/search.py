@@ -404,9 +404,10 @@ def probe_scheduler(spec: SearchSpec) -> list[str]:
     in every stream, and the checks it cannot have (no `books()`) are named once."""
     if spec.scheduler.is_reference:
         return []
-    result = run_example(
-        named_scenario("basic"), SimBackend(), spec.checks, spec.scheduler, spec.hang_timeout
-    )
+    basic = named_scenario("basic")
+    if spec.loop is not None:  # a scheduler with only a normal loop is searched with it pinned
+        basic = basic.with_config(loop=spec.loop)
+    result = run_example(basic, SimBackend(), spec.checks, spec.scheduler, spec.hang_timeout)
     return list(dict.fromkeys(result.notices))
 
 

@@ -6,7 +6,7 @@
 | `page_size` | `block_size` |
 | `num_slots` | `max_num_seqs` (at most `max_extend_tokens`: vLLM demands a token per sequence) |
 | `max_extend_tokens` | `max_num_batched_tokens` |
-| `max_seq_len` | `max_model_len` |
+| `max_seq_len` | `max_model_len`, at most what the pool holds (vLLM refuses to start otherwise) |
 | `cache` | `enable_prefix_caching` (`radix`: on) |
 | `draft_tokens` | ngram speculative decoding with that many tokens (the variant may pin it) |
 | the variant | async or sync, chunked prefill, the KV-connector mode |
@@ -70,13 +70,16 @@ class Built:
 def build(loaded: Loaded, config: SchedulerConfig, variant: Variant) -> Built:
     """vLLM's configs for one run. Raises UserError when vLLM rejects the mapping."""
     drafts = variant.draft_tokens(config)
+    # vLLM refuses to start with a KV cache that cannot hold one request of max_model_len
+    # (`check_enough_kv_cache_memory`): the longest context it serves is what the pool holds.
+    max_len = min(config.max_seq_len, config.num_pages * config.page_size)
     max_num_seqs = max(1, min(config.num_slots, config.max_extend_tokens))
     batched = config.max_extend_tokens
     if not variant.chunked_prefill:
-        batched = max(batched, config.max_seq_len)  # vLLM's rule without chunking
+        batched = max(batched, max_len)  # vLLM's rule without chunking
     key = (
         config.vocab_size,
-        config.max_seq_len,
+        max_len,
         config.page_size,
         config.num_pages,
         config.cache == "radix",

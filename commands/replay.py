@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import networkx as nx
 
@@ -102,6 +103,19 @@ def main(args: argparse.Namespace) -> int:
         return replay_on_cluster(cex.with_scheduler(scheduler), args)
     if args.backend != "sim" and max(args.num_ranks or 1, cex.scenario.config.num_ranks) > 1:
         raise UserError("a replay of several ranks runs on the simulator only (--backend sim)")
+    if args.backend == "cuda" and cex.scheduler.text == MINISGL:
+        # mini-sglang's own scheduler on the GPU: its gate plan is kept beside the file, so a
+        # fixed checkout (MINISGL_PATH) is replayed under the plan of the code that failed
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UserError("--backend cuda needs a CUDA device: torch sees none here")
+        from overlapcheck.orchestrate.minisgl_gpu import PLAN_SUFFIX, report
+
+        plan = Path(args.file + PLAN_SUFFIX)
+        for line in report(cex.with_scheduler(scheduler), plan, args.repeat):
+            print(line, flush=True)
+        return 0
     if args.backend != "sim":
         try:
             from overlapcheck.commands.device_replay import replay_on_device
@@ -160,6 +174,8 @@ def main(args: argparse.Namespace) -> int:
     status = finish_with_outputs(code != 1, writes)
     return code if status == 0 else status
 
+
+MINISGL = "overlapcheck.adapters.minisgl:make_scheduler"
 
 # The exit status of each verdict (the README's table): 1 a violation, 0 the fix holds, 4 a
 # replay that differs although nothing the file records changed.

@@ -484,3 +484,84 @@ def test_a_decode_batch_is_padded_to_the_captured_size_and_replayed_as_one_kerne
     assert {v.invariant for v in plain.violations} == found
     assert not any("graph" in op.label for op in plain.trace.ops)
     assert [m.token for m in plain.trace.messages] == [m.token for m in result.trace.messages]
+
+
+class _Recorder:
+    """A gate driver that records what the runner asked for (the device's is a Triton spin)."""
+
+    def __init__(self, count: int, streams: dict[str, Any], bound: float) -> None:
+        self.count, self.streams, self.log = count, streams, []
+
+    def hold(self, gate: int, stream: str) -> None:
+        self.log.append(("hold", gate, stream))
+
+    def open(self, gate: int, stream: str | None) -> None:
+        self.log.append(("open", gate, stream))
+
+    def results(self) -> list[tuple[int, float]]:
+        return [(0, 0.0)] * self.count
+
+
+@needs_snapshot
+def test_the_gpu_replay_plan_and_gates_rehearsed_on_the_simulated_cuda(
+    snapshot: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bug 6 on the GPU: the plan holds the engine's token write through the write mapping until
+    the scheduler's next page-table copy (which the caching allocator puts in the mapping's
+    block) has run. The GPU runner itself runs here on the simulated CUDA, with a driver that
+    records the holds and opens: mini-sglang's ops are named as the simulator named them."""
+    from overlapcheck.adapters.minisgl import make_scheduler
+    from overlapcheck.adapters.minisgl.cuda import CudaRun, reference, unnumbered
+    from overlapcheck.backends.sim.backend import SimBackend
+    from overlapcheck.backends.sim.device import SimDevice
+    from overlapcheck.backends.sim.toy_model import ToyModel
+    from overlapcheck.backends.torchsim.session import SimulatedCuda
+    from overlapcheck.core.config import SchedulerConfig
+    from overlapcheck.core.scenario import RequestSpec, Scenario
+    from overlapcheck.harness.runner import run_scenario
+    from overlapcheck.orchestrate.minisgl_gpu import plan_from
+
+    monkeypatch.setenv("MINISGL_PATH", str(snapshot))
+    config = SchedulerConfig(num_slots=2, num_pages=32)
+    reqs = (RequestSpec(uid=0, prompt=(3,), max_tokens=4),)
+    sim = run_scenario(
+        Scenario("b6", config, reqs), SimBackend(), scheduler=make_scheduler, keep_going=True
+    )
+    plan = plan_from(sim.trace, sim.deliveries)
+    (gate,) = plan.gates
+    assert (gate.held.step, gate.held.agent, gate.held.label) == (
+        0,
+        "engine",
+        "index_put_ @scheduler.py _forward",
+    )
+    assert (gate.opener.step, gate.opener.agent, gate.opener.label) == (
+        2,
+        "scheduler",
+        "h2d @cache.py _write_page_table",
+    )
+    assert gate.race.startswith("WAR on _make_write_tuple")
+    assert unnumbered("h2d @cache.py:144 _write_page_table") == gate.opener.label
+    device = SimDevice(config, ToyModel(config.vocab_size, config.eos_token_id))
+    with SimulatedCuda(device, ("engine", "scheduler")):
+        run = CudaRun(config, reqs, plan.deliveries, plan.gates)
+        tokens = run.run(_Recorder)
+    assert tokens == reference(config, reqs)
+    assert run.spins is not None and run.spins.log == [
+        ("hold", 0, "engine"),
+        ("open", 0, "scheduler"),
+    ]
+
+
+def test_the_gpu_toy_model_says_a_scripted_eos_and_stops_there() -> None:
+    from overlapcheck.adapters.minisgl.cuda import reference
+    from overlapcheck.core.config import SchedulerConfig
+    from overlapcheck.core.scenario import RequestSpec
+
+    cfg = SchedulerConfig()
+    reqs = [
+        RequestSpec(uid=0, prompt=(3,), max_tokens=5, continuation=(9, cfg.eos_token_id)),
+        RequestSpec(uid=1, prompt=(4, 5), max_tokens=3),
+    ]
+    out = reference(cfg, reqs)
+    assert out[0] == [9, cfg.eos_token_id]
+    assert len(out[1]) == 3 and cfg.eos_token_id not in out[1] and min(out[1]) >= 3

@@ -5,5 +5,6 @@ replaces only what needs a real kernel or a real process around it: the engine's
 tokenizer, the message transport. It never edits or copies upstream code.
 
 `base/` holds what every adapter shares (finding the engine, one-line errors, stand-ins, the
-front end, idle polling, the code roots a counterexample fingerprints); `minisgl/` is mini-sglang.
+front end, idle polling, the code roots a counterexample fingerprints). One folder per engine:
+`minisgl/` (mini-sglang), `vllm/` (vLLM's v1 schedulers), `sglang/` (SGLang's `Scheduler`).
 """

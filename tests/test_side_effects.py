@@ -94,6 +94,7 @@ def test_a_real_engines_run_leaves_its_objects_young(
     # Its objects hold device memory in reference cycles: the next collections must see them.
     class AnotherEngine(SimBackend):
         name = "another-engine"
+        small_run_objects = False  # as a real engine's backend says
 
     gc.freeze()
     try:

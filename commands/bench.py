@@ -41,6 +41,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "simulator, iterations per second on one workload (needs VLLM_PATH or vllm installed)",
     )
     p.add_argument(
+        "--sglang",
+        action="store_true",
+        help="SGLang's own scheduler (device=cpu) beside the reference on the simulator, "
+        "iterations per second on one workload (needs SGLANG_PATH or an installed sglang)",
+    )
+    p.add_argument(
         "--faults",
         action="store_true",
         help="time to first failure and shrunk size per named fault (median of 5 seeds)",
@@ -159,6 +165,7 @@ def main(args: argparse.Namespace) -> int:
             or args.reliability
             or args.minisgl
             or args.vllm
+            or args.sglang
             or args.preemption_rate
         )
         if args.speed or not chosen:
@@ -185,6 +192,13 @@ def main(args: argparse.Namespace) -> int:
             report["vllm"] = [
                 asdict(r) | {"iterations_per_second": r.iterations_per_second}
                 for r in vllm_speed.main()
+            ]
+        if args.sglang:
+            from overlapcheck.bench import sglang_speed
+
+            report["sglang"] = [
+                asdict(r) | {"iterations_per_second": r.iterations_per_second}
+                for r in sglang_speed.main()
             ]
         if args.faults:
             from overlapcheck.bench import fault_search

@@ -119,6 +119,8 @@ class SglangScheduler(UpstreamScheduler):
         HOLDER.req_to_token = self.sched.req_to_token_pool.req_to_token
         with self._quiet_torch():
             more = self.loop.switch()
+            if not more:  # over: the loop unwinds now, not whenever it is collected
+                self.loop.throw(greenlet.GreenletExit)
         return bool(more)
 
     def _pull(self) -> list[Any]:

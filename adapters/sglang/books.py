@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from overlapcheck.adapters.sglang.transport import uid_of
 from overlapcheck.core.protocol import Books, Holding
 
 
@@ -44,7 +45,7 @@ def read_books(sched: Any) -> Books:
     live: list[Holding] = []
 
     def add(req: Any) -> None:
-        uid = int(req.rid)
+        uid = uid_of(req.rid)
         if uid in seen:
             return
         slot = req.kv.req_pool_idx
@@ -60,7 +61,7 @@ def read_books(sched: Any) -> Books:
         indices = _ints(rows[int(slot), :allocated])
         live.append(Holding(uid, int(slot) - 1, _pages(indices, page_size)))
 
-    pending = tuple(int(r.rid) for r in sched.waiting_queue)
+    pending = tuple(uid_of(r.rid) for r in sched.waiting_queue)
     for req in sched.waiting_queue:
         add(req)
     if sched.chunked_req is not None:

@@ -5,8 +5,17 @@ In: each admitted `UserMsg` as a `TokenizedGenerateReqInput` (prompt ids, `max_n
 as the front end allows, EOS honoured unless `ignore_eos`, streamed), each `AbortMsg` as an
 `AbortReq`. Out: each `BatchTokenIDOutput` as `TokenMsg`s, one per new output id of each request
 (`output_ids` holds what was not sent before), `finished` on the last one of a request whose
-`finished_reasons` entry is set. An abort's own output (no new ids) sends nothing: the user asked
-for the abort.
+`finished_reasons` entry is set.
+
+An abort of a running request is lazy in SGLang (`req.to_finish = FINISH_ABORT()`): the batch
+already scheduled still computes, and the abort's reply is the output whose finished reason is
+the abort, carrying that batch's ids. That reply is the acknowledgment of the abort, not more
+output: for a request the user aborted, it sends nothing. Any other output after the abort is
+still sent, for `abort-silent` to judge.
+
+Request ids are fixed-width (`req-000000000007`): SGLang aborts every request whose id *starts
+with* the aborted one (`req.rid.startswith(recv_req.rid)`), which is exact for its UUIDs, and must
+stay exact for ours ("1" would abort "10").
 """
 
 from __future__ import annotations
@@ -22,6 +31,14 @@ from overlapcheck.core.rules import max_output
 IO = "sglang.srt.managers.io_struct"
 
 
+def rid_of(uid: int) -> str:
+    return f"req-{uid:012d}"
+
+
+def uid_of(rid: str) -> int:
+    return int(rid.rpartition("-")[2])
+
+
 class Transport:
     """Converts messages both ways for one run."""
 
@@ -29,6 +46,7 @@ class Transport:
         self.loaded = loaded
         self.config = config
         self.front = front
+        self.aborted: set[int] = set()  # uids the user aborted while live
 
     def inbound(self, msgs: list[UserMsg | AbortMsg]) -> list[Any]:
         io = self.loaded[IO]
@@ -36,7 +54,8 @@ class Transport:
         for msg in msgs:
             if isinstance(msg, AbortMsg):
                 if self.front.abort(msg.uid):
-                    out.append(io.AbortReq(rid=str(msg.uid)))
+                    self.aborted.add(msg.uid)
+                    out.append(io.AbortReq(rid=rid_of(msg.uid)))
                 continue
             if not self.front.admit(msg):
                 continue
@@ -55,7 +74,7 @@ class Transport:
         )
         params.normalize(None)
         return io.TokenizedGenerateReqInput(
-            rid=str(msg.uid),
+            rid=rid_of(msg.uid),
             input_text="",
             input_ids=array("q", msg.input_ids),
             input_embeds=None,
@@ -76,7 +95,9 @@ class Transport:
         for rid, ids, reason in zip(
             output.rids, output.output_ids, output.finished_reasons, strict=True
         ):
-            uid = int(rid)
+            uid = uid_of(rid)
+            if reason is not None and reason.get("type") == "abort" and uid in self.aborted:
+                continue  # the abort's acknowledgment
             tokens = [int(t) for t in ids]
             for i, token in enumerate(tokens):
                 self.front.token(uid, token, reason is not None and i == len(tokens) - 1)

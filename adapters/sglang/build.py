@@ -18,9 +18,8 @@ from overlapcheck.adapters.base import Loaded
 from overlapcheck.adapters.sglang.model import model_dir
 from overlapcheck.adapters.sglang.toy import ARCH, make_model_class
 from overlapcheck.core.config import SchedulerConfig
-from overlapcheck.core.errors import UserError
 
-# SGLang's names of our queue policies (ours alone have none).
+# SGLang's names of our queue policies (`lpm-aging` is ours alone).
 POLICIES = {"fcfs": "fcfs", "lpm": "lpm", "dfs-weight": "dfs-weight", "lof": "lof",
             "random": "random", "hrrn": "hrrn"}  # fmt: skip
 
@@ -35,11 +34,8 @@ QUIET = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
 def server_args(loaded: Loaded, config: SchedulerConfig, device: str) -> Any:
-    policy = POLICIES.get(config.policy)
-    if policy is None:
-        raise UserError(
-            f"SGLang has no queue policy {config.policy!r} (it has {', '.join(POLICIES)})"
-        )
+    # A switch the scheduler does not have is ignored (core/protocol.py): ours alone run as fcfs.
+    policy = POLICIES.get(config.policy, "fcfs")
     # A request gets what `core.rules.max_output` allows (the front end clamps `max_new_tokens` to
     # it); two positions of slack keep SGLang's own clamp (context length - 1 - prompt) above it.
     return loaded["sglang.srt.server_args"].ServerArgs(

@@ -51,8 +51,9 @@ def main(args: argparse.Namespace) -> int:
         violation = found
         if result.trace_hash != cex.trace_hash:
             note = (
-                "The replay reproduced the finding with a different trace: the scheduler's code "
-                "changed since the file was saved; the lines below are the code's now."
+                "The replay reproduced the finding with another trace than the file's (the "
+                "scheduler's code, or overlapcheck's model of the GPU, changed since it was "
+                "saved); the lines below are the code's now."
             )
     else:
         violation = _recorded(cex.data.get("violation"), cex.invariant)

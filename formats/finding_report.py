@@ -20,6 +20,8 @@ from overlapcheck.invariants.fixes import fix_to_try
 MAX_STEPS = 40  # lines of the interleaving at most
 # Host operations worth a line of the interleaving: what orders the host after the streams.
 _HOST_KINDS = frozenset({"host_wait", "host_query", "read_output", "stage"})
+# The caching allocators' own events (torchsim): bookkeeping, not the program's operations.
+_ALLOCATORS = ("(pinned)", "(free)")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -132,7 +134,10 @@ def _interleaving(trace: TraceView, v: Violation) -> list[str]:
     chosen = [
         op
         for op in trace.ops
-        if low <= op.step <= v.step and (op.agent != HOST or op.kind in _HOST_KINDS)
+        if low <= op.step <= v.step
+        and (op.agent != HOST or op.kind in _HOST_KINDS)
+        and op.phase != "idle"  # set-up before the first iteration
+        and not op.label.endswith(_ALLOCATORS)
     ]
     lines = ["```text", "step  agent      operation"]
     for op in chosen[:MAX_STEPS]:

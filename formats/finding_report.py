@@ -42,7 +42,7 @@ class ReportInput:
 def render(report: ReportInput) -> str:
     v = report.violation
     parts = [
-        f"# `{v.invariant}`: {_headline(v)}",
+        f"# `{v.invariant}`: {_words(_headline(v), report.vocabulary)}",
         "",
         f"Found by overlapcheck, a model checker of overlap schedulers, running the scheduler "
         f"`{report.scheduler}` on its simulated GPU; shrunk to "

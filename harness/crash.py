@@ -9,23 +9,14 @@ index) belong to whoever called them.
 
 from __future__ import annotations
 
-import sysconfig
 import traceback
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from overlapcheck.core.errors import CheckerError
+from overlapcheck.core.sites import Location, owner
 from overlapcheck.invariants.base import Violation
-
-_PACKAGE = Path(__file__).resolve().parent.parent  # the package root: this file is in harness/
-# Folders of overlapcheck that hold schedulers under test, not the checker.
-_SCHEDULER_FOLDERS = (_PACKAGE / "reference", _PACKAGE / "examples")
-_LIBRARY_FOLDERS = tuple(
-    Path(p).resolve()
-    for key in ("stdlib", "platstdlib", "purelib", "platlib")
-    if (p := sysconfig.get_paths().get(key))
-)
 
 
 class CheckerBug(CheckerError):
@@ -41,23 +32,7 @@ class CheckerBug(CheckerError):
         return "".join(traceback.format_exception(self.error))
 
 
-def _owner(path: Path) -> str:
-    """`scheduler`, `checker` or `library` for a source file."""
-    # The package may live in a library folder (installed from a wheel) and a library folder may
-    # live in the package (a virtual environment inside the checkout): only the innermost counts.
-    in_library = any(path.is_relative_to(folder) for folder in _LIBRARY_FOLDERS)
-    if path.is_relative_to(_PACKAGE) and not any(
-        path.is_relative_to(folder) and folder.is_relative_to(_PACKAGE)
-        for folder in _LIBRARY_FOLDERS
-    ):
-        if any(path.is_relative_to(folder) for folder in _SCHEDULER_FOLDERS):
-            return "scheduler"
-        return "checker"
-    if in_library:
-        return "library"
-    if path.name.startswith("<"):  # <frozen ...>, <string>
-        return "library"
-    return "scheduler"  # the user's own files
+_owner = owner
 
 
 def _frames(tb: TracebackType | None) -> list[traceback.FrameSummary]:
@@ -73,22 +48,23 @@ def crash_violation(error: BaseException, step: int, now: float) -> Violation | 
             continue
         if owner == "checker":
             return None
-        where = f"{_short(frame.filename)}:{frame.lineno} in {frame.name}"
+        at = Location.at("raised", frame.filename, frame.lineno or 0, frame.name, "host", step)
         text = str(error).splitlines()[0] if str(error) else ""
         return Violation(
             "no-crash",
             step,
             now,
             (),
-            f"the scheduler raised {type(error).__name__}: {text} ({where})",
+            f"the scheduler raised {type(error).__name__}: {text} ({at.text()})",
             {
                 "type": type(error).__name__,
                 "exception": text,
-                "file": _short(frame.filename),
+                "file": at.file,
                 "line": frame.lineno,
                 "function": frame.name,
-                "traceback": [f"{_short(f.filename)}:{f.lineno} in {f.name}" for f in frames[-8:]],
+                "traceback": [_named(f) for f in frames[-8:]],
             },
+            (at,),
         )
     return None
 
@@ -103,7 +79,8 @@ def hang_violation(
     for frame in reversed(frames):
         if _owner(Path(frame.filename).resolve()) != "scheduler":
             continue
-        where = f"{_short(frame.filename)}:{frame.lineno} in {frame.name}"
+        at = Location.at("stuck", frame.filename, frame.lineno or 0, frame.name, "host", step)
+        where = at.text()
         code = f": `{frame.line}`" if frame.line else ""
         ours = [f for f in frames if _owner(Path(f.filename).resolve()) == "scheduler"]
         return Violation(
@@ -115,20 +92,16 @@ def hang_violation(
             f"{code}",
             {
                 "timeout": timeout,
-                "file": _short(frame.filename),
+                "file": at.file,
                 "line": frame.lineno,
                 "function": frame.name,
-                "stack": [f"{_short(f.filename)}:{f.lineno} in {f.name}" for f in ours[-8:]],
+                "stack": [_named(f) for f in ours[-8:]],
             },
+            (at,),
         )
     return None
 
 
-def _short(filename: str) -> str:
-    path = Path(filename).resolve()
-    if path.is_relative_to(_PACKAGE):
-        return str(path.relative_to(_PACKAGE.parent))
-    try:
-        return str(path.relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
+def _named(frame: traceback.FrameSummary) -> str:
+    """`file:line in function`, the file relative to its tree (`core/sites.py`)."""
+    return Location.at("", frame.filename, frame.lineno or 0, frame.name).text()

@@ -30,6 +30,7 @@ from overlapcheck.adapters.vllm.worker import Launched, Load, StandInWorker
 from overlapcheck.backends.sim.device import SimDevice
 from overlapcheck.backends.torchsim.session import SimulatedCuda
 from overlapcheck.core.config import SchedulerConfig
+from overlapcheck.core.errors import InvariantError
 from overlapcheck.core.messages import AbortMsg, UserMsg
 from overlapcheck.core.protocol import Books, MessageSink, MessageSource
 from overlapcheck.core.rules import max_output
@@ -121,7 +122,20 @@ class VllmScheduler(UpstreamScheduler):
                 self._step_with_batch_queue()
             else:
                 self._step()
+            self._check_placeholders()
         return True
+
+    def _check_placeholders(self) -> None:
+        """vLLM's placeholder books (`num_output_placeholders`: tokens scheduled, not yet
+        applied): never negative, and none left once no step is in flight."""
+        idle = not self.queue
+        for req_id, request in self.sched.requests.items():
+            held = request.num_output_placeholders
+            if held < 0 or (idle and held and not request.is_finished()):
+                state = "negative" if held < 0 else "left with no step in flight"
+                raise InvariantError(
+                    "placeholder", f"request {req_id}: num_output_placeholders {held} ({state})"
+                )
 
     def books(self) -> Books:
         return read_books(self.sched, self.uid_of, self.worker.index, self.config.num_slots)

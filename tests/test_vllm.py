@@ -53,13 +53,15 @@ NO_FENCE = (
 )
 
 
-def unpack(into: Path, edits: Sequence[tuple[str, str]] = ()) -> Path:
-    """The snapshot unpacked into `into`, with (old, new) edits applied to scheduler.py."""
+def unpack(into: Path, edits: Sequence[tuple[str, ...]] = ()) -> Path:
+    """The snapshot unpacked into `into`, with edits applied: (old, new) in scheduler.py, or
+    (file, old, new) with the file relative to the tree's root."""
     with tarfile.open(SNAPSHOT) as tar:
         tar.extractall(into, filter="data")
     root = into / "vllm-0.34.0"
-    for old, new in edits:
-        path = root / SCHEDULER_PY
+    for edit in edits:
+        name, old, new = edit if len(edit) == 3 else (SCHEDULER_PY, *edit)
+        path = root / name
         text = path.read_text()
         assert text.count(old) == 1, old
         path.write_text(text.replace(old, new))
@@ -230,11 +232,15 @@ def test_an_exception_inside_vllm_is_a_no_crash_finding_naming_its_line(tmp_path
 @needs_snapshot
 @pytest.mark.slow
 def test_an_api_the_adapter_does_not_know_is_one_line_and_exit_2(tmp_path: Path) -> None:
-    renamed = ("    def update_draft_token_ids(\n", "    def take_draft_token_ids(\n")
+    renamed = (
+        "vllm/v1/core/sched/async_scheduler.py",
+        "class AsyncScheduler(Scheduler):",
+        "class OverlapScheduler(Scheduler):",
+    )
     done = overlapcheck(["run", "--scheduler", SPEC], unpack(tmp_path, [renamed]), tmp_path)
     assert done.returncode == 2, done.stdout + done.stderr
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and "incompatible" in lines[0] and "update_draft_token_ids" in lines[0]
+    assert len(lines) == 1 and "incompatible" in lines[0] and "AsyncScheduler" in lines[0]
 
 
 @needs_snapshot

@@ -48,6 +48,7 @@ def test_every_fault_is_registered_under_its_own_name() -> None:
 _INTERNAL = {
     "overlapcheck.explore.search.Found",  # a search's own signal to stop, caught in search()
     "overlapcheck.invariants.base.InvariantViolated",  # a violation on its way to the harness
+    "overlapcheck.adapters.minisgl.cuda._Done",  # the GPU run's end, caught in CudaRun.run()
     "overlapcheck.backends.torchsim.tensor.SimulatedCudaError",  # scheduler misuse of CUDA
 }
 

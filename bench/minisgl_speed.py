@@ -18,6 +18,7 @@ from overlapcheck.core.protocol import SchedulerFactory
 from overlapcheck.harness.runner import run_scenario
 
 SPEC = "overlapcheck.adapters.minisgl:make_scheduler"
+REFERENCE = "reference (sim)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,15 +53,20 @@ def main(repeats: int = 3) -> list[Row]:
     _measure("mini-sglang", make_scheduler, [], "warm-up", 1)  # imports torch and mini-sglang
     rows = []
     for checks, label in (([], "footprints only"), (None, "all invariants")):
-        rows.append(_measure("reference (sim)", None, checks, label, repeats))
+        rows.append(_measure(REFERENCE, None, checks, label, repeats))
         rows.append(
             _measure("mini-sglang (simulated CUDA)", make_scheduler, checks, label, repeats)
         )
     print(f"mini-sglang vs reference: decode batch 8, 48 tokens per request (best of {repeats})")
-    print(f"{'scheduler':<30}{'checks':<18}{'iterations':>11}{'best s':>9}{'iter/s':>10}")
+    print(
+        f"{'scheduler':<30}{'checks':<18}{'iterations':>11}{'best s':>9}{'iter/s':>10}"
+        f"{'of reference':>14}"
+    )
+    reference = {r.checks: r.iterations_per_second for r in rows if r.scheduler == REFERENCE}
     for r in rows:
+        share = r.iterations_per_second / reference[r.checks]
         print(
             f"{r.scheduler:<30}{r.checks:<18}{r.iterations:>11}{r.best_seconds:>9.3f}"
-            f"{r.iterations_per_second:>10.1f}"
+            f"{r.iterations_per_second:>10.1f}{share:>13.1%}"
         )
     return rows

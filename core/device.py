@@ -104,8 +104,8 @@ class ForwardOutput(ABC):
 
 class Device(ABC):
     """An accelerator with three streams (scheduler, engine, transfer), as the scheduler sees
-    it. Each method's docstring is the contract; README's device table names them all (a test
-    keeps the two equal)."""
+    it. Each method's docstring is the contract; docs/contract.md's device table names them all
+    (a test keeps the two equal)."""
 
     trace: Trace
     scheduler_stream: Stream

@@ -1,5 +1,6 @@
-"""README's tables against the code they describe: the device contract and the invariants. Each
-is stated once, in the code; the README names it, and these tests keep the two equal."""
+"""The user docs' tables against the code they describe: the device contract (docs/contract.md,
+the contract's one home) and the invariants (README). Each is stated once, in the code; the docs
+name it, and these tests keep the two equal."""
 
 from __future__ import annotations
 
@@ -9,15 +10,17 @@ from pathlib import Path
 from overlapcheck.core.device import Device
 from overlapcheck.invariants.registry import INVARIANTS
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+CONTRACT = (ROOT / "docs" / "contract.md").read_text()
 # The harness's, not the scheduler's: the contract table leaves them out.
 HARNESS_ONLY = {"trace", "set_step", "close"}
 
 
-def _section(title: str) -> str:
-    start = README.index(f"\n{title}\n")
-    end = README.find("\n#", start + len(title) + 2)
-    return README[start:end]
+def _section(title: str, text: str = README) -> str:
+    start = text.index(f"\n{title}\n")
+    end = text.find("\n#", start + len(title) + 2)
+    return text[start:end]
 
 
 def _first_cells(section: str) -> list[str]:
@@ -25,14 +28,14 @@ def _first_cells(section: str) -> list[str]:
 
 
 def test_the_device_table_names_every_call_of_the_contract_and_nothing_else() -> None:
-    table = " ".join(_first_cells(_section("### The device contract")))
+    table = " ".join(_first_cells(_section("## The device contract", CONTRACT)))
     named = set(re.findall(r"`(?:[A-Za-z]+\.)?([a-z_]+)", table))
     members = {
         name
         for name in {*vars(Device), *Device.__annotations__}
         if not name.startswith("_") and name not in HARNESS_ONLY
     }
-    assert members - named == set(), "calls of core/device.py missing from README's table"
+    assert members - named == set(), "calls of core/device.py missing from docs/contract.md's table"
     assert {n for n in named - members if n not in {"synchronize", "query", "tokens"}} == set()
 
 

@@ -117,6 +117,11 @@ def test_a_set_of_request_objects_diverges_and_sorted_does_not() -> None:
     assert found >= 2, "a decode batch ordered by object addresses went unnoticed"
 
 
+# slow: what a set of objects is ordered by depends on addresses, so a run of this scheduler
+# is not the same twice in one process; Hypothesis may then call the search's own draws flaky
+# (FlakyStrategyDefinition), depending on what the process ran before. The run-level test above
+# covers detection in the default tests.
+@pytest.mark.slow
 def test_a_search_finds_a_set_of_request_objects_within_seconds() -> None:
     spec = SearchSpec(
         budget=600,  # bounded by examples; seconds only cut a loaded machine short

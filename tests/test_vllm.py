@@ -83,6 +83,11 @@ def overlapcheck(args: list[str], tree: Path | str, cwd: Path) -> subprocess.Com
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     root = unpack(tmp_path_factory.mktemp("vllm"))
+    # A checkout folder named `vllm` is a package pytest may have imported under that name
+    # (the repository root is overlapcheck's package): it is not vLLM.
+    mine = sys.modules.get("vllm")
+    if mine is not None and Path(getattr(mine, "__file__", "") or "").parent == ROOT:
+        del sys.modules["vllm"]
     before = os.environ.get("VLLM_PATH")
     os.environ["VLLM_PATH"] = str(root)
     yield root

@@ -47,7 +47,13 @@ from overlapcheck.explore.parallel import (
     search_streams,
 )
 from overlapcheck.explore.resume import resumed_spec
-from overlapcheck.explore.search import CUT_BUDGET, CUT_INTERRUPTED, SearchSpec, probe_scheduler
+from overlapcheck.explore.search import (
+    CUT_BUDGET,
+    CUT_INTERRUPTED,
+    CUT_NONDETERMINISTIC,
+    SearchSpec,
+    probe_scheduler,
+)
 from overlapcheck.formats import counterexample
 from overlapcheck.formats.sarif import write_sarif
 from overlapcheck.harness.runner import DEFAULT_HANG_TIMEOUT, RunResult
@@ -288,6 +294,11 @@ def main(args: argparse.Namespace) -> int:
         CUT_BUDGET: (
             f"shrinking stopped at the --budget of {args.budget:g} s",
             "shrinking cut short by the budget",
+        ),
+        CUT_NONDETERMINISTIC: (
+            "the scheduler did not run the same example the same way twice (an order by object "
+            "addresses, a clock or a global random source?), so Hypothesis could not shrink it",
+            "not shrunk by Hypothesis: the scheduler's runs are nondeterministic",
         ),
     }.get(outcome.cut or "")
     if cut is not None:

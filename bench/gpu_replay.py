@@ -26,7 +26,7 @@ from overlapcheck.harness.revision import git_revision
 from overlapcheck.reference.faults import FAULTS
 
 if TYPE_CHECKING:
-    from overlapcheck.orchestrate.gpu_replay import Verdict
+    from overlapcheck.replay.gpu import Verdict
 
 RACE_FAULTS = {"chunk-sample-overwrite", "staging-buffer-reuse", "copy-done-wrong-stream"}
 # Speculative faults whose finding is a race (their counterexamples show `no-race` first).
@@ -41,7 +41,7 @@ def gate_states(verdicts: list[Verdict]) -> str:
 
 def phase_calibrate(out: Path, backend_name: str, preset: str | None) -> None:
     from overlapcheck.backends.gpu.backend import make_torch_backend
-    from overlapcheck.orchestrate.calibrate_gpu import calibrate, check
+    from overlapcheck.calibrate.gpu import calibrate, check
 
     backend = make_torch_backend(backend_name, preset=preset)  # reference: maps scripted EOS
     fitted = calibrate(backend, out / "profile.json")
@@ -73,7 +73,7 @@ def phase_replay(
     cex_dir: Path, repeat: int, backend_name: str, preset: str | None, faults: list[str]
 ) -> None:
     from overlapcheck.backends.gpu.backend import make_torch_backend
-    from overlapcheck.orchestrate.gpu_replay import replay_verdicts
+    from overlapcheck.replay.gpu import replay_verdicts
 
     backend = make_torch_backend(backend_name, preset=preset)
     if backend_name == "cuda":

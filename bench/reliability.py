@@ -31,8 +31,8 @@ from overlapcheck.explore.parallel import available_cores, search_here
 from overlapcheck.explore.search import SearchSpec, stream_seed
 from overlapcheck.formats import counterexample
 from overlapcheck.formats.jsonfile import read_json_file
-from overlapcheck.orchestrate.sim_replay import replay_on_sim
 from overlapcheck.reference.faults import FAULTS
+from overlapcheck.replay.sim import replay_on_sim
 
 EXAMPLES = 2000
 REPLAYS = 100

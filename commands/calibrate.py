@@ -48,7 +48,7 @@ def main(args: argparse.Namespace) -> int:
         output_file(args.out, "timing profile")
     try:
         from overlapcheck.backends.gpu.backend import make_torch_backend
-        from overlapcheck.orchestrate.calibrate_gpu import calibrate, check
+        from overlapcheck.calibrate.gpu import calibrate, check
     except ImportError as err:
         raise UserError(
             f"calibrate needs torch and transformers ({err.name} is missing): "

@@ -1,5 +1,5 @@
 """`replay --backend cuda|cpu`: a counterexample replayed on the real engine, its plan and each
-repeat's verdict printed (`orchestrate/gpu_replay.py` runs it)."""
+repeat's verdict printed (`replay/gpu.py` runs it)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 from overlapcheck.backends.gpu.backend import make_torch_backend
 from overlapcheck.formats.counterexample import Counterexample
-from overlapcheck.orchestrate.gpu_replay import replay_verdicts
+from overlapcheck.replay.gpu import replay_verdicts
 
 
 def replay_on_device(

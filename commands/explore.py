@@ -58,8 +58,8 @@ from overlapcheck.formats import counterexample
 from overlapcheck.formats.sarif import write_sarif
 from overlapcheck.harness.runner import DEFAULT_HANG_TIMEOUT, RunResult
 from overlapcheck.harness.scheduler_spec import SchedulerSpec
-from overlapcheck.orchestrate.sim_replay import ADDRESS_DEPENDENT, ADDRESS_NOTE, replay_on_sim
 from overlapcheck.reference.faults import UnknownFaultError, parse_faults
+from overlapcheck.replay.sim import ADDRESS_DEPENDENT, ADDRESS_NOTE, replay_on_sim
 from overlapcheck.scenarios.named import NAMED
 
 DB_FOLDER = ".examples-db"  # under --out: see the --db help

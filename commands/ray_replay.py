@@ -13,7 +13,7 @@ from overlapcheck.formats.counterexample import Counterexample
 
 def replay_on_cluster(cex: Counterexample, args: argparse.Namespace) -> int:
     """Exit status: 1 if the counterexample reproduced in any repeat, 0 if never."""
-    from overlapcheck.explore.ray_search import replay_shares
+    from overlapcheck.replay.ray import replay_shares
 
     shares = replay_shares(
         cex.data, cex.where, args.backend, args.repeat, args.ray, args.preset, args.model

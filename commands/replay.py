@@ -29,7 +29,7 @@ from overlapcheck.formats.sarif import write_sarif
 from overlapcheck.harness.runner import RunResult
 from overlapcheck.invariants.base import Violation
 from overlapcheck.invariants.hbgraph import race_subgraph
-from overlapcheck.orchestrate.sim_replay import Judgement, judge, replay_on_sim
+from overlapcheck.replay.sim import Judgement, judge, replay_on_sim
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -110,7 +110,7 @@ def main(args: argparse.Namespace) -> int:
 
         if not torch.cuda.is_available():
             raise UserError("--backend cuda needs a CUDA device: torch sees none here")
-        from overlapcheck.orchestrate.minisgl_gpu import PLAN_SUFFIX, report
+        from overlapcheck.replay.minisgl_gpu import PLAN_SUFFIX, report
 
         plan = Path(args.file + PLAN_SUFFIX)
         for line in report(cex.with_scheduler(scheduler), plan, args.repeat):

@@ -21,7 +21,7 @@ from overlapcheck.formats import counterexample
 from overlapcheck.formats.finding_report import ReportInput, write
 from overlapcheck.harness.runner import RunResult
 from overlapcheck.invariants.base import Violation
-from overlapcheck.orchestrate.sim_replay import replay_on_sim
+from overlapcheck.replay.sim import replay_on_sim
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from overlapcheck.backends.registry import make_backend
+from overlapcheck.calibrate.fit import as_ran
 from overlapcheck.commands.common import (
     add_model_options,
     add_scheduler_option,
@@ -26,8 +27,7 @@ from overlapcheck.formats.trace_file import FORMAT as TRACE_FORMAT
 from overlapcheck.formats.trace_file import trace_file_from_json
 from overlapcheck.harness.runner import RunResult, run_scenario
 from overlapcheck.harness.scheduler_spec import SchedulerSpec
-from overlapcheck.orchestrate.calibrate_fit import as_ran
-from overlapcheck.orchestrate.sim_replay import replay_on_sim
+from overlapcheck.replay.sim import replay_on_sim
 from overlapcheck.scenarios.named import NAMED
 from overlapcheck.timeline.model import Interval, Rendered
 from overlapcheck.timeline.render import FORMATS, render_trace

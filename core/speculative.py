@@ -52,7 +52,7 @@ Drafters. How a scheduler drafts is its own business; one that drafts through a 
 `DraftQuery` per step: the request, the batch the drafts are for, what the host knows and
 assumes) and takes another one (`TakesDrafter`, the optional capability) can be replayed on any
 engine with the recorded acceptance: a replay hands it drafts made to agree with that engine's
-own tokens exactly as far as the recorded step accepted (`orchestrate/replay_drafts.py`).
+own tokens exactly as far as the recorded step accepted (`replay/drafts.py`).
 """
 
 from __future__ import annotations

@@ -11,8 +11,7 @@ import pytest
 from overlapcheck.backends.delays import DelayInjector, delay_plan
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.backends.sim.timing import Profile, ReplayDelay, Timing
-from overlapcheck.harness.runner import RunResult, run_scenario
-from overlapcheck.orchestrate.calibrate_fit import (
+from overlapcheck.calibrate.fit import (
     Sample,
     as_ran,
     device_samples,
@@ -22,6 +21,7 @@ from overlapcheck.orchestrate.calibrate_fit import (
     lead_samples,
     tail_samples,
 )
+from overlapcheck.harness.runner import RunResult, run_scenario
 from overlapcheck.scenarios.named import named_scenario
 
 
@@ -255,7 +255,7 @@ def test_as_ran_scripts_each_request_to_the_length_the_real_run_gave_it() -> Non
 
 def test_fidelity_is_judged_against_the_gpus_own_range() -> None:
     pytest.importorskip("torch")
-    from overlapcheck.orchestrate.calibrate_gpu import TOLERANCE, Row, misses
+    from overlapcheck.calibrate.gpu import TOLERANCE, Row, misses
 
     # 23 % off with the host as run, but the GPU itself spread over 41 %: not the model's error.
     noisy = Row("basic", "total ms", 56.5, 55.8, 0.41, 68.6)

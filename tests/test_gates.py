@@ -18,8 +18,8 @@ from overlapcheck.backends.gates import (
 )
 from overlapcheck.core.trace import HOST, Op, Trace
 from overlapcheck.formats import counterexample
-from overlapcheck.orchestrate.replay_plan import plan_replay
-from overlapcheck.orchestrate.sim_replay import replay_on_sim
+from overlapcheck.replay.plan import plan_replay
+from overlapcheck.replay.sim import replay_on_sim
 
 COUNTEREXAMPLES = Path(__file__).resolve().parent.parent / "docs" / "gpu-replay"
 
@@ -33,7 +33,7 @@ RACES = {
 
 def _plan(fault: str):  # type: ignore[no-untyped-def]
     pytest.importorskip("torch", reason="the GPU replay module imports the torch engine")
-    from overlapcheck.orchestrate.gpu_replay import with_margin
+    from overlapcheck.replay.gpu import with_margin
 
     cex, _ = with_margin(counterexample.load(COUNTEREXAMPLES / f"{fault}.json"))
     return cex, plan_replay(replay_on_sim(cex).trace)

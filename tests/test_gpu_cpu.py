@@ -258,7 +258,7 @@ def test_teacher_forcing_fails_a_non_token_without_feeding_it_to_the_reference(
 
 def test_calibration_measures_a_real_backend(cpu: TorchBackend) -> None:
     from overlapcheck.backends.sim.timing import Profile
-    from overlapcheck.orchestrate.calibrate_gpu import measure
+    from overlapcheck.calibrate.gpu import measure
 
     base = Profile()
     got = measure(cpu, [named_scenario("basic"), named_scenario("chunked-long")], base)
@@ -283,8 +283,8 @@ def test_calibration_check_compares_every_named_scenario(
     cpu: TorchBackend, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from overlapcheck.backends.sim.timing import Profile
+    from overlapcheck.calibrate.gpu import check
     from overlapcheck.formats.trace_file import load_trace
-    from overlapcheck.orchestrate.calibrate_gpu import check
 
     rows = check(cpu, Profile(), repeats=1, traces=tmp_path, say=print)
     assert len(rows) == 4 * len(NAMED)
@@ -334,7 +334,7 @@ def test_a_plugged_in_schedulers_counterexample_replays_on_the_real_engine(
     from overlapcheck.backends.sim.timing import Profile
     from overlapcheck.formats import counterexample
     from overlapcheck.harness.scheduler_spec import SchedulerSpec
-    from overlapcheck.orchestrate.gpu_replay import replay_verdicts
+    from overlapcheck.replay.gpu import replay_verdicts
 
     upstream = Path(__file__).resolve().parent.parent / "examples" / "upstream_overlap.py"
     spec = SchedulerSpec(f"{upstream}:make_scheduler")
@@ -368,9 +368,9 @@ def test_gates_on_the_real_engine_open_with_the_fault_and_are_released_by_the_fi
     from overlapcheck.backends.gates import GateKeeper
     from overlapcheck.backends.gpu.device import TorchDevice
     from overlapcheck.formats import counterexample
-    from overlapcheck.orchestrate.gpu_replay import replay_once, with_margin
-    from overlapcheck.orchestrate.replay_plan import plan_replay
-    from overlapcheck.orchestrate.sim_replay import replay_on_sim
+    from overlapcheck.replay.gpu import replay_once, with_margin
+    from overlapcheck.replay.plan import plan_replay
+    from overlapcheck.replay.sim import replay_on_sim
 
     def queued(device: TorchDevice, gates: list[Gate], bound: float) -> GateKeeper | None:
         return GateKeeper(gates, Queued(len(gates)), device.trace) if gates else None

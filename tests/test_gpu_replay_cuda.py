@@ -21,18 +21,18 @@ pytest.importorskip("flashinfer")
 from overlapcheck.backends.gpu.backend import TorchBackend, make_torch_backend  # noqa: E402
 from overlapcheck.backends.sim.timing import Profile  # noqa: E402
 from overlapcheck.bench.gpu_replay import RACE_FAULTS, SPEC_RACE_FAULTS  # noqa: E402
-from overlapcheck.formats import counterexample  # noqa: E402
-from overlapcheck.orchestrate.calibrate_gpu import (  # noqa: E402
+from overlapcheck.calibrate.gpu import (  # noqa: E402
     calibrate,
     check,
     misses,
     verdict,
 )
-from overlapcheck.orchestrate.gpu_replay import (  # noqa: E402
+from overlapcheck.formats import counterexample  # noqa: E402
+from overlapcheck.reference.faults import FAULTS  # noqa: E402
+from overlapcheck.replay.gpu import (  # noqa: E402
     Verdict,
     replay_verdicts,
 )
-from overlapcheck.reference.faults import FAULTS  # noqa: E402
 
 pytestmark = pytest.mark.cuda
 

@@ -1,9 +1,9 @@
 """The layers, bottom to top, and no import circles (docs/architecture.md).
 
 core < reference, examples, backends, invariants < scenarios, adapters < harness < explore,
-formats, timeline, orchestrate < commands, bench < cli. A module may import its own layer and the
-ones below, nothing above. Imports under `if TYPE_CHECKING:` count too: a type from above is a
-dependency on above.
+formats, timeline, replay, calibrate < commands, bench < cli. A module may import its own layer
+and the ones below, nothing above. Imports under `if TYPE_CHECKING:` count too: a type from
+above is a dependency on above.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ LAYERS: dict[str, int] = {
     "explore": 4,
     "formats": 4,
     "timeline": 4,
-    "orchestrate": 4,
+    "replay": 4,  # replays of a counterexample (simulator, GPU, cluster)
+    "calibrate": 4,  # the simulator fitted to a GPU
     "commands": 5,
     "cli": 6,
     "bench": 5,  # benchmarks are entry points beside the commands

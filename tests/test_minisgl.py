@@ -519,7 +519,7 @@ def test_the_gpu_replay_plan_and_gates_rehearsed_on_the_simulated_cuda(
     from overlapcheck.core.config import SchedulerConfig
     from overlapcheck.core.scenario import RequestSpec, Scenario
     from overlapcheck.harness.runner import run_scenario
-    from overlapcheck.orchestrate.minisgl_gpu import plan_from
+    from overlapcheck.replay.minisgl_gpu import plan_from
 
     monkeypatch.setenv("MINISGL_PATH", str(snapshot))
     config = SchedulerConfig(num_slots=2, num_pages=32)

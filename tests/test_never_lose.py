@@ -18,7 +18,7 @@ from overlapcheck.explore.parallel import Listener, Outcome, search_streams
 from overlapcheck.explore.search import CUT_BUDGET, Found, SearchSpec, search
 from overlapcheck.formats import counterexample
 from overlapcheck.formats.counterexample import Counterexample
-from overlapcheck.orchestrate.sim_replay import replay_on_sim
+from overlapcheck.replay.sim import replay_on_sim
 
 FAULT = "free-slot-early"
 

@@ -23,7 +23,7 @@ from overlapcheck.explore.parallel import (
 from overlapcheck.explore.search import SearchSpec, stream_seed
 from overlapcheck.formats import counterexample
 from overlapcheck.formats.counterexample import Counterexample
-from overlapcheck.orchestrate.sim_replay import replay_on_sim
+from overlapcheck.replay.sim import replay_on_sim
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -19,9 +19,9 @@ from overlapcheck.explore.search import SearchSpec, search
 from overlapcheck.formats import counterexample
 from overlapcheck.harness.runner import RunResult, run_scenario
 from overlapcheck.harness.scheduler_spec import SchedulerSpec
-from overlapcheck.orchestrate.sim_replay import replay_on_sim
 from overlapcheck.reference.faults import LOCAL_EXTEND_FLAG
 from overlapcheck.reference.scheduler import Scheduler
+from overlapcheck.replay.sim import replay_on_sim
 from overlapcheck.scenarios.loader import scenario_from_dict
 from overlapcheck.scenarios.named import named_scenario
 

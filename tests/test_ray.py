@@ -13,10 +13,11 @@ import pytest
 
 from overlapcheck.core.errors import UserError
 from overlapcheck.explore.parallel import Listener
-from overlapcheck.explore.ray_search import connected, search_ray, split
+from overlapcheck.explore.ray_search import connected, search_ray
 from overlapcheck.explore.search import SearchSpec
 from overlapcheck.formats import counterexample
-from overlapcheck.orchestrate.sim_replay import replay_on_sim
+from overlapcheck.replay.ray import split
+from overlapcheck.replay.sim import replay_on_sim
 
 pytest.importorskip("ray")  # explore/ray_search.py imports Ray only when it runs
 

@@ -17,7 +17,7 @@ from overlapcheck.cli import main
 from overlapcheck.core.errors import UserError
 from overlapcheck.formats import counterexample
 from overlapcheck.harness.runner import run_scenario
-from overlapcheck.orchestrate.sim_replay import replay_on_sim
+from overlapcheck.replay.sim import replay_on_sim
 from overlapcheck.scenarios.named import named_scenario
 
 

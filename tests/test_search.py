@@ -15,8 +15,8 @@ from overlapcheck.cli import main
 from overlapcheck.explore.search import SearchSpec, search
 from overlapcheck.formats import counterexample
 from overlapcheck.harness.scheduler_spec import SchedulerSpec
-from overlapcheck.orchestrate.sim_replay import replay_on_sim
 from overlapcheck.reference.faults import FAULTS, PREEMPTION_FAULT_CONFIG
+from overlapcheck.replay.sim import replay_on_sim
 from overlapcheck.scenarios.loader import load_scenario_file
 from overlapcheck.scenarios.named import NAMED
 

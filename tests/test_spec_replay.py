@@ -17,23 +17,23 @@ from overlapcheck.bench.gpu_replay import SPEC_RACE_FAULTS  # noqa: E402
 from overlapcheck.core.speculative import DraftQuery  # noqa: E402
 from overlapcheck.core.trace import Trace, Verified  # noqa: E402
 from overlapcheck.formats import counterexample  # noqa: E402
-from overlapcheck.orchestrate.gpu_replay import (  # noqa: E402
+from overlapcheck.reference.drafter import PromptLookup, prompt_lookup  # noqa: E402
+from overlapcheck.reference.faults import FAULTS  # noqa: E402
+from overlapcheck.replay.drafts import (  # noqa: E402
+    ReplayDrafts,
+    Rows,
+    Step,
+    compare,
+)
+from overlapcheck.replay.gpu import (  # noqa: E402
     Verdict,
     replay_once,
     replay_verdicts,
     speculative_record,
     with_margin,
 )
-from overlapcheck.orchestrate.replay_drafts import (  # noqa: E402
-    ReplayDrafts,
-    Rows,
-    Step,
-    compare,
-)
-from overlapcheck.orchestrate.replay_plan import plan_replay  # noqa: E402
-from overlapcheck.orchestrate.sim_replay import replay_on_sim  # noqa: E402
-from overlapcheck.reference.drafter import PromptLookup, prompt_lookup  # noqa: E402
-from overlapcheck.reference.faults import FAULTS  # noqa: E402
+from overlapcheck.replay.plan import plan_replay  # noqa: E402
+from overlapcheck.replay.sim import replay_on_sim  # noqa: E402
 
 COUNTEREXAMPLES = Path(__file__).resolve().parent.parent / "docs" / "gpu-replay"
 SPECULATIVE = [name for name, f in FAULTS.items() if f.speculative]

@@ -117,7 +117,7 @@ class EventClock:
 @dataclass(frozen=True, slots=True)
 class DevicePlan:
     """What a run on the real engine does besides the scheduler's work, fixed when its device is
-    made: a replayed counterexample's delays and gates (orchestrate/gpu_replay.py), and
+    made: a replayed counterexample's delays and gates (replay/gpu.py), and
     calibration's holds: stream ops of these kinds first hold their stream this long, so that the
     host has queued all their work before they start and their event span is device time."""
 

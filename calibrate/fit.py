@@ -3,7 +3,7 @@
 Measurements come from traces (a real run's, recorded exactly as the simulator records its own):
 host phases and the forward's lead and tail from a free-running run, stream operations' device
 time from a run where each one held its stream until the host had queued all of its work (see
-`orchestrate/calibrate_gpu.py`).
+`calibrate/gpu.py`).
 """
 
 from __future__ import annotations

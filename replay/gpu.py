@@ -3,7 +3,7 @@
 The counterexample's workload runs on the real engine (prompt ids mapped into the model's
 vocabulary, stop tokens taken from the reference's own greedy output), every message delivered at
 the iteration the simulator delivered it. Where the simulator's run shows a race, a gate forces
-its order on the device (`orchestrate/replay_plan.py`); otherwise each operation the simulator
+its order on the device (`replay/plan.py`); otherwise each operation the simulator
 delayed gets the same delay before it: `torch.cuda._sleep` on its stream, a host sleep in its host
 phase. Every invariant is checked on the real run; `no-race` runs over the real footprints after
 the run, so that a race that corrupted data is also seen as what it did (a wrong token, say):
@@ -12,7 +12,7 @@ that is "manifested". A fix is replayed under the same plan as the fault it fixe
 A speculative counterexample's schedule follows how many drafts each step accepted, which the
 engine's model decides: the scheduler then drafts with `ReplayDrafts`, which proposes the
 engine's own tokens exactly as far as the simulator's step accepted
-(`orchestrate/replay_drafts.py`), so the replay takes the recorded steps and its gates find
+(`replay/drafts.py`), so the replay takes the recorded steps and its gates find
 their ops.
 """
 
@@ -28,16 +28,16 @@ from overlapcheck.formats.counterexample import Counterexample
 from overlapcheck.harness.runner import RunResult, run_scenario
 from overlapcheck.invariants.no_race import NoRace
 from overlapcheck.invariants.races import RaceDetector
-from overlapcheck.orchestrate.replay_drafts import (
+from overlapcheck.reference.drafter import PromptLookup
+from overlapcheck.replay.drafts import (
     DraftLog,
     ReplayDrafts,
     Rows,
     compare,
     recorded_steps,
 )
-from overlapcheck.orchestrate.replay_plan import ReplayPlan, plan_replay
-from overlapcheck.orchestrate.sim_replay import replay_on_sim
-from overlapcheck.reference.drafter import PromptLookup
+from overlapcheck.replay.plan import ReplayPlan, plan_replay
+from overlapcheck.replay.sim import replay_on_sim
 
 
 @dataclass

@@ -13,12 +13,7 @@ from overlapcheck.backends.gpu.backend import PlannedBackend, TorchBackend
 from overlapcheck.backends.gpu.device import DevicePlan
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.backends.sim.timing import Profile, Timing
-from overlapcheck.core.scenario import Scenario
-from overlapcheck.core.trace import HOST, Trace
-from overlapcheck.formats.profile_file import write_profile
-from overlapcheck.formats.trace_file import save_trace
-from overlapcheck.harness.runner import RequestOutcome, RunResult, run_scenario
-from overlapcheck.orchestrate.calibrate_fit import (
+from overlapcheck.calibrate.fit import (
     Sample,
     as_ran,
     device_samples,
@@ -27,6 +22,11 @@ from overlapcheck.orchestrate.calibrate_fit import (
     lead_samples,
     tail_samples,
 )
+from overlapcheck.core.scenario import Scenario
+from overlapcheck.core.trace import HOST, Trace
+from overlapcheck.formats.profile_file import write_profile
+from overlapcheck.formats.trace_file import save_trace
+from overlapcheck.harness.runner import RequestOutcome, RunResult, run_scenario
 from overlapcheck.scenarios.named import NAMED, named_scenario
 from overlapcheck.timeline.model import idle_gaps, idle_share, trace_end, trace_start
 

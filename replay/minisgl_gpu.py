@@ -11,7 +11,7 @@ a token that differs is the race, manifested.
 
 A fix is another checkout of mini-sglang, and a process imports one: the plan is written as
 JSON by the buggy checkout's process and read by the fixed one's
-(`python -m overlapcheck.orchestrate.minisgl_gpu FILE --plan PLAN.json --repeat N`).
+(`python -m overlapcheck.replay.minisgl_gpu FILE --plan PLAN.json --repeat N`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from overlapcheck.formats.counterexample import Counterexample
 from overlapcheck.formats.counterexample import load as load_counterexample
 from overlapcheck.invariants.hbgraph import clock_ordered
 from overlapcheck.invariants.races import Clocks
-from overlapcheck.orchestrate.sim_replay import replay_on_sim
+from overlapcheck.replay.sim import replay_on_sim
 
 _STATES = {OPENED: "forced", RELEASED: "released", TIMED_OUT: "timed out"}
 
@@ -192,7 +192,7 @@ def report(cex: Counterexample, path: Path, repeat: int) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m overlapcheck.orchestrate.minisgl_gpu")
+    p = argparse.ArgumentParser(prog="python -m overlapcheck.replay.minisgl_gpu")
     p.add_argument("counterexample")
     p.add_argument("--repeat", type=int, default=20)
     p.add_argument("--plan", help="the plan's JSON file (default: FILE.cuda-plan.json)")

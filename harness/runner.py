@@ -134,7 +134,8 @@ def run_scenario(
     defer = not backend.checks_online if defer_checks is None else defer_checks
     # A check that reads the books reads live state, so it never waits for the end of the run.
     later = [inv for inv in chosen if defer and inv.deferrable and not inv.needs_books]
-    checks = Checks([inv for inv in chosen if inv not in later], keep_going)
+    judged = frozenset(inv.id for inv in chosen)
+    checks = Checks([inv for inv in chosen if inv not in later], keep_going, judged)
     under_test = SchedulerSpec.of(scheduler)
     ctx = RunContext(scenario, device, backend.name, None, shadow)
     source: Workload = WorkloadSource(

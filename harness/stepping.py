@@ -19,6 +19,7 @@ from overlapcheck.harness.crash import CheckerBug, crash_violation, hang_violati
 from overlapcheck.harness.watchdog import StepHung, Watchdog
 from overlapcheck.invariants.base import Invariant, InvariantViolated, Violation
 from overlapcheck.invariants.context import Request, RunContext, TracePrefix
+from overlapcheck.invariants.registry import INVARIANTS
 
 
 class Logged(NamedTuple):
@@ -85,8 +86,12 @@ class _Hooks(NamedTuple):
 class Checks:
     """The invariants of one run, and what happens when one fails: stop, or record and go on."""
 
-    def __init__(self, checks: list[Invariant], keep_going: bool) -> None:
+    def __init__(
+        self, checks: list[Invariant], keep_going: bool, judged: frozenset[str] | None = None
+    ) -> None:
         self._checks = checks
+        # every check the run judges, those deferred to after it included
+        self.judged = frozenset(c.id for c in checks) if judged is None else judged
         self.keep_going = keep_going
         self.violations: list[Violation] = []
         self._seen: set[tuple[str, tuple[int, ...]]] = set()
@@ -153,6 +158,12 @@ class Checks:
                 method(msg, req)
             except InvariantViolated as err:
                 self.record(err.violation)
+
+    def judges(self, invariant: str) -> bool:
+        """False for a registered invariant that this run does not check (skipped): a finding
+        of that kind from outside the checks (the step bound, a device deadlock) is not
+        reported either. A name no check has (a scheduler's own integrity check) is judged."""
+        return invariant in self.judged or invariant not in INVARIANTS
 
     def record(self, violation: Violation) -> None:
         key = (violation.invariant, violation.uids)
@@ -284,6 +295,8 @@ def _steps(
                 log.append(Logged("end", None, ctx.step, len(ctx.trace.ops), ctx.now()))
             ctx.step += 1
             if ctx.step > bound:
+                if not checks.judges("liveness"):
+                    return False  # skipped: the run ends at the bound, unjudged past it
                 stuck = tuple(sorted(r.uid for r in ctx.ledger.live.values()))
                 checks.record(
                     Violation(
@@ -300,6 +313,8 @@ def _steps(
     except InvariantViolated:
         return False  # recorded already
     except InvariantError as err:  # the scheduler's own integrity checks, or a device deadlock
+        if not checks.judges(err.invariant):
+            return False  # a check the user skipped (`--skip liveness`): the run ends unjudged
         site = raised_at(err.__traceback__)
         at = () if site is None else (Location.of("call", site, "host", ctx.step),)
         record_quietly(

@@ -33,6 +33,18 @@ def test_a_scheduler_that_never_admits_is_stopped_by_the_step_bound(
     assert "not idle after" in result.violations[0].message
 
 
+def test_skipped_liveness_is_not_reported_from_the_step_bound_nor_a_deadlock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from overlapcheck.invariants.registry import INVARIANTS
+
+    monkeypatch.setattr(PrefillManager, "schedule", lambda self, *args, **kwargs: ([], []))
+    scenario = Scenario("stuck", SchedulerConfig(), (RequestSpec(0, (5, 6), max_tokens=2),))
+    others = [name for name in INVARIANTS if name != "liveness"]
+    result = run_scenario(scenario, SimBackend(), invariants=others)
+    assert "liveness" not in [v.invariant for v in result.violations]
+
+
 def test_race_subgraph_marks_both_operations_and_has_no_path_between_them() -> None:
     import networkx as nx
 

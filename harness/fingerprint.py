@@ -122,13 +122,22 @@ class CodeFingerprint:
         fingerprint after a replay built the scheduler (None: the recorded files only)."""
         now_roots = now.roots if now is not None else ()
         current = {(r.path, name): value for r in now_roots for name, value in r.files.items()}
+        # A file the replay imported from another folder (a patched copy of the tree, named by
+        # the engine's variable) is the code now, whether or not the recorded folder still holds
+        # the old one.
+        by_name: dict[str, str] = {}
+        for r in now_roots:
+            for name, hashed in r.files.items():
+                by_name.setdefault(name, hashed)
         elsewhere = [Path(r.path) for r in now_roots]
         changed = []
         for root in self.roots:
             for name, recorded in root.files.items():
-                value = current.get((root.path, name))
-                if value is None:  # not imported now: as on disk, where it was or was moved to
-                    value = _hash_where(name, [Path(root.path), *elsewhere])
+                value: str | None = current.get((root.path, name))
+                if value is None:
+                    value = by_name.get(name)
+                if value is None:  # not imported now: as on disk, where the code now is first
+                    value = _hash_where(name, [*elsewhere, Path(root.path)])
                 if value != recorded:
                     changed.append(name)
         pairs = {(r.path, name) for r in self.roots for name in r.files}

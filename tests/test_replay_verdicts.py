@@ -139,3 +139,23 @@ def test_a_replay_that_differs_with_nothing_changed_is_4(
     assert main(["replay", str(path), "--json"]) == 4
     report = json.loads(capsys.readouterr().out)
     assert report["verdict"] == "differs" and report["changed"] == []
+
+
+def test_a_fix_in_a_patched_copy_of_the_tree_is_a_changed_file(tmp_path: Path) -> None:
+    """The engine's variable names another folder (a patched copy) while the recorded one still
+    holds the old code: the file that differs is named, not 'nothing changed'."""
+    from overlapcheck.harness.fingerprint import CodeFingerprint, CodeRoot, file_hash
+
+    for folder, body in (("orig", "x = 1\n"), ("patched", "x = 2\n")):
+        (tmp_path / folder / "engine").mkdir(parents=True)
+        (tmp_path / folder / "engine" / "sched.py").write_text(body)
+        (tmp_path / folder / "engine" / "util.py").write_text("y = 0\n")
+
+    def root(folder: str) -> CodeRoot:
+        base = tmp_path / folder
+        names = ("engine/sched.py", "engine/util.py")
+        return CodeRoot(str(base), {n: file_hash(base / n) for n in names})
+
+    recorded = CodeFingerprint((root("orig"),))
+    assert recorded.changed_files(CodeFingerprint((root("patched"),))) == ["engine/sched.py"]
+    assert recorded.changed_files(CodeFingerprint((root("orig"),))) == []

@@ -7,7 +7,7 @@ its output processing and its own invariant checker.
 
 from __future__ import annotations
 
-from overlapcheck.bench.minisgl_speed import Row, _measure
+from overlapcheck.bench.adapter_speed import CHECK_SETS, REFERENCE, Row, measure, print_rows
 
 SPEC = "overlapcheck.adapters.sglang:make_scheduler"
 
@@ -16,16 +16,10 @@ def main(repeats: int = 3) -> list[Row]:
     """Raises UserError (one line) when no SGLang tree or package is found."""
     from overlapcheck.adapters.sglang import make_scheduler
 
-    _measure("SGLang", make_scheduler, [], "warm-up", 1)  # imports torch and SGLang
+    measure("SGLang", make_scheduler, [], "warm-up", 1)  # imports torch and SGLang
     rows = []
-    for checks, label in (([], "footprints only"), (None, "all invariants")):
-        rows.append(_measure("reference (sim)", None, checks, label, repeats))
-        rows.append(_measure("SGLang (cpu)", make_scheduler, checks, label, repeats))
-    print(f"SGLang vs reference: decode batch 8, 48 tokens per request (best of {repeats})")
-    print(f"{'scheduler':<30}{'checks':<18}{'iterations':>11}{'best s':>9}{'iter/s':>10}")
-    for r in rows:
-        print(
-            f"{r.scheduler:<30}{r.checks:<18}{r.iterations:>11}{r.best_seconds:>9.3f}"
-            f"{r.iterations_per_second:>10.1f}"
-        )
+    for checks, label in CHECK_SETS:
+        rows.append(measure(REFERENCE, None, checks, label, repeats))
+        rows.append(measure("SGLang (cpu)", make_scheduler, checks, label, repeats))
+    print_rows("SGLang vs reference", rows, repeats)
     return rows

@@ -9,43 +9,7 @@ through the simulated CUDA's dispatch mode and is traced with its cells.
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
-
-from overlapcheck.backends.sim.backend import SimBackend
-from overlapcheck.bench.sim_speed import decode_workload
-from overlapcheck.core.protocol import SchedulerFactory
-from overlapcheck.harness.runner import run_scenario
-
-
-@dataclass(frozen=True, slots=True)
-class Row:
-    scheduler: str
-    checks: str
-    iterations: int
-    best_seconds: float
-
-    @property
-    def iterations_per_second(self) -> float:
-        return self.iterations / self.best_seconds
-
-
-def _measure(
-    name: str,
-    factory: SchedulerFactory | None,
-    checks: list[str] | None,
-    label: str,
-    repeats: int,
-    loop: str = "overlap",
-) -> Row:
-    scenario = decode_workload(max_tokens=48).with_config(loop=loop)
-    walls, iterations = [], 0
-    for _ in range(repeats):
-        start = time.perf_counter()
-        result = run_scenario(scenario, SimBackend(), checks, scheduler=factory, keep_going=True)
-        walls.append(time.perf_counter() - start)
-        iterations = result.iterations
-    return Row(name, label, iterations, min(walls))
+from overlapcheck.bench.adapter_speed import CHECK_SETS, REFERENCE, Row, measure, print_rows
 
 
 def main(repeats: int = 3) -> list[Row]:
@@ -56,22 +20,16 @@ def main(repeats: int = 3) -> list[Row]:
         make_sync_scheduler,
     )
 
-    _measure("vLLM", make_scheduler, [], "warm-up", 1)  # imports vLLM, builds its configs
+    measure("vLLM", make_scheduler, [], "warm-up", 1)  # imports vLLM, builds its configs
     rows = []
-    for checks, label in (([], "footprints only"), (None, "all invariants")):
-        rows.append(_measure("reference (sim)", None, checks, label, repeats))
-        rows.append(_measure("vLLM AsyncScheduler", make_scheduler, checks, label, repeats))
+    for checks, label in CHECK_SETS:
+        rows.append(measure(REFERENCE, None, checks, label, repeats))
+        rows.append(measure("vLLM AsyncScheduler", make_scheduler, checks, label, repeats))
         rows.append(
-            _measure("vLLM AsyncScheduler, k=3", make_ngram_scheduler, checks, label, repeats)
+            measure("vLLM AsyncScheduler, k=3", make_ngram_scheduler, checks, label, repeats)
         )
         rows.append(
-            _measure("vLLM Scheduler (sync)", make_sync_scheduler, checks, label, repeats, "normal")
+            measure("vLLM Scheduler (sync)", make_sync_scheduler, checks, label, repeats, "normal")
         )
-    print(f"vLLM vs reference: decode batch 8, 48 tokens per request (best of {repeats})")
-    print(f"{'scheduler':<30}{'checks':<18}{'iterations':>11}{'best s':>9}{'iter/s':>10}")
-    for r in rows:
-        print(
-            f"{r.scheduler:<30}{r.checks:<18}{r.iterations:>11}{r.best_seconds:>9.3f}"
-            f"{r.iterations_per_second:>10.1f}"
-        )
+    print_rows("vLLM vs reference", rows, repeats)
     return rows

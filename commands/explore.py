@@ -268,6 +268,20 @@ def main(args: argparse.Namespace) -> int:
             say(f"VIOLATION [{cex.invariant}] (saved in {path}); {ADDRESS_NOTE}")
             return report.end(1)
         print(f"note: the replay diverged with another trace; {ADDRESS_NOTE}", file=sys.stderr)
+    elif run.trace_hash != cex.trace_hash and (
+        outcome.cut == CUT_NONDETERMINISTIC or not spec.scheduler.ours
+    ):
+        # A scheduler of the user's whose runs differ (Hypothesis may have said so already):
+        # the violation was seen and is saved; the replay cannot promise the same trace.
+        note = (
+            f"the replay of {path} gave another trace ({run.trace_hash} != {cex.trace_hash}): "
+            "the scheduler's runs are not the same twice (an order by object addresses, a "
+            "clock, a global random source?), or overlapcheck has a bug"
+        )
+        print(f"note: {note}", file=sys.stderr)
+        if cex.reproduced(run) is None:
+            say(f"VIOLATION [{cex.invariant}] (saved in {path}); not seen again on its replay")
+            return report.end(1)
     elif run.trace_hash != cex.trace_hash:
         print(
             f"overlapcheck bug: replay of {path} is not deterministic "

@@ -72,3 +72,18 @@ def test_explore_says_nondeterministic_saves_it_and_exits_1(
     assert status == 1, out.err
     assert "nondeterministic" in out.out + out.err
     assert list(tmp_path.glob("no-post-eos-*.json"))
+
+
+def test_a_user_scheduler_whose_replay_differs_is_a_finding_not_our_bug(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    once = tmp_path / "once"
+    once.write_text("1")  # the probe's build passes
+    monkeypatch.setenv("OVERLAPCHECK_TEST_ONCE", str(once))
+    flaky = f"{Path(__file__).parent / 'flaky_scheduler.py'}:make"
+    args = ["explore", "--scheduler", flaky, "--max-examples", "100", "--workers", "1"]
+    status = main([*args, "--out", str(tmp_path / "out"), "--no-timeline"])
+    out = capsys.readouterr()
+    assert status == 1, out.err
+    assert "overlapcheck bug" not in out.err and "not the same twice" in out.err
+    assert list((tmp_path / "out").glob("no-post-eos-*.json"))

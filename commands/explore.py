@@ -167,12 +167,53 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def main(args: argparse.Namespace) -> int:
+    out = output_folder(args.out, "--out")  # before the search: a found bug must have a home
+    sarif = sarif_path(args)
+    spec = _spec(args, out)
+    # With --json, stdout is the one JSON document: every human line goes to stderr.
+    human = sys.stderr if args.json else sys.stdout
+
+    def say(line: str) -> None:
+        print(line, file=human, flush=True)
+
+    for line in probe_scheduler(spec):
+        print(line, file=sys.stderr)
+    keeper = FailureKeeper(out, lambda line: print(line, file=sys.stderr, flush=True))
+    outcome = _search(spec, args, keeper)
+    report = _Report(args.json, outcome, keeper)
+    stats = outcome.stats
+    summary = (
+        f"{stats.examples} examples, {stats.iterations} scheduler iterations simulated, "
+        f"{stats.seconds:.1f} s"
+    )
+    found = outcome.counterexample
+    if found is None and outcome.bug is not None:
+        raise outcome.bug  # the CLI saves its input and exits 3
+    if found is None:
+        return _nothing_found(outcome, report, summary, sarif, say)
+    try:
+        path = keeper.finish(found)
+    except OSError as err:
+        # The folder went away or filled up mid-search: print the counterexample rather than
+        # lose it, and still exit 1: a violation was found, and a script testing for 1 must see it.
+        print(json.dumps({k: v for k, v in found.data.items() if k != "trace"}), file=human)
+        print(
+            f"overlapcheck: error: {args.out}: cannot save the counterexample "
+            f"({err.strerror}); it is printed above",
+            file=sys.stderr,
+        )
+        report.violation = found.violation
+        return report.end(1)
+    report.counterexample = path
+    return _found(args, spec, outcome, report, path, summary, sarif, say)
+
+
+def _spec(args: argparse.Namespace, out: Path) -> SearchSpec:
+    """The search the command line asks for (or the one `--resume` takes from its file)."""
     scenario: str | Scenario = args.scenario
     if scenario != "all" and scenario not in NAMED:
         scenario = resolve_scenario(args.scenario)  # a file, or one line naming the choices
     skip = skipped(args)
-    out = output_folder(args.out, "--out")  # before the search: a found bug must have a home
-    sarif = sarif_path(args)
     database = _database(args.db, out)
     try:
         faults = parse_faults(args.fault)
@@ -197,68 +238,55 @@ def main(args: argparse.Namespace) -> int:
         extra_checks=tuple(args.check),
         scheduler=scheduler_from_args(args) or SchedulerSpec(),
     )
-    # With --json, stdout is the one JSON document: every human line goes to stderr.
-    human = sys.stderr if args.json else sys.stdout
-
-    def say(line: str) -> None:
-        print(line, file=human, flush=True)
-
-    if args.resume is not None:
-        given = [
-            flag
-            for flag, value in (
-                ("--scenario", args.scenario != "all"),
-                ("--fault", args.fault),
-                ("--skip", args.skip),
-                ("--check", args.check),
-                ("--policy", args.policy),
-                ("--timing", args.timing),
-                ("--scheduler", args.scheduler not in (None, "reference")),
-                ("--ranks", args.num_ranks is not None),
-            )
-            if value
-        ]
-        if given:
-            raise UserError(f"--resume takes the search from its file: drop {', '.join(given)}")
-        spec = resumed_spec(args.resume, spec)
-    for line in probe_scheduler(spec):
-        print(line, file=sys.stderr)
-    keeper = FailureKeeper(out, lambda line: print(line, file=sys.stderr, flush=True))
-    outcome = _search(spec, args, keeper)
-    report = _Report(args.json, outcome, keeper)
-    stats = outcome.stats
-    summary = (
-        f"{stats.examples} examples, {stats.iterations} scheduler iterations simulated, "
-        f"{stats.seconds:.1f} s"
-    )
-    found = outcome.counterexample
-    if found is None and outcome.bug is not None:
-        raise outcome.bug  # the CLI saves its input and exits 3
-    if found is None:
-        if outcome.interrupted:
-            print(f"overlapcheck: interrupted; nothing found in {summary}", file=sys.stderr)
-            return report.end(130)
-        if outcome.deaths and len(outcome.deaths) == outcome.workers:
-            say(f"every worker died; nothing found in {summary}")
-            return report.end(3)
-        say(f"no violation found: {summary}")
-        if sarif is not None:
-            write_sarif(sarif, [])
-        return report.end(0)
-    try:
-        path = keeper.finish(found)
-    except OSError as err:
-        # The folder went away or filled up mid-search: print the counterexample rather than
-        # lose it, and still exit 1: a violation was found, and a script testing for 1 must see it.
-        print(json.dumps({k: v for k, v in found.data.items() if k != "trace"}), file=human)
-        print(
-            f"overlapcheck: error: {args.out}: cannot save the counterexample "
-            f"({err.strerror}); it is printed above",
-            file=sys.stderr,
+    if args.resume is None:
+        return spec
+    given = [
+        flag
+        for flag, value in (
+            ("--scenario", args.scenario != "all"),
+            ("--fault", args.fault),
+            ("--skip", args.skip),
+            ("--check", args.check),
+            ("--policy", args.policy),
+            ("--timing", args.timing),
+            ("--scheduler", args.scheduler not in (None, "reference")),
+            ("--ranks", args.num_ranks is not None),
         )
-        report.violation = found.violation
-        return report.end(1)
-    report.counterexample = path
+        if value
+    ]
+    if given:
+        raise UserError(f"--resume takes the search from its file: drop {', '.join(given)}")
+    return resumed_spec(args.resume, spec)
+
+
+def _nothing_found(
+    outcome: Outcome, report: _Report, summary: str, sarif: Path | None, say: Callable[[str], None]
+) -> int:
+    if outcome.interrupted:
+        print(f"overlapcheck: interrupted; nothing found in {summary}", file=sys.stderr)
+        return report.end(130)
+    if outcome.deaths and len(outcome.deaths) == outcome.workers:
+        say(f"every worker died; nothing found in {summary}")
+        return report.end(3)
+    say(f"no violation found: {summary}")
+    if sarif is not None:
+        write_sarif(sarif, [])
+    return report.end(0)
+
+
+def _found(
+    args: argparse.Namespace,
+    spec: SearchSpec,
+    outcome: Outcome,
+    report: _Report,
+    path: Path,
+    summary: str,
+    sarif: Path | None,
+    say: Callable[[str], None],
+) -> int:
+    """The saved counterexample, replayed and told: the violation, how it was found and shrunk,
+    where it is, and how to replay it and move on past it."""
+    stats = outcome.stats
     cex = counterexample.load(path)
     run = replay_on_sim(cex)
     if run.trace_hash != cex.trace_hash and cex.invariant == ADDRESS_DEPENDENT:

@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import tarfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+from upstream_cli import run_cli
 
 pytest.importorskip("torch")
 
@@ -212,15 +212,7 @@ def unpack(into: Path, edits: Sequence[Edit] = ()) -> Path:
 def overlapcheck(
     args: list[str], checkout: Path | str, cwd: Path
 ) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "MINISGL_PATH": str(checkout)}
-    return subprocess.run(
-        [sys.executable, "-m", "overlapcheck", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=cwd,
-        timeout=600,
-    )
+    return run_cli("MINISGL_PATH", checkout, args, cwd)
 
 
 @pytest.fixture(scope="module")

@@ -6,13 +6,12 @@ another process (exit codes, the same trace hash twice) are `slow`.
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from sglang_snapshot import shared_tree, skip_unless_usable
+from upstream_cli import run_cli
 
 SPEC = "overlapcheck.adapters.sglang:make_scheduler"
 skip_unless_usable()
@@ -26,15 +25,7 @@ def snapshot() -> Path:
 
 
 def overlapcheck(args: list[str], tree: Path | str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, ENV: str(tree)}
-    return subprocess.run(
-        [sys.executable, "-m", "overlapcheck", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=cwd,
-        timeout=600,
-    )
+    return run_cli(ENV, tree, args, cwd)
 
 
 @pytest.mark.parametrize(("loop", "cache"), [("overlap", "radix"), ("normal", "naive")])

@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
+from upstream_cli import run_cli
 
 pytest.importorskip("torch")
 
@@ -69,15 +70,7 @@ def unpack(into: Path, edits: Sequence[tuple[str, ...]] = ()) -> Path:
 
 
 def overlapcheck(args: list[str], tree: Path | str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "VLLM_PATH": str(tree)}
-    return subprocess.run(
-        [sys.executable, "-m", "overlapcheck", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=cwd,
-        timeout=900,
-    )
+    return run_cli("VLLM_PATH", tree, args, cwd, timeout=900)
 
 
 @pytest.fixture(scope="module")

@@ -13,12 +13,12 @@ for pages it can never have).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 
-from overlapcheck.adapters.base import UpstreamScheduler
+from overlapcheck.adapters.base import Loaded, UpstreamScheduler
 from overlapcheck.adapters.minisgl.books import read_books
 from overlapcheck.adapters.minisgl.checkout import RANK
 from overlapcheck.adapters.minisgl.checkout import load as load_checkout
@@ -71,6 +71,27 @@ class _Clock:
     def monotonic_ns(self) -> int:
         self.calls += 1
         return int(self.device.now() * 1e9) * 1_000_000 + self.calls
+
+
+def upstream_config(
+    up: Loaded, cfg: SchedulerConfig, rank: int, ranks: int, graphs: Sequence[int]
+) -> Any:
+    """mini-sglang's own SchedulerConfig for ours: the toy model, offline, rank `rank` of `ranks`,
+    the pools' sizes, the captured batch sizes `graphs` (none: no CUDA graphs). Raises TypeError
+    for an API it does not know."""
+    return up["minisgl.scheduler"].SchedulerConfig(
+        model_path="overlapcheck-toy-model",
+        tp_info=up["minisgl.distributed"].DistributedInfo(rank, ranks),
+        dtype=torch.int32,
+        max_running_req=cfg.num_slots,
+        page_size=cfg.page_size,
+        max_extend_tokens=cfg.max_extend_tokens,
+        cache_type=cfg.cache,
+        offline_mode=True,
+        cuda_graph_bs=list(graphs),
+        max_seq_len_override=cfg.max_seq_len,
+        num_page_override=cfg.num_pages,
+    )
 
 
 class MiniSglScheduler(UpstreamScheduler):
@@ -175,19 +196,7 @@ class MiniSglScheduler(UpstreamScheduler):
                     super()._process_last_data(last_data)
 
         try:
-            config = up["minisgl.scheduler"].SchedulerConfig(
-                model_path="overlapcheck-toy-model",
-                tp_info=up["minisgl.distributed"].DistributedInfo(cfg.rank, cfg.num_ranks),
-                dtype=torch.int32,
-                max_running_req=cfg.num_slots,
-                page_size=cfg.page_size,
-                max_extend_tokens=cfg.max_extend_tokens,
-                cache_type=cfg.cache,
-                offline_mode=True,
-                cuda_graph_bs=list(cfg.cuda_graph_bs),
-                max_seq_len_override=cfg.max_seq_len,
-                num_page_override=cfg.num_pages,
-            )
+            config = upstream_config(up, cfg, cfg.rank, cfg.num_ranks, cfg.cuda_graph_bs)
             return Checked(config)
         except TypeError as err:
             raise UserError(f"mini-sglang checkout is incompatible: {err}") from None

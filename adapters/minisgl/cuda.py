@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from overlapcheck.adapters.minisgl.adapter import fast_compare_key
+from overlapcheck.adapters.minisgl.adapter import fast_compare_key, upstream_config
 from overlapcheck.adapters.minisgl.checkout import load as load_checkout
 from overlapcheck.backends.torchsim.dispatch import _program_file
 from overlapcheck.core.config import SchedulerConfig
@@ -287,19 +287,8 @@ class CudaRun:
                     if msg.finished:
                         run.finished.add(int(msg.uid))
 
-        config = up["minisgl.scheduler"].SchedulerConfig(
-            model_path="overlapcheck-toy-model",
-            tp_info=up["minisgl.distributed"].DistributedInfo(0, 1),
-            dtype=torch.int32,
-            max_running_req=cfg.num_slots,
-            page_size=cfg.page_size,
-            max_extend_tokens=cfg.max_extend_tokens,
-            cache_type=cfg.cache,
-            offline_mode=True,
-            cuda_graph_bs=[],
-            max_seq_len_override=cfg.max_seq_len,
-            num_page_override=cfg.num_pages,
-        )
+        # one rank, no CUDA graphs (the GPU engine captures none)
+        config = upstream_config(up, cfg, 0, 1, ())
         return OnCuda(config)
 
     def _receive(self, sched: Any, blocking: bool) -> list[Any]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -21,13 +21,13 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
-from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 from hypothesis.errors import Flaky
 
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.backends.sim.timing import Profile, Timing
 from overlapcheck.core.config import LoopKind, PolicyKind
 from overlapcheck.core.scenario import Scenario
+from overlapcheck.explore.database import DATABASE_KEY, example_choices, open_database
 from overlapcheck.explore.reduce import reduce_failure, replay_runner
 from overlapcheck.harness.crash import CheckerBug
 from overlapcheck.harness.runner import DEFAULT_HANG_TIMEOUT, RunResult, run_scenario
@@ -177,88 +177,6 @@ def failure_order(data: st.DataObject, result: RunResult) -> tuple[Any, ...]:
     reqs = result.scenario.requests
     tokens = sum(len(r.prompt) + r.max_tokens for r in reqs)
     return (1, (len(reqs), tokens, result.iterations))
-
-
-def example_choices(data: st.DataObject) -> bytes:
-    """The example's choices as Hypothesis stores them in a database (internal; b"" without)."""
-    try:
-        from hypothesis.database import choices_to_bytes
-    except ImportError:  # pragma: no cover - another Hypothesis layout
-        return b""
-    conjecture = getattr(data, "conjecture_data", None)
-    choices = getattr(conjecture, "choices", None)
-    return b"" if choices is None else choices_to_bytes(choices)
-
-
-class ResumeDatabase(ExampleDatabase):
-    """A database that offers one saved example first wherever Hypothesis looks for the failures
-    it should replay (the primary corpus of any test), then what `inner` holds: a search resumed
-    from a counterexample file replays that file's example, fails at once and shrinks from it."""
-
-    def __init__(self, choices: bytes, inner: ExampleDatabase | None) -> None:
-        super().__init__()
-        self.choices = choices
-        self.inner = inner
-
-    @staticmethod
-    def _primary(key: bytes) -> bool:
-        return not key.endswith((b".secondary", b".pareto"))
-
-    def save(self, key: bytes, value: bytes) -> None:
-        if self.inner is not None:
-            self.inner.save(key, value)
-
-    def fetch(self, key: bytes) -> Iterable[bytes]:
-        if self._primary(key):
-            yield self.choices
-        if self.inner is not None:
-            yield from (v for v in self.inner.fetch(key) if v != self.choices)
-
-    def delete(self, key: bytes, value: bytes) -> None:
-        if self.inner is not None:
-            self.inner.delete(key, value)
-
-    def move(self, src: bytes, dest: bytes, value: bytes) -> None:
-        if self.inner is not None:
-            self.inner.move(src, dest, value)
-
-
-class FailureDatabase(ExampleDatabase):
-    """A directory example database that keeps failures (Hypothesis's primary and secondary
-    corpora) and drops any pareto front of `target()` scores (the search observes none now; a
-    front is replayed at the start of every run, and a search runs in rounds of a few
-    examples: replaying it once cost a third of the search's throughput).
-
-    Every key is prefixed with `namespace` (`SearchSpec.database_namespace`): Hypothesis keys
-    examples by the test function alone, and the search's function is the same for every fault
-    set, scenario and scheduler. Unprefixed, a run with other faults replayed the saved failures
-    of the last one, found they pass, and deleted them from the database."""
-
-    def __init__(self, path: str, namespace: bytes = b"") -> None:
-        super().__init__()
-        self.inner = DirectoryBasedExampleDatabase(path)
-        self.namespace = namespace
-
-    def _key(self, key: bytes) -> bytes:
-        return self.namespace + b":" + key if self.namespace else key
-
-    def save(self, key: bytes, value: bytes) -> None:
-        if not key.endswith(b".pareto"):
-            self.inner.save(self._key(key), value)
-
-    def fetch(self, key: bytes) -> Iterable[bytes]:
-        if key.endswith(b".pareto"):
-            return iter(())
-        return self.inner.fetch(self._key(key))
-
-    def delete(self, key: bytes, value: bytes) -> None:
-        self.inner.delete(self._key(key), value)
-
-    def move(self, src: bytes, dest: bytes, value: bytes) -> None:
-        if dest.endswith(b".pareto"):
-            self.inner.delete(self._key(src), value)
-        else:
-            self.inner.move(self._key(src), self._key(dest), value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -434,163 +352,221 @@ def search(
     without running more. Ctrl-C or the budget during shrinking return the best so far, `cut`;
     Ctrl-C before any failure raises `SearchInterrupted` with the totals.
     """
-    prof = spec.profile
-    stats = SearchStats()
-    started = time.perf_counter()
-    # The budget bounds the search whatever the scheduler does: a step still running when it
-    # runs out is stopped there (between examples it is checked as before).
-    deadline = time.monotonic() + spec.budget
-    db: ExampleDatabase | None = None
-    if spec.database is not None:
-        db = FailureDatabase(spec.database, spec.database_namespace())
-    if spec.resume:
-        db = ResumeDatabase(spec.resume, db)
-    strategy = spec.strategy()
-    checks = spec.checks
-    dropped = False
-    best: Found | None = None
-    best_order: tuple[Any, ...] = ()
+    return _Search(spec, on_round, on_failure, should_stop, on_smaller).run()
 
-    def finished(found: Found) -> tuple[Found, bool]:
-        """The failure to report, cut further by the workload passes (each smaller one is
-        reported like any smaller failure found while shrinking), and whether the budget ended
-        them. A named or a user's scenario keeps its requests and fields: its variations are
-        what was asked for."""
-        if spec.scenario != "all":
-            return found, False
-        run = replay_runner(
-            prof,
-            lambda sc, backend: run_example(sc, backend, checks, spec.scheduler, spec.hang_timeout),
-        )
 
-        def smaller(result: RunResult, draws: dict[int, float]) -> None:
-            stats.smaller += 1
-            if on_smaller is not None:
-                on_smaller(type(found)(result, draws, found.choices))
+class _Search:
+    """One search under way: its totals, the smallest failure so far, and the rounds (Hypothesis
+    runs of a few examples) that look for one.
 
-        def over_budget() -> bool:
-            return time.perf_counter() - started >= spec.budget
+    `example` is Hypothesis's test. It ends a round by raising: the failure (`Found`, which
+    Hypothesis shrinks and raises again), or one of the signals above, which Hypothesis lets
+    through untouched. `_round` turns what ended a round into the search's result.
+    """
 
-        reduced = reduce_failure(
-            found.result, found.draws, run, spec.reduce_runs, smaller, over_budget
-        )
-        stats.reduce_runs = reduced.runs
-        if reduced.result is found.result:
-            return found, reduced.stopped
-        return type(found)(reduced.result, reduced.draws, found.choices), reduced.stopped
+    def __init__(
+        self,
+        spec: SearchSpec,
+        on_round: Callable[[SearchStats], None] | None,
+        on_failure: Callable[[Found], bool] | None,
+        should_stop: Callable[[], bool] | None,
+        on_smaller: Callable[[Found], None] | None,
+    ) -> None:
+        self.spec = spec
+        self.on_round = on_round
+        self.on_failure = on_failure
+        self.should_stop = should_stop
+        self.on_smaller = on_smaller
+        self.stats = SearchStats()
+        self.started = time.perf_counter()
+        # The budget bounds the search whatever the scheduler does: a step still running when it
+        # runs out is stopped there (between examples it is checked as before).
+        self.deadline = time.monotonic() + spec.budget
+        self.database = open_database(spec.database, spec.database_namespace(), spec.resume)
+        self.strategy = spec.strategy()
+        self.checks = spec.checks
+        self.dropped = False  # `on_failure` said another stream has one
+        self.best: Found | None = None
+        self.best_order: tuple[Any, ...] = ()
 
-    def stopped() -> bool:
-        return dropped or (should_stop is not None and should_stop())
-
-    def example(data: st.DataObject) -> None:
-        nonlocal dropped, best, best_order
-        sc = data.draw(strategy, label="scenario")
-        timing = Timing(prof, HypothesisDelay(data, prof.forward))
+    def run(self) -> SearchResult:
         try:
-            result = run_example(
-                sc, SimBackend(timing), checks, spec.scheduler, spec.hang_timeout, deadline
-            )
-        except CheckerBug as bug:  # ours, not the scheduler's: the CLI saves it, exit 3
-            bug.extra.update(timing_draws=dict(timing.draws), scheduler=spec.scheduler.text)
-            raise
-        stats.examples += 1
-        stats.iterations += result.iterations
-        if stopped():
+            while (
+                self.stats.examples < self.spec.max_examples
+                and not self._over_budget()
+                and not self._stopped()
+            ):
+                ended = self._round()
+                if ended is not None:
+                    return ended
+        except KeyboardInterrupt:  # Ctrl-C, wherever it lands
+            self.stats.seconds = self._elapsed()
+            if self.best is None:
+                raise SearchInterrupted(self.stats) from None
+            return SearchResult(self.stats, self.best, cut=CUT_INTERRUPTED)
+        return SearchResult(self.stats, None)
+
+    def _round(self) -> SearchResult | None:
+        """One round; the search's result if the round ended the search, else None."""
+        test = self._hypothesis_test()
+        self.stats.rounds += 1
+        try:
+            with _examples_from_the_seed_alone():
+                test()
+        except Found as found:
+            return self._reported(found)
+        except _Stopped:
+            return SearchResult(self.stats, None)
+        except _BudgetCut:
+            assert self.best is not None
+            return SearchResult(self.stats, self.best, cut=CUT_BUDGET)
+        except _ShrinkHandedOver:
+            assert self.best is not None
+            return self._reported(self.best)
+        except DeadlineReached:  # inside a long step: the example is not judged
+            cut = CUT_BUDGET if self.best is not None else None
+            return SearchResult(self.stats, self.best, cut=cut)
+        except Flaky:  # the scheduler's run was not the same twice (see CUT_NONDETERMINISTIC)
+            if self.best is None:
+                return None  # nothing found yet: the next round, with its own seed
+            reduced, _ = self._reduced(self.best)
+            return SearchResult(self.stats, reduced, cut=CUT_NONDETERMINISTIC)
+        finally:
+            self.stats.seconds = self._elapsed()
+            if self.on_round is not None:
+                self.on_round(self.stats)
+        return None
+
+    def _hypothesis_test(self) -> Callable[[], None]:
+        """The round's Hypothesis run: `example`, for the examples the search has left (at most
+        `round_size`), from the round's own seed."""
+        spec = self.spec
+        test = given(st.data())(self.example)
+        # Saved failures are found under the search's own key, not the digest of this code.
+        setattr(test, "_hypothesis_internal_database_key", DATABASE_KEY)  # noqa: B010
+        # NOTE: the seed goes on first: `@seed` turns the database off for the settings it finds,
+        # and the settings applied after it keep ours (the streams share what they find).
+        seeded = hypothesis_seed(spec.seed * 100_003 + self.stats.rounds)(test)
+        return settings(
+            max_examples=min(spec.round_size, spec.max_examples - self.stats.examples),
+            deadline=None,
+            database=self.database,
+            derandomize=False,
+            suppress_health_check=list(HealthCheck),
+            report_multiple_bugs=False,
+            # NOTE: no target phase. Its optimiser hill-climbs every choice of the example with
+            # the best score in one pass per round, unbounded below 1,000 examples, and ends the
+            # pass only then, failure found or not. Steering toward near races, it climbed the
+            # longest runs (400 choices, 0.3 s each): free-slot-early found at example 40 waited
+            # minutes for its shrink, and the named faults were found no sooner with it.
+            phases=[Phase.reuse, Phase.generate, Phase.shrink],
+            print_blob=False,
+        )(seeded)
+
+    def example(self, data: st.DataObject) -> None:
+        """One example: a scenario and its timing drawn from `data`, run and judged."""
+        profile = self.spec.profile
+        scenario = data.draw(self.strategy, label="scenario")
+        timing = Timing(profile, HypothesisDelay(data, profile.forward))
+        result = self._run(scenario, timing)
+        self.stats.examples += 1
+        self.stats.iterations += result.iterations
+        if self._stopped():
             raise _Stopped
-        found: Found | None = None
-        if result.violations:
-            found = _found_class(result.violations[0].invariant)(
-                result, dict(timing.draws), example_choices(data)
-            )
-            order = failure_order(data, result)
-            if best is None:
-                best, best_order = found, order
-                stats.first_failure = time.perf_counter() - started
-                stats.examples_to_failure = stats.examples
-                if on_failure is not None and not on_failure(found):
-                    dropped = True  # another stream found one first: end this one
-                    raise _Stopped
-            elif order < best_order:
-                best, best_order = found, order
-                stats.smaller += 1
-                if on_smaller is not None:
-                    on_smaller(found)
+        found = self._failed(data, timing, result) if result.violations else None
         # NOTE: checked here, at the end of an example, so a cut never leaves one half drawn.
-        if best is not None and time.perf_counter() - started >= spec.budget:
+        if self.best is not None and self._over_budget():
             raise _BudgetCut
-        # (at least one example after the failure: Hypothesis records a failure, and saves it
-        # to the database, only once the example that found it has raised)
-        if (
-            best is not None
-            and spec.scenario == "all"
-            and stats.examples_to_failure is not None
-            and stats.examples - stats.examples_to_failure >= max(1, spec.shrink_examples)
-        ):
+        if self._shrink_handed_over():
             raise _ShrinkHandedOver
         if found is not None:
             raise found
 
-    try:
-        while (
-            stats.examples < spec.max_examples
-            and time.perf_counter() - started < spec.budget
-            and not stopped()
-        ):
-            n = min(spec.round_size, spec.max_examples - stats.examples)
-            # NOTE: the seed goes on first: `@seed` turns the database off for the settings it
-            # finds, and the settings applied after it keep ours (the streams share what they
-            # find).
-            seed = spec.seed * 100_003 + stats.rounds
-            seeded = hypothesis_seed(seed)(given(st.data())(example))
-            test = settings(
-                max_examples=n,
-                deadline=None,
-                database=db,
-                derandomize=False,
-                suppress_health_check=list(HealthCheck),
-                report_multiple_bugs=False,
-                # NOTE: no target phase. Its optimiser hill-climbs every choice of the example
-                # with the best score in one pass per round, unbounded below 1,000 examples,
-                # and ends the pass only then, failure found or not. Steering toward near
-                # races, it climbed the longest runs (400 choices, 0.3 s each): free-slot-early
-                # found at example 40 waited minutes for its shrink, and the named faults were
-                # found no sooner with it.
-                phases=[Phase.reuse, Phase.generate, Phase.shrink],
-                print_blob=False,
-            )(seeded)
-            stats.rounds += 1
-            try:
-                with _examples_from_the_seed_alone():
-                    test()
-            except Found as found:
-                result_found, over = finished(found)
-                stats.seconds = time.perf_counter() - started
-                return SearchResult(stats, result_found, cut=CUT_BUDGET if over else None)
-            except _Stopped:
-                break
-            except _BudgetCut:
-                assert best is not None
-                return SearchResult(stats, best, cut=CUT_BUDGET)
-            except _ShrinkHandedOver:
-                assert best is not None
-                result_found, over = finished(best)
-                stats.seconds = time.perf_counter() - started
-                return SearchResult(stats, result_found, cut=CUT_BUDGET if over else None)
-            except DeadlineReached:  # inside a long step: the example is not judged
-                return SearchResult(stats, best, cut=CUT_BUDGET if best is not None else None)
-            except Flaky:  # the scheduler's run was not the same twice (see CUT_NONDETERMINISTIC)
-                if best is None:
-                    continue  # nothing found yet: the next round, with its own seed
-                result_found, _ = finished(best)
-                stats.seconds = time.perf_counter() - started
-                return SearchResult(stats, result_found, cut=CUT_NONDETERMINISTIC)
-            finally:
-                stats.seconds = time.perf_counter() - started
-                if on_round is not None:
-                    on_round(stats)
-    except KeyboardInterrupt:  # Ctrl-C, wherever it lands
-        stats.seconds = time.perf_counter() - started
-        if best is None:
-            raise SearchInterrupted(stats) from None
-        return SearchResult(stats, best, cut=CUT_INTERRUPTED)
-    return SearchResult(stats, None)
+    def _run(self, scenario: Scenario, timing: Timing) -> RunResult:
+        spec = self.spec
+        backend = SimBackend(timing)
+        try:
+            return run_example(
+                scenario, backend, self.checks, spec.scheduler, spec.hang_timeout, self.deadline
+            )
+        except CheckerBug as bug:  # ours, not the scheduler's: the CLI saves it, exit 3
+            bug.extra.update(timing_draws=dict(timing.draws), scheduler=spec.scheduler.text)
+            raise
+
+    def _failed(self, data: st.DataObject, timing: Timing, result: RunResult) -> Found:
+        """The failure `result` is, kept as the best if it is the first or smaller than the best
+        (and told to `on_failure` or `on_smaller`)."""
+        found = _found_class(result.violations[0].invariant)(
+            result, dict(timing.draws), example_choices(data)
+        )
+        order = failure_order(data, result)
+        if self.best is None:
+            self.best, self.best_order = found, order
+            self.stats.first_failure = self._elapsed()
+            self.stats.examples_to_failure = self.stats.examples
+            if self.on_failure is not None and not self.on_failure(found):
+                self.dropped = True  # another stream found one first: end this one
+                raise _Stopped
+        elif order < self.best_order:
+            self.best, self.best_order = found, order
+            self._smaller(found)
+        return found
+
+    def _shrink_handed_over(self) -> bool:
+        """Whether Hypothesis's shrinker has run its `shrink_examples` on a generated workload's
+        failure: the workload passes finish the shrink. (At least one example after the failure:
+        Hypothesis records a failure, and saves it to the database, only once the example that
+        found it has raised.)"""
+        to_failure = self.stats.examples_to_failure
+        return (
+            self.best is not None
+            and self.spec.scenario == "all"
+            and to_failure is not None
+            and self.stats.examples - to_failure >= max(1, self.spec.shrink_examples)
+        )
+
+    def _reported(self, found: Found) -> SearchResult:
+        reduced, over = self._reduced(found)
+        return SearchResult(self.stats, reduced, cut=CUT_BUDGET if over else None)
+
+    def _reduced(self, found: Found) -> tuple[Found, bool]:
+        """The failure to report, cut further by the workload passes (each smaller one is
+        reported like any smaller failure found while shrinking), and whether the budget ended
+        them. A named or a user's scenario keeps its requests and fields: its variations are
+        what was asked for."""
+        spec = self.spec
+        if spec.scenario != "all":
+            return found, False
+
+        def run(scenario: Scenario, backend: SimBackend) -> RunResult:
+            return run_example(scenario, backend, self.checks, spec.scheduler, spec.hang_timeout)
+
+        def smaller(result: RunResult, draws: dict[int, float]) -> None:
+            self._smaller(type(found)(result, draws, found.choices))
+
+        reduced = reduce_failure(
+            found.result,
+            found.draws,
+            replay_runner(spec.profile, run),
+            spec.reduce_runs,
+            smaller,
+            self._over_budget,
+        )
+        self.stats.reduce_runs = reduced.runs
+        if reduced.result is found.result:
+            return found, reduced.stopped
+        return type(found)(reduced.result, reduced.draws, found.choices), reduced.stopped
+
+    def _smaller(self, found: Found) -> None:
+        self.stats.smaller += 1
+        if self.on_smaller is not None:
+            self.on_smaller(found)
+
+    def _stopped(self) -> bool:
+        return self.dropped or (self.should_stop is not None and self.should_stop())
+
+    def _elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    def _over_budget(self) -> bool:
+        return self._elapsed() >= self.spec.budget

@@ -12,6 +12,7 @@ import pytest
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.backends.sim.timing import Profile
 from overlapcheck.cli import main
+from overlapcheck.explore.database import DATABASE_KEY, FailureDatabase
 from overlapcheck.explore.search import SearchSpec, search
 from overlapcheck.formats import counterexample
 from overlapcheck.harness.runner import run_scenario
@@ -30,6 +31,23 @@ def test_a_resumed_search_fails_at_its_first_example_and_shrinks_no_bigger() -> 
     assert (
         resumed.found.result.violations[0].invariant == first.found.result.violations[0].invariant
     )
+
+
+def test_a_saved_failure_replays_first_from_the_database_and_from_resume(tmp_path: Path) -> None:
+    # Found at example 30 from nothing saved, so an example-1 failure below is the saved one.
+    late = SearchSpec(faults=frozenset(["stale-placeholder"]), budget=600, max_examples=300, seed=4)
+    first = search(late)
+    assert first.found is not None and first.stats.examples_to_failure == 30
+    # Saved as a search saves it: under the search's own key (not a digest of its code, which
+    # moved with every edit), in the spec's namespace. A later search with other seeds finds it.
+    FailureDatabase(str(tmp_path), late.database_namespace()).save(
+        DATABASE_KEY, first.found.choices
+    )
+    from_db = search(replace(late, database=str(tmp_path), seed=11))
+    from_file = search(replace(late, resume=first.found.choices, seed=11))
+    for again in (from_db, from_file):
+        assert again.found is not None and again.stats.examples_to_failure == 1
+        assert again.found.result.violations[0].invariant == "placeholder"
 
 
 def test_explore_resume_takes_the_search_from_the_file(

@@ -5,57 +5,27 @@ overlapcheck's machinery, not torch, not the standard library) at the call. Capt
 few attribute reads per frame and one cached lookup per file, so it
 runs for every operation (a code object and an instruction offset); turning it into a
 `Location` (its line, a path relative to the scheduler's root) happens only when a finding is
-reported.
-
-Whose a file is: overlapcheck's own folders are the checker's, except the schedulers it ships
-(`reference/`, `examples/`); the standard library and site-packages are libraries; any other file
-is the scheduler's (a user's checkout, an upstream engine loaded from its tree).
+reported. Whose a file is, `core/owners.py` decides.
 """
 
 from __future__ import annotations
 
 import sys
-import sysconfig
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from types import CodeType, TracebackType
 from typing import Any
 
+from overlapcheck.core.owners import PACKAGE, runs_the_scheduler
+
 # A frame, without holding the frame: its code and the offset of the instruction it was at
 # (the line is worked out only when a finding is reported: `f_lineno` decodes the line table).
 Site = tuple[CodeType, int]
 
-_PACKAGE = Path(__file__).resolve().parent.parent  # the package root: this file is in core/
-# Folders of overlapcheck that hold schedulers under test, not the checker.
-_SCHEDULER_FOLDERS = (_PACKAGE / "reference", _PACKAGE / "examples")
-_LIBRARY_FOLDERS = tuple(
-    Path(p).resolve()
-    for key in ("stdlib", "platstdlib", "purelib", "platlib")
-    if (p := sysconfig.get_paths().get(key))
-)
 # What marks the root of a source tree: its files are named relative to it.
 _ROOT_MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg")
-
-
-def owner(path: Path) -> str:
-    """`scheduler`, `checker` or `library` for a (resolved) source file."""
-    # The package may live in a library folder (installed from a wheel) and a library folder may
-    # live in the package (a virtual environment inside the checkout): only the innermost counts.
-    in_library = any(path.is_relative_to(folder) for folder in _LIBRARY_FOLDERS)
-    if path.is_relative_to(_PACKAGE) and not any(
-        path.is_relative_to(folder) and folder.is_relative_to(_PACKAGE)
-        for folder in _LIBRARY_FOLDERS
-    ):
-        if any(path.is_relative_to(folder) for folder in _SCHEDULER_FOLDERS):
-            return "scheduler"
-        return "checker"
-    if in_library:
-        return "library"
-    if path.name.startswith("<"):  # <frozen ...>, <string>
-        return "library"
-    return "scheduler"  # the user's own files
-
+_HARNESS = PACKAGE / "harness"
 
 _SKIP, _FOUND, _STOP = 0, 1, 2
 
@@ -69,10 +39,7 @@ def _kind(filename: str) -> int:
     path = Path(filename).resolve()
     if path.is_relative_to(_HARNESS):
         return _STOP
-    return _FOUND if owner(path) == "scheduler" else _SKIP
-
-
-_HARNESS = _PACKAGE / "harness"
+    return _FOUND if runs_the_scheduler(path) else _SKIP
 
 
 def caller(depth: int = 2) -> Site | None:

@@ -2,9 +2,9 @@
 inside overlapcheck is a bug of ours (`CheckerBug`, exit 3 with the input saved).
 
 The traceback decides: walking from where the exception was raised outwards, the first frame in
-code that belongs to somebody (the scheduler's files, or overlapcheck's own) owns it. Library
-frames (the standard library, site-packages: numpy raising an IndexError for the scheduler's bad
-index) belong to whoever called them.
+code that belongs to somebody (the scheduler's files, or overlapcheck's own: `core/owners.py`)
+owns it. Library frames (the standard library, site-packages: numpy raising an IndexError for the
+scheduler's bad index) belong to whoever called them.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from types import TracebackType
 from typing import Any
 
 from overlapcheck.core.errors import CheckerError
-from overlapcheck.core.sites import Location, owner
+from overlapcheck.core.owners import owner, runs_the_scheduler
+from overlapcheck.core.sites import Location
 from overlapcheck.invariants.base import Violation
 
 
@@ -32,9 +33,6 @@ class CheckerBug(CheckerError):
         return "".join(traceback.format_exception(self.error))
 
 
-_owner = owner
-
-
 def _frames(tb: TracebackType | None) -> list[traceback.FrameSummary]:
     return list(traceback.extract_tb(tb))
 
@@ -43,10 +41,10 @@ def crash_violation(error: BaseException, step: int, now: float) -> Violation | 
     """A `no-crash` violation if the scheduler raised `error`; None if overlapcheck did."""
     frames = _frames(error.__traceback__)
     for frame in reversed(frames):
-        owner = _owner(Path(frame.filename).resolve())
-        if owner == "library":
+        whose = owner(Path(frame.filename).resolve())
+        if whose == "library":
             continue
-        if owner == "checker":
+        if whose == "checker":
             return None
         at = Location.at("raised", frame.filename, frame.lineno or 0, frame.name, "host", step)
         text = str(error).splitlines()[0] if str(error) else ""
@@ -77,12 +75,12 @@ def hang_violation(
     the scheduler's is on it (then overlapcheck itself hung)."""
     frames = list(stack)
     for frame in reversed(frames):
-        if _owner(Path(frame.filename).resolve()) != "scheduler":
+        if not runs_the_scheduler(Path(frame.filename).resolve()):
             continue
         at = Location.at("stuck", frame.filename, frame.lineno or 0, frame.name, "host", step)
         where = at.text()
         code = f": `{frame.line}`" if frame.line else ""
-        ours = [f for f in frames if _owner(Path(f.filename).resolve()) == "scheduler"]
+        ours = [f for f in frames if runs_the_scheduler(Path(f.filename).resolve())]
         return Violation(
             "no-hang",
             step,

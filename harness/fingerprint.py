@@ -17,11 +17,8 @@ was dirty.
 from __future__ import annotations
 
 import hashlib
-import os
-import site
 import subprocess
 import sys
-import sysconfig
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -29,26 +26,10 @@ from pathlib import Path
 from typing import Any, cast
 
 from overlapcheck.core.capability import provides
+from overlapcheck.core.owners import PACKAGE, SHIPPED_FOLDERS, owner
 from overlapcheck.core.protocol import HasCodeRoots
 
-PACKAGE = Path(__file__).resolve().parent.parent  # overlapcheck's root: this file is in harness/
-# overlapcheck's folders that hold schedulers under test: code under test when they are the
-# scheduler, machinery otherwise.
-SCHEDULER_FOLDERS = (PACKAGE / "reference", PACKAGE / "examples")
 PLUGIN_PREFIX = "overlapcheck_plugin_"  # modules `--scheduler PATH.py:F` loads (scheduler_spec)
-
-
-def _installation() -> tuple[Path, ...]:
-    """Folders of the Python installation and its third-party libraries."""
-    keys = ("stdlib", "platstdlib", "purelib", "platlib")
-    paths = {sysconfig.get_paths().get(key) for key in keys}
-    paths.update(site.getsitepackages() if hasattr(site, "getsitepackages") else [])
-    paths.add(site.getusersitepackages() if hasattr(site, "getusersitepackages") else None)
-    # (not the prefixes themselves: code of one's own may live under /usr/local, say)
-    return tuple(sorted({Path(p).resolve() for p in paths if p}))
-
-
-INSTALLATION = _installation()
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,13 +173,13 @@ def fingerprint(
         declared = [Path(p).resolve() for p in cast(HasCodeRoots, scheduler).code_roots()]
     folders = {f.resolve() for f in scheduler_folders}
     for path in [*own_files, *_class_files(scheduler)]:
-        folders.update(f for f in SCHEDULER_FOLDERS if path.resolve().is_relative_to(f))
+        folders.update(f for f in SHIPPED_FOLDERS if path.resolve().is_relative_to(f))
     # (a factory of overlapcheck's own, an adapter's say, is machinery: its engine is the code)
     own = {
         p.resolve()
         for p in own_files
         if not p.resolve().is_relative_to(PACKAGE)
-        or any(p.resolve().is_relative_to(f) for f in SCHEDULER_FOLDERS)
+        or any(p.resolve().is_relative_to(f) for f in SHIPPED_FOLDERS)
     }
     roots = [*declared, *(p.resolve() for p in extra_roots)]
     if folders:
@@ -209,8 +190,8 @@ def fingerprint(
         reverse=True,
     )
     by_root: dict[Path, dict[str, str]] = {}
-    inside = tuple(f"{root}{os.sep}" for root in declared)
-    chosen = [p for p in _module_files() if p not in own and _counts(p, inside, folders)]
+    code_roots = tuple(declared)
+    chosen = [p for p in _module_files() if p not in own and _counts(p, code_roots, folders)]
     for path in sorted([*chosen, *own], key=str):
         root = _root_of(path, roots, path_entries)
         by_root.setdefault(root, {})[path.relative_to(root).as_posix()] = file_hash(path)
@@ -241,27 +222,13 @@ def _resolved(file: str) -> Path | None:
     return path if path.is_file() else None
 
 
-def _counts(path: Path, declared: tuple[str, ...], folders: set[Path]) -> bool:
-    if declared and str(path).startswith(declared):  # (strings: thousands of modules a call)
-        return True
-    place = _place(path)
-    if place == "package":
+def _counts(path: Path, code_roots: tuple[Path, ...], folders: set[Path]) -> bool:
+    """Whether a loaded module's file is the scheduler's code: its own, or a scheduler
+    overlapcheck ships when it is the one under test (`folders`)."""
+    whose = owner(path, code_roots)
+    if whose == "shipped":
         return any(path.is_relative_to(folder) for folder in folders)
-    return place == "other"
-
-
-@cache
-def _place(path: Path) -> str:
-    """`package` (overlapcheck's own), `installation` (Python's, a library's) or `other`."""
-    # The package may live in a library folder (installed from a wheel) and a library folder may
-    # live in the package (a virtual environment inside the checkout): the innermost counts.
-    if path.is_relative_to(PACKAGE) and not any(
-        folder.is_relative_to(PACKAGE) and path.is_relative_to(folder) for folder in INSTALLATION
-    ):
-        return "package"
-    if any(path.is_relative_to(folder) for folder in INSTALLATION):
-        return "installation"
-    return "other"
+    return whose == "scheduler"
 
 
 def _root_of(path: Path, roots: Sequence[Path], path_entries: Sequence[Path]) -> Path:

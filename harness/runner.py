@@ -311,15 +311,15 @@ def _fewer_collections(move_out: bool) -> Iterator[None]:
     frozen objects of its own (`gc.freeze()` before forking workers, say) nothing is frozen or
     unfrozen here, since unfreezing would thaw theirs too."""
     old = gc.get_threshold()
-    ours = move_out and gc.get_freeze_count() in (0, _FROZEN_AT_START)
+    move_run_to_oldest = move_out and gc.get_freeze_count() in (0, _FROZEN_AT_START)
     gc.set_threshold(max(old[0], 50_000), old[1], old[2])
     try:
         yield
     finally:
-        if ours:
+        if move_run_to_oldest:
             gc.freeze()
         gc.set_threshold(*old)
-        if ours:
+        if move_run_to_oldest:
             gc.unfreeze()
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from sglang_snapshot import shared_tree, skip_unless_usable
@@ -17,6 +18,9 @@ SPEC = "overlapcheck.adapters.sglang:make_scheduler"
 skip_unless_usable()
 
 from overlapcheck.adapters.sglang.upstream import ENV  # noqa: E402
+
+if TYPE_CHECKING:
+    from overlapcheck.harness.runner import RunResult
 
 
 @pytest.fixture(scope="module")
@@ -28,22 +32,59 @@ def overlapcheck(args: list[str], tree: Path | str, cwd: Path) -> subprocess.Com
     return run_cli(ENV, tree, args, cwd)
 
 
-@pytest.mark.parametrize(("loop", "cache"), [("overlap", "radix"), ("normal", "naive")])
+@pytest.mark.parametrize(
+    ("loop", "cache", "spec"),
+    [
+        ("overlap", "radix", "make_scheduler"),
+        ("normal", "naive", "make_scheduler"),
+        ("overlap", "radix", "make_cpu_scheduler"),
+    ],
+)
 def test_the_shipped_scheduler_serves_the_basic_scenario(
-    snapshot: Path, monkeypatch: pytest.MonkeyPatch, loop: str, cache: str
+    snapshot: Path, monkeypatch: pytest.MonkeyPatch, loop: str, cache: str, spec: str
 ) -> None:
-    from overlapcheck.adapters.sglang import make_scheduler
+    from overlapcheck.adapters import sglang
+
+    monkeypatch.setenv(ENV, str(snapshot))
+    run = _run("basic", getattr(sglang, spec), loop=loop, cache=cache)
+    # every request got the sequential reference's tokens, and SGLang's own checks held
+    assert run.ok, [v.message for v in run.violations]
+    assert run.iterations > 4
+    agents = {op.agent for op in run.trace.ops}
+    if spec == "make_scheduler":  # its streams, each an agent of the trace
+        assert agents >= {"schedule", "forward", "copy"}
+        assert sum(op.kind == "forward" for op in run.trace.ops) >= run.iterations - 2
+    else:
+        assert {op.kind for op in run.trace.ops} >= {"span"} and "forward" not in agents
+
+
+def _run(name: str, factory: object, **config: str) -> RunResult:
     from overlapcheck.backends.sim.backend import SimBackend
     from overlapcheck.harness.runner import run_scenario
     from overlapcheck.scenarios.named import named_scenario
 
+    scenario = named_scenario(name).with_config(**config)
+    return run_scenario(scenario, SimBackend(), scheduler=factory, keep_going=True)
+
+
+def test_without_its_war_barrier_no_race_names_sglangs_lines(
+    snapshot: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`_apply_war_barrier` made a no-op (on the class, as the docs' copy of the tree does in
+    its file): the schedule stream's write of a `req_to_token` row races the forward's read."""
+    from overlapcheck.adapters.sglang import make_scheduler
+    from overlapcheck.adapters.sglang.upstream import load_sglang
+
     monkeypatch.setenv(ENV, str(snapshot))
-    scenario = named_scenario("basic").with_config(loop=loop, cache=cache)
-    run = run_scenario(scenario, SimBackend(), scheduler=make_scheduler, keep_going=True)
-    # every request got the sequential reference's tokens, and SGLang's own checks held
-    assert run.ok, [v.message for v in run.violations]
-    assert run.iterations > 4
-    assert {op.kind for op in run.trace.ops} >= {"span"}
+    scheduler = load_sglang()["sglang.srt.managers.scheduler"].Scheduler
+    monkeypatch.setattr(scheduler, "_apply_war_barrier", lambda self: None)
+    run = _run("basic", make_scheduler, loop="overlap", cache="radix")
+    races = [v for v in run.violations if v.invariant == "no-race"]
+    assert races, [v.message for v in run.violations]
+    message = races[0].message
+    assert "WAR on req_to_token" in message, message
+    assert "write at memory_pool.py:" in message and "(schedule, step" in message, message
+    assert "read at eager_runner.py:" in message and "(forward, step" in message, message
 
 
 def test_a_wrong_folder_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -33,13 +33,15 @@ STRICT_CHECKS = {
 QUIET = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
-def server_args(loaded: Loaded, config: SchedulerConfig, device: str) -> Any:
+def server_args(loaded: Loaded, config: SchedulerConfig, device: str, simulated: bool) -> Any:
     # A switch the scheduler does not have is ignored (core/protocol.py): ours alone run as fcfs.
     policy = POLICIES.get(config.policy, "fcfs")
     # A request gets what `core.rules.max_output` allows (the front end clamps `max_new_tokens` to
     # it); two positions of slack keep SGLang's own clamp (context length - 1 - prompt) above it.
     return loaded["sglang.srt.server_args"].ServerArgs(
-        model_path=str(model_dir(config.vocab_size, config.eos_token_id, config.max_seq_len + 2)),
+        model_path=str(
+            model_dir(config.vocab_size, config.eos_token_id, config.max_seq_len + 2, simulated)
+        ),
         device=device,
         dtype="float32",
         skip_tokenizer_init=True,
@@ -59,15 +61,18 @@ def server_args(loaded: Loaded, config: SchedulerConfig, device: str) -> Any:
     )
 
 
-def build(loaded: Loaded, scheduler_class: type, config: SchedulerConfig, device: str) -> Any:
-    """A new scheduler of `scheduler_class` (a subclass of SGLang's `Scheduler`) for one run."""
+def build(
+    loaded: Loaded, scheduler_class: type, config: SchedulerConfig, device: str, simulated: bool
+) -> Any:
+    """A new scheduler of `scheduler_class` (a subclass of SGLang's `Scheduler`) for one run
+    (`simulated`: on the simulated CUDA, with the toy model's one-cell KV heads)."""
     for name, value in {**STRICT_CHECKS, **QUIET}.items():
         os.environ.setdefault(name, value)
     registry = loaded["sglang.srt.models.registry"].ModelRegistry
     output = loaded["sglang.srt.layers.logits_processor"].LogitsProcessorOutput
     if ARCH not in registry.models:
         registry.models[ARCH] = make_model_class(output)
-    args = server_args(loaded, config, device)
+    args = server_args(loaded, config, device, simulated)
     # One engine at a time in a process, as SGLang rebuilds one: the last one's process groups
     # torn down with its own test teardown, the configuration published anew (last wins).
     if torch.distributed.is_available() and torch.distributed.is_initialized():

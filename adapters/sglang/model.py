@@ -27,11 +27,18 @@ CONFIG = {
 }
 
 
+# On the simulated CUDA: one KV head of one element, so that a token's key is one cell of the KV
+# pool's allocation (the trace's KV cells are token indices, as the checks read them).
+ONE_CELL = {"hidden_size": 1, "intermediate_size": 1, "num_attention_heads": 1,
+            "num_key_value_heads": 1, "head_dim": 1}  # fmt: skip
+
+
 @functools.cache
-def model_dir(vocab_size: int, eos: int, max_len: int) -> Path:
+def model_dir(vocab_size: int, eos: int, max_len: int, one_cell: bool = False) -> Path:
     folder = Path(tempfile.mkdtemp(prefix="overlapcheck-sglang-model-"))
     config = dict(
         CONFIG,
+        **(ONE_CELL if one_cell else {}),
         vocab_size=vocab_size,
         eos_token_id=eos,
         bos_token_id=eos,

@@ -12,6 +12,7 @@ samples; a corrupted row, a reused KV cell or a stale input id changes the token
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,8 @@ class _Holder:
     model: ToyModel | None = None
     kv_pool: Any = None
     req_to_token: Any = None
+    # On the simulated CUDA: the forward as one kernel there (`kernel.DeviceForward`).
+    device_forward: Callable[[torch.Tensor, Any, int], torch.Tensor] | None = None
 
 
 HOLDER = _Holder()
@@ -55,6 +58,8 @@ def make_model_class(logits_output: type) -> type[nn.Module]:
             return logits_output(next_token_logits=self._logits(input_ids, forward_batch))
 
         def _logits(self, input_ids: torch.Tensor, batch: Any) -> torch.Tensor:
+            if HOLDER.device_forward is not None:
+                return HOLDER.device_forward(input_ids, batch, self.vocab_size)
             model = HOLDER.model
             assert model is not None, "no toy model set for this run"
             keys = HOLDER.kv_pool.get_key_buffer(0)

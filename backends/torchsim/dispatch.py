@@ -83,10 +83,20 @@ class plain:
             torch._C._push_on_torch_dispatch_stack(mode)
 
 
+_STAND_INS: set[str] = set()  # files of stand-ins for kernels: their callers are the sites
+
+
+def not_program(path: str) -> None:
+    """Frames of the file `path` (a stand-in for a program's kernels) are not the program's:
+    what it issues is labelled with its caller's file and line."""
+    _STAND_INS.add(path)
+    _program_file.cache_clear()
+
+
 @cache
 def _program_file(path: str) -> str | None:
     """The base name of a file of the program's, or None for torch's and this package's."""
-    if path.startswith(_SKIP) or path[0] == "<":
+    if path.startswith(_SKIP) or path[0] == "<" or path in _STAND_INS:
         return None
     return os.path.basename(path)
 
@@ -706,6 +716,8 @@ def _physical(x: Any) -> Any:
 
 
 def _as_list(value: Any) -> list[Any]:
+    if value is None:  # an op that returns nothing (`_foreach_*_`, `record_stream`)
+        return []
     return [value] if isinstance(value, torch.Tensor) else list(value)
 
 
@@ -751,11 +763,40 @@ def pinning(factory: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]
     """`torch.tensor(..., pin_memory=True)` (or `as_tensor`) builds its tensor below the
     dispatcher, where no mode sees the pinning: build it unpinned, then pin it through the
     dispatcher. A stand-in for the factory while the block lasts, rather than a function mode,
-    which would cost every torch call of the program a Python call."""
+    which would cost every torch call of the program a Python call. One made on the device is
+    built on the host and copied (a blocking copy from pageable memory, as the factory does)."""
 
     def made(*args: Any, **kwargs: Any) -> torch.Tensor:
         if kwargs.get("pin_memory") is True:
             return factory(*args, **{**kwargs, "pin_memory": False}).pin_memory()
+        device = kwargs.get("device")
+        if _is_cuda(device):  # built on the host, then copied through the dispatcher
+            return factory(*args, **{**kwargs, "device": "cpu"}).to(indexed(device))
         return factory(*args, **kwargs)
 
     return made
+
+
+CUDA0 = torch.device("cuda", 0)
+
+
+def indexed(device: Any) -> Any:
+    """A device without an index ("cuda"), as the simulated device's ("cuda:0"): torch's argument
+    parser asks the CUDA runtime for the current index of a bare "cuda", which a build without
+    CUDA does not have; anything else as it is."""
+    if device == "cuda" or (isinstance(device, torch.device) and device == torch.device("cuda")):
+        return CUDA0
+    return device
+
+
+def indexing_to(to: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """`Tensor.to` with a bare "cuda" device made "cuda:0" (`indexed`)."""
+
+    def moved(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if args:
+            args = (indexed(args[0]), *args[1:])
+        if "device" in kwargs:
+            kwargs["device"] = indexed(kwargs["device"])
+        return to(self, *args, **kwargs)
+
+    return moved

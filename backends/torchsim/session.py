@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,7 @@ from overlapcheck.backends.torchsim.dispatch import (
     DispatchMode,
     Interceptor,
     _Launch,
+    indexing_to,
     pinning,
     plain,
 )
@@ -33,6 +35,17 @@ from overlapcheck.core.trace import Access
 
 # Device memory the stand-in reports free: what `mem_get_info` says (a 141 GB H200's).
 FREE_BYTES = 141 * 10**9
+# What `get_device_properties` says: an H200's (engines size buffers and pick paths by them).
+PROPERTIES = SimpleNamespace(
+    name="simulated CUDA",
+    total_memory=FREE_BYTES,
+    major=9,
+    minor=0,
+    multi_processor_count=132,
+    is_integrated=False,
+    L2_cache_size=50 * 2**20,
+    warp_size=32,
+)
 
 
 class SimulatedCuda:
@@ -63,6 +76,8 @@ class SimulatedCuda:
 
         stack.enter_context(_patched(torch.Tensor, "record_stream", record_stream))
         stack.enter_context(_patched(torch.Tensor, "copy_", _copy))
+        stack.enter_context(_patched(torch.Tensor, "to", indexing_to(torch.Tensor.to)))
+        stack.enter_context(_patched(torch.Tensor, "tolist", _tolist(torch.Tensor.tolist)))
         stack.enter_context(DispatchMode(self.interceptor))
         for factory in ("tensor", "as_tensor"):
             stack.enter_context(_patched(torch, factory, pinning(getattr(torch, factory))))
@@ -105,6 +120,11 @@ class SimulatedCuda:
             "set_device": lambda device: None,
             "get_device_name": lambda device=None: "simulated CUDA",
             "mem_get_info": lambda device=None: (FREE_BYTES, FREE_BYTES),
+            "get_device_properties": lambda device=None: PROPERTIES,
+            "get_device_capability": lambda device=None: (PROPERTIES.major, PROPERTIES.minor),
+            "memory_allocated": lambda device=None: 0,
+            "max_memory_allocated": lambda device=None: 0,
+            "memory_reserved": lambda device=None: 0,
             "empty_cache": lambda: None,
             "reset_peak_memory_stats": lambda device=None: None,
         }
@@ -202,6 +222,18 @@ def _patched(owner: Any, name: str, value: Any) -> Iterator[None]:
 @contextlib.contextmanager
 def _no_range(*args: Any, **kwargs: Any) -> Iterator[None]:
     yield
+
+
+def _tolist(tolist: Callable[[torch.Tensor], Any]) -> Callable[[torch.Tensor], Any]:
+    """`Tensor.tolist()` of a simulated device tensor: a blocking copy to the host through the
+    dispatcher (torch's binding reads the data directly, which a tensor subclass has not)."""
+
+    def listed(self: torch.Tensor) -> Any:
+        if isinstance(self, SimTensor):
+            return tolist(self.to("cpu"))
+        return tolist(self)
+
+    return listed
 
 
 def _copy(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:

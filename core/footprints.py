@@ -16,7 +16,7 @@ from overlapcheck.core.batch import BatchInput, RowWrite, SeqWork
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.contract import ContractError, check_batch, check_kv_cells, check_kv_copy
 from overlapcheck.core.device import KvCopy
-from overlapcheck.core.sites import caller
+from overlapcheck.core.sites import Site, caller
 from overlapcheck.core.trace import (
     HOST,
     KV,
@@ -76,6 +76,13 @@ class FootprintRecorder:
         ops = self.trace.ops
         op = Op(len(ops), agent, kind, self.step, self.phase, issue, **fields)  # type: ignore[arg-type]
         op.site = caller()
+        ops.append(op)
+        return op
+
+    def op_at(self, agent: str, kind: str, issue: float, site: Site | None, **fields: object) -> Op:
+        """`op` with its site already found (a backend that walked the frames anyway)."""
+        ops = self.trace.ops
+        op = Op(len(ops), agent, kind, self.step, self.phase, issue, site=site, **fields)  # type: ignore[arg-type]
         ops.append(op)
         return op
 

@@ -46,7 +46,11 @@ def caller(depth: int = 2) -> Site | None:
     """The innermost frame of the scheduler's code above the caller's caller (`depth` frames up
     from here), or None when the scheduler did not make the call (the harness's own calls, an
     adapter's between the scheduler's)."""
-    frame: Any = sys._getframe(depth)
+    return site_of(sys._getframe(depth))
+
+
+def site_of(frame: Any) -> Site | None:
+    """`caller` from `frame` outwards: the innermost frame of the scheduler's code there."""
     while frame is not None:
         code = frame.f_code
         kind = _kind(code.co_filename)

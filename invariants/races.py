@@ -146,6 +146,10 @@ class HappensBefore:
         # Each op's agent, in issue order (`Clocks.agent`): an agent's clock counts its ops, so
         # the op behind (agent, clock) is found there, for a race's report only.
         self.issued: list[int] = []
+        # `issued` by agent, up to `_indexed` (filled when a race is reported: `op_of`)
+        self._by_agent: dict[int, list[int]] = {}
+        self._indexed = 0
+        self._index_of: list[int] | None = None
         # The host's clock changes only at host ops: per agent, how many host ops its clock has
         # taken in (a stream op after no new host op need not take the host's past in again).
         self.host_ops = 0
@@ -153,13 +157,20 @@ class HappensBefore:
 
     def op_of(self, agent: int, clock: int) -> int:
         """Where `agent`'s op at `clock` (its clock-th op) is in issue order."""
-        count = 0
-        for i, issuer in enumerate(self.issued):
-            if issuer == agent:
-                count += 1
-                if count == clock:
-                    return i
-        raise ValueError(f"agent {agent} has no op at clock {clock}")
+        issued, by_agent = self.issued, self._by_agent
+        if issued is not self._index_of:  # (another list of agents: index it again)
+            self._index_of, self._indexed, by_agent = issued, 0, {}
+            self._by_agent = by_agent
+        for i in range(self._indexed, len(issued)):
+            found = by_agent.get(issued[i])
+            if found is None:
+                found = by_agent[issued[i]] = []
+            found.append(i)
+        self._indexed = len(issued)
+        ops = by_agent.get(agent, [])
+        if not 0 < clock <= len(ops):
+            raise ValueError(f"agent {agent} has no op at clock {clock}")
+        return ops[clock - 1]
 
     def index(self, agent: str) -> int:
         if agent not in self.agents:

@@ -43,7 +43,7 @@ from overlapcheck.backends.torchsim.memory import (
 from overlapcheck.backends.torchsim.schema import OpInfo, op_info
 from overlapcheck.backends.torchsim.streams import SimStream, StreamRuntime
 from overlapcheck.backends.torchsim.tensor import SimTensor, SimulatedCudaError
-from overlapcheck.core.sites import caller
+from overlapcheck.core.sites import Site, caller, site_of
 from overlapcheck.core.trace import HOST, Access, Allocation, Op
 
 aten = torch.ops.aten
@@ -114,9 +114,25 @@ def where() -> tuple[str, str]:
     return "?", "tensor"
 
 
+def origin() -> tuple[str, str, Site | None]:
+    """`where()` and the trace's site of the call (`core.sites.caller`) in one walk: the site is
+    found from where's frame on (the frames below it are torch's and this package's, which the
+    site's walk skips too)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        name = _program_file(code.co_filename)
+        if name is not None:
+            return f"{name}:{frame.f_lineno} {code.co_name}", code.co_name, site_of(frame)
+        frame = frame.f_back  # type: ignore[assignment]
+    return "?", "tensor", None
+
+
 def _is_cuda(device: Any) -> bool:
     if device is None:
         return False
+    if isinstance(device, torch.device):  # (what the dispatcher passes: no new device object)
+        return device.type == "cuda"
     return torch.device(device).type == "cuda"
 
 
@@ -157,13 +173,17 @@ def _map(
 
 def _any_sim(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """Whether a simulated device tensor is among the arguments (one level of lists down)."""
-    for values in (args, kwargs.values()):
-        for x in values:
-            if isinstance(x, SimTensor):
-                return True
-            if isinstance(x, list | tuple) and any(isinstance(y, SimTensor) for y in x):
-                return True
-    return False
+    for x in args:
+        if isinstance(x, SimTensor):
+            return True
+        if isinstance(x, _SEQUENCES):
+            for y in x:
+                if isinstance(y, SimTensor):
+                    return True
+    return bool(kwargs) and _any_sim(tuple(kwargs.values()), {})
+
+
+_SEQUENCES = (list, tuple)
 
 
 def _tensors(tree: Any) -> list[torch.Tensor]:
@@ -213,6 +233,8 @@ class Interceptor:
         self.handlers: dict[int, Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]] = {
             id(packet): handler for packet, handler in self._handlers().items()
         }
+        # by the identity of the overload: its info and its handler (None: the general path)
+        self._routes: dict[int, tuple[OpInfo, Callable[..., Any] | None]] = {}
 
     def _handlers(self) -> dict[Any, Callable[[Any, tuple[Any, ...], dict[str, Any]], Any]]:
         return {
@@ -266,8 +288,11 @@ class Interceptor:
     def dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if self.device_memory.dead:  # frees since the last call: a safe point to see them
             self.device_memory.collect()
-        info = op_info(func)
-        handler = self.handlers.get(id(info.packet))
+        route = self._routes.get(id(func))
+        if route is None or route[0].func is not func:
+            info = op_info(func)
+            route = self._routes[id(func)] = (info, self.handlers.get(id(info.packet)))
+        info, handler = route
         if handler is not None:
             return handler(func, args, kwargs)
         if not _any_sim(args, kwargs) and not _is_cuda(kwargs.get("device")):
@@ -296,30 +321,101 @@ class Interceptor:
     def _host(
         self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], info: OpInfo | None = None
     ) -> Any:
-        info = info or op_info(func)
-        pin = kwargs.get("pin_memory") is True
-        if pin:
-            kwargs = {**kwargs, "pin_memory": False}
-        pinned = self.memory.any_pinned(args) or self.memory.any_pinned(kwargs.values())
-        found = touches(func, args, kwargs, self.locate, self.logical) if pinned else []
+        if info is None:
+            info = op_info(func)
+        pin = False
+        if kwargs:
+            pin = kwargs.get("pin_memory") is True
+            if pin:
+                kwargs = {**kwargs, "pin_memory": False}
+        found = self._pinned_touches(func, info, args, kwargs) if self.memory.pinned else None
         out = func(*args, **kwargs)
         if info.empty and isinstance(out, torch.Tensor):
             out.fill_(poison(out.dtype))
         if pin and isinstance(out, torch.Tensor):
             out = self.host_memory.allocate(out, where()[1])
         if found:
-            here = where()[0]
-            self._host_op(f"{info.name} @{here}", found)
-            if any(t.mode == "w" for t in found):  # keep the logical twins in step
-                largs, lkwargs = _map(self.logical, args, kwargs)
-                func(*largs, **lkwargs)
+            here, _, site = origin()
+            self._host_op(f"{info.name} @{here}", found, site)
+            for t in found:
+                if t.mode == "w":  # keep the logical twins in step
+                    self._host_twin(func, args, kwargs)
+                    break
         return out
 
-    def _host_op(self, label: str, found: Sequence[Touch]) -> Op:
-        now = self.runtime.now()
-        return self.runtime.op(
+    def _host_twin(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """A host op that wrote pinned memory, again on the logical copies (`logical` over the
+        arguments, one level of lists down)."""
+        pinned = self.memory.pinned
+
+        def swap(x: Any) -> Any:
+            if isinstance(x, torch.Tensor):
+                buffer = pinned.get(x.untyped_storage().data_ptr()) if x.is_cpu else None
+                if buffer is not None:
+                    return buffer.logical.as_strided(x.size(), x.stride(), x.storage_offset())
+            elif isinstance(x, _SEQUENCES):
+                return type(x)(swap(y) for y in x)
+            return x
+
+        largs = [swap(x) for x in args]
+        if kwargs:
+            func(*largs, **{k: swap(v) for k, v in kwargs.items()})
+        else:
+            func(*largs)
+
+    def _pinned_touches(
+        self, func: Any, info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> list[Touch] | None:
+        """A host op's footprint on pinned buffers (`footprint.touches`), None when it touches
+        none. Most host ops take plain tensors, or pinned ones as whole arguments: those are
+        read off here in one pass; index ops and lists of tensors go to `touches`."""
+        pinned = self.memory.pinned
+        reads: list[Touch] = []
+        writes: list[Touch] = []
+        written = info.written
+        general = info.indexed
+        for i, x in enumerate(args):
+            if isinstance(x, torch.Tensor):
+                if x.is_cpu and i < len(written):
+                    buffer = pinned.get(x.untyped_storage().data_ptr())
+                    if buffer is not None:
+                        if written[i]:
+                            writes.append(Touch(buffer, view_cells(buffer, x), "w"))
+                        else:
+                            reads.append(Touch(buffer, view_cells(buffer, x), "r"))
+            elif isinstance(x, _SEQUENCES):
+                general = True
+        if kwargs:
+            by_name = info.by_name
+            for name, x in kwargs.items():
+                if isinstance(x, torch.Tensor):
+                    found = by_name.get(name)
+                    if x.is_cpu and found is not None:
+                        buffer = pinned.get(x.untyped_storage().data_ptr())
+                        if buffer is not None:
+                            if found[1]:
+                                writes.append(Touch(buffer, view_cells(buffer, x), "w"))
+                            else:
+                                reads.append(Touch(buffer, view_cells(buffer, x), "r"))
+                elif isinstance(x, _SEQUENCES):
+                    general = True
+        if general:
+            memory = self.memory
+            if memory.any_pinned(args) or (kwargs and memory.any_pinned(kwargs.values())):
+                return touches(func, args, kwargs, self.locate, self.logical)
+            return None
+        if reads:
+            reads.extend(writes)
+            return reads
+        return writes or None
+
+    def _host_op(self, label: str, found: Sequence[Touch], site: Site | None) -> Op:
+        now = float(self.runtime.env.now)
+        return self.device.recorder.op_at(
             HOST,
             "host",
+            now,
+            site,
             label=label,
             accesses=[Access(t.buffer.name, t.cells, t.mode) for t in found],  # type: ignore[arg-type]
             start=now,
@@ -337,9 +433,10 @@ class Interceptor:
                 "cannot pin 'torch.cuda.IntTensor' only dense CPU tensors can be pinned"
             )
         found = touches(aten.clone.default, (t,), {}, self.locate, self.logical)
-        copy = self.host_memory.allocate(t.clone(), where()[1])
+        here, hint, site = origin()
+        copy = self.host_memory.allocate(t.clone(), hint)
         if found:
-            self._host_op(f"pin_memory @{where()[0]}", found)
+            self._host_op(f"pin_memory @{here}", found, site)
         return copy
 
     def _scalar(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -79,7 +79,7 @@ def touches(
     writes: list[Touch] = []
     info = op_info(func)
     skip = -1  # the argument an index op's precise cells replace
-    if info.packet in _INDEXED:
+    if info.indexed:
         special = _precise(func, args, kwargs, locate, logical)
         if special is not None:
             for touch, arg_index in special:
@@ -154,23 +154,6 @@ def _precise(
         index = logical(args[1])
         return _picked(_indexed(locate, args[0], lambda ids: ids[index]), "r", 0)
     return None
-
-
-_INDEXED = frozenset(
-    {
-        aten.index_put_,
-        aten._index_put_impl_,
-        aten.index,
-        aten.index_select,
-        aten.gather,
-        aten.scatter_,
-        aten.scatter_add_,
-        aten.index_copy_,
-        aten.index_fill_,
-        aten.masked_fill_,
-        aten.embedding,
-    }
-)  # the ops `_precise` knows
 
 
 def _picked(

@@ -111,7 +111,7 @@ class Memory:
 
     def __init__(self) -> None:
         self.buffers: list[Buffer] = []
-        self._pinned: dict[int, Buffer] = {}  # storage data pointer -> pinned buffer
+        self.pinned: dict[int, Buffer] = {}  # storage data pointer -> pinned buffer
         self._count = 0
 
     def new_device(self, numel: int, dtype: torch.dtype, hint: str) -> Buffer:
@@ -124,20 +124,20 @@ class Memory:
         physical copy is the memory the program's tensors on it use (`pinned_tensor`)."""
         flat = torch.full((numel,), poison(dtype), dtype=dtype)
         buffer = self._add(Buffer(HOST_PREFIX + self._name(hint), True, flat, flat.clone()))
-        self._pinned[flat.untyped_storage().data_ptr()] = buffer
+        self.pinned[flat.untyped_storage().data_ptr()] = buffer
         return buffer
 
     def pinned_of(self, tensor: torch.Tensor) -> Buffer | None:
         """The pinned buffer a plain CPU tensor is a view of, or None (pageable memory)."""
-        if not self._pinned or not tensor.is_cpu:
+        if not self.pinned or not tensor.is_cpu:
             return None
-        return self._pinned.get(tensor.untyped_storage().data_ptr())
+        return self.pinned.get(tensor.untyped_storage().data_ptr())
 
     def any_pinned(self, values: Iterable[Any]) -> bool:
         """Whether an op's argument values (one level of lists down) hold a pinned tensor."""
-        if not self._pinned:
+        if not self.pinned:
             return False
-        pinned = self._pinned
+        pinned = self.pinned
         for x in values:
             if isinstance(x, torch.Tensor):
                 if x.is_cpu and x.untyped_storage().data_ptr() in pinned:

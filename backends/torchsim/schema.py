@@ -33,6 +33,22 @@ _LIKE = frozenset(
     }
 )
 
+INDEXED = frozenset(
+    {
+        aten.index_put_,
+        aten._index_put_impl_,
+        aten.index,
+        aten.index_select,
+        aten.gather,
+        aten.scatter_,
+        aten.scatter_add_,
+        aten.index_copy_,
+        aten.index_fill_,
+        aten.masked_fill_,
+        aten.embedding,
+    }
+)  # the index ops `footprint._precise` knows
+
 
 @dataclass(frozen=True, slots=True)
 class OpInfo:
@@ -45,6 +61,7 @@ class OpInfo:
     empty: bool  # allocates memory whose contents are undefined (`empty`, `new_empty`, ...)
     like: bool  # a factory from a tensor's metadata, reading none of its values
     dynamic: bool  # its output's shape may depend on its input values
+    indexed: bool  # addresses cells by index values (`INDEXED`)
     # Per return: the index of the argument it aliases when that one is written, else None.
     aliases: tuple[int | None, ...]
     written: tuple[bool, ...]  # per schema argument, by position: whether the op writes it
@@ -81,6 +98,7 @@ def _read(func: Any) -> OpInfo:
         empty=packet in _EMPTY,
         like=packet in _LIKE,
         dynamic=torch.Tag.dynamic_output_shape in func.tags,
+        indexed=packet in INDEXED,
         aliases=_write_returns(schema),
         written=written,
         by_name={a.name: (i, w) for i, (a, w) in enumerate(zip(arguments, written, strict=True))},

@@ -52,7 +52,8 @@ def fast_compare_key(x: torch.Tensor, y: torch.Tensor) -> int:
 
 
 @contextlib.contextmanager
-def _patched(owner: Any, name: str, value: Any) -> Iterator[None]:
+def patched(owner: Any, name: str, value: Any) -> Iterator[None]:
+    """`owner.name` is `value` inside, what it was after."""
     before = getattr(owner, name)
     setattr(owner, name, value)
     try:
@@ -92,6 +93,27 @@ def upstream_config(
         max_seq_len_override=cfg.max_seq_len,
         num_page_override=cfg.num_pages,
     )
+
+
+@contextlib.contextmanager
+def building(up: Loaded, rank: int, ranks: int, engine: Any, eos: int) -> Iterator[None]:
+    """While mini-sglang's `Scheduler(config)` is built (here, and on the GPU by
+    `adapters/minisgl/cuda.py`): rank `rank` of `ranks`, `engine` as its `Engine` class, and a
+    tokenizer that knows the EOS token (there is no model to load one from)."""
+    scheduler_module = __import__("minisgl.scheduler.scheduler", fromlist=["load_tokenizer"])
+    core: Any = up["minisgl.core"]
+    # One Scheduler per run (per rank): upstream sets its context and TP info once per
+    # process. Both are read only while the Scheduler is built (the radix cache's page size,
+    # the logger's rank), so the ranks of one run can be built one after another here.
+    core._GLOBAL_CTX = None
+    info: Any = __import__("minisgl.distributed.info", fromlist=["set_tp_info"])
+    info._TP_INFO = None
+    info.set_tp_info(rank=rank, size=ranks)
+    with (
+        patched(up["minisgl.engine"], "Engine", engine),
+        patched(scheduler_module, "load_tokenizer", lambda path: _Tokenizer(eos)),
+    ):
+        yield
 
 
 class MiniSglScheduler(UpstreamScheduler):
@@ -136,31 +158,17 @@ class MiniSglScheduler(UpstreamScheduler):
             with (
                 self.cuda,
                 torch.inference_mode(),
-                _patched(kernel, "fast_compare_key", fast_compare_key),
-                _patched(radix, "time", self.clock),
+                patched(kernel, "fast_compare_key", fast_compare_key),
+                patched(radix, "time", self.clock),
             ):
                 yield
         finally:
             RANK.reset(rank)
 
-    @contextlib.contextmanager
-    def _building(self) -> Iterator[None]:
-        up = self.up
-        scheduler_module = __import__("minisgl.scheduler.scheduler", fromlist=["load_tokenizer"])
-        core: Any = up["minisgl.core"]
-        eos = self.config.eos_token_id
-        # One Scheduler per run (per rank): upstream sets its context and TP info once per
-        # process. Both are read only while the Scheduler is built (the radix cache's page size,
-        # the logger's rank), so the ranks of one run can be built one after another here.
-        core._GLOBAL_CTX = None
-        info: Any = __import__("minisgl.distributed.info", fromlist=["set_tp_info"])
-        info._TP_INFO = None
-        info.set_tp_info(rank=self.config.rank, size=self.config.num_ranks)
-        with (
-            _patched(up["minisgl.engine"], "Engine", make_engine_class(self.parts)),
-            _patched(scheduler_module, "load_tokenizer", lambda path: _Tokenizer(eos)),
-        ):
-            yield
+    def _building(self) -> contextlib.AbstractContextManager[None]:
+        cfg = self.config
+        engine = make_engine_class(self.parts)
+        return building(self.up, cfg.rank, cfg.num_ranks, engine, cfg.eos_token_id)
 
     def _make(self) -> Any:
         up = self.up

@@ -25,8 +25,14 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from overlapcheck.adapters.minisgl.adapter import fast_compare_key, upstream_config
+from overlapcheck.adapters.minisgl.adapter import (
+    building,
+    fast_compare_key,
+    patched,
+    upstream_config,
+)
 from overlapcheck.adapters.minisgl.checkout import load as load_checkout
+from overlapcheck.adapters.minisgl.engine import EngineParts, make_engine_class
 from overlapcheck.backends.torchsim.dispatch import _program_file
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.scenario import RequestSpec
@@ -250,28 +256,12 @@ class CudaRun:
     @contextlib.contextmanager
     def _patches(self, up: Any) -> Iterator[None]:
         kernel: Any = __import__("minisgl.kernel", fromlist=["fast_compare_key"])
-        scheduler_module: Any = __import__(
-            "minisgl.scheduler.scheduler", fromlist=["load_tokenizer"]
-        )
-        core: Any = up["minisgl.core"]
-        core._GLOBAL_CTX = None
-        info: Any = __import__("minisgl.distributed.info", fromlist=["set_tp_info"])
-        info._TP_INFO = None
-        info.set_tp_info(rank=0, size=1)
-        eos = self.config.eos_token_id
-        saved = [
-            (kernel, "fast_compare_key", kernel.fast_compare_key),
-            (up["minisgl.engine"], "Engine", up["minisgl.engine"].Engine),
-            (scheduler_module, "load_tokenizer", scheduler_module.load_tokenizer),
-        ]
-        kernel.fast_compare_key = fast_compare_key
-        up["minisgl.engine"].Engine = _engine_class(self.config, up, self.requests)
-        scheduler_module.load_tokenizer = lambda path: _Tokenizer(eos)
-        try:
+        engine = _engine_class(self.config, up, self.requests)
+        with (
+            building(up, 0, 1, engine, self.config.eos_token_id),
+            patched(kernel, "fast_compare_key", fast_compare_key),
+        ):
             yield
-        finally:
-            for owner, name, value in saved:
-                setattr(owner, name, value)
 
     def _make(self, up: Any) -> Any:
         cfg, run = self.config, self
@@ -322,70 +312,27 @@ class _Done(Exception):
     """Nothing more will come and the scheduler is idle."""
 
 
-class _Tokenizer:
-    def __init__(self, eos: int) -> None:
-        self.eos_token_id = eos
+class _RealCuda:
+    """The real device, as the stand-in engine's set-up asks for it (`EngineCuda`): the current
+    one, and no contract names (the simulated CUDA's)."""
 
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device("cuda", torch.cuda.current_device())
 
-class _NoGraphs:
-    max_graph_bs = 0
-
-    def can_use_cuda_graph(self, batch: Any) -> bool:
-        return False
-
-    def pad_batch(self, batch: Any) -> None:
-        batch.padded_reqs = batch.reqs
-
-    def destroy_cuda_graphs(self) -> None:
+    def name(self, tensor: torch.Tensor, name: str) -> None:
         return None
 
 
-class _Attention:
-    """Per-batch metadata through pinned memory, as the simulated stand-in does."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-
-    def prepare_metadata(self, batch: Any) -> None:
-        lens = [r.device_len for r in batch.padded_reqs]
-        host = torch.tensor(lens, dtype=torch.int32, pin_memory=True)
-        batch.attn_metadata = host.to(self.device, non_blocking=True)
-
-
 def _engine_class(cfg: SchedulerConfig, up: Any, requests: Sequence[RequestSpec]) -> Any:
-    """`Engine(config)` on the GPU, the same attributes as the simulated stand-in's."""
+    """`Engine(config)` on the GPU: the simulated stand-in's set-up (its stream, KV pool, page
+    table, attention metadata, sampler and dummy request) on the real device, and the toy model
+    as real kernels for its forward."""
+    stand_in = make_engine_class(EngineParts(cfg, _RealCuda(), None, up))
 
-    class CudaEngine:
+    class CudaEngine(stand_in):  # type: ignore[misc, valid-type]
         def __init__(self, config: Any) -> None:
-            self.device = torch.device("cuda", torch.cuda.current_device())
-            self.stream = torch.cuda.Stream()
-            torch.cuda.set_stream(self.stream)
-            self.dtype = torch.int32
-            self.ctx = up["minisgl.core"].Context(cfg.page_size)
-            up["minisgl.core"].set_global_ctx(self.ctx)
-            self.tp_cpu_group = None
-            self.num_pages = cfg.num_pages
-            self.max_seq_len = cfg.max_seq_len
-            num_tokens = cfg.num_pages * cfg.page_size
-            self.kv = torch.full(
-                (num_tokens + cfg.page_size,), -1, dtype=torch.int64, device=self.device
-            )
-            self.ctx.page_table = self.page_table = torch.zeros(
-                (config.max_running_req + 1, cfg.max_seq_len), dtype=torch.int32, device=self.device
-            )
-            self.ctx.attn_backend = self.attn_backend = _Attention(self.device)
-            self.sampler = up["minisgl.engine.sample"].Sampler(self.device, cfg.vocab_size)
-            self.dummy_req = up["minisgl.core"].Req(
-                input_ids=torch.tensor([0], dtype=torch.int32, device="cpu"),
-                table_idx=config.max_running_req,
-                cached_len=0,
-                output_len=1,
-                uid=-1,
-                sampling_params=None,
-                cache_handle=None,
-            )
-            self.page_table[self.dummy_req.table_idx].fill_(num_tokens)
-            self.graph_runner = _NoGraphs()
+            super().__init__(config)
             powers = [1]
             for _ in range(cfg.max_seq_len):
                 powers.append(powers[-1] * BASE % PRIME)
@@ -400,9 +347,8 @@ def _engine_class(cfg: SchedulerConfig, up: Any, requests: Sequence[RequestSpec]
         def forward_batch(self, batch: Any, args: Any) -> Any:
             assert torch.cuda.current_stream() == self.stream
             tokens = torch.empty(batch.size, dtype=torch.int32, device=self.device)
-            ids = batch.input_ids.to(torch.int64)
             # the new tokens' KV first, then each request's context through its row
-            self.kv[batch.out_loc.to(torch.int64)] = ids
+            self.kv[batch.out_loc.to(torch.int64)] = batch.input_ids
             offset = 0
             for i, req in enumerate(batch.reqs):
                 n = req.device_len - req.cached_len
@@ -424,8 +370,5 @@ def _engine_class(cfg: SchedulerConfig, up: Any, requests: Sequence[RequestSpec]
             copy_done = torch.cuda.Event()
             copy_done.record(self.stream)
             return up["minisgl.engine"].ForwardOutput(tokens, next_tokens_cpu, copy_done)
-
-        def shutdown(self) -> None:
-            return None
 
     return CudaEngine

@@ -16,7 +16,7 @@ of the samples to pinned host memory, and `copy_done` recorded on the engine str
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -98,10 +98,10 @@ class NoGraphs:
 
 
 class EngineParts:
-    """What a stand-in engine is built from (the adapter makes one per run)."""
+    """What a stand-in engine is built from (one per run; with no model: the GPU runner's)."""
 
     def __init__(
-        self, config: SchedulerConfig, cuda: SimulatedCuda, model: ToyModel, upstream: Any
+        self, config: SchedulerConfig, cuda: EngineCuda, model: ToyModel | None, upstream: Any
     ) -> None:
         self.config = config
         self.cuda = cuda
@@ -240,6 +240,7 @@ def _launch_model(
     it to a captured size: their page-table reads are a separate access, so that the checks
     that read a forward's rows from its page-table read see the batch's own)."""
     cuda, model = parts.cuda, parts.model
+    assert isinstance(cuda, SimulatedCuda) and model is not None  # (the GPU's is real kernels)
     reqs = given.reqs
     real = len(reqs) if real is None else real
     width = engine.page_table.shape[1]
@@ -274,7 +275,7 @@ def _launch_model(
     ]
     if real < len(reqs):  # the padding's rows
         accesses.insert(6, (table, np.concatenate(row_cells[real:]), "r"))
-    timing = parts.cuda.device.timing
+    timing = cuda.device.timing
     new_tokens = sum(e - b for b, e in zip(begins, ends, strict=True))
     cost = timing.forward(new_tokens, sum(ends))
 
@@ -406,3 +407,13 @@ def make_graph_runner(parts: EngineParts, engine: Any, sizes: list[int]) -> Any:
         vocab_size=parts.config.vocab_size,
         dummy_req=engine.dummy_req,
     )
+
+
+class EngineCuda(Protocol):
+    """What the stand-in engine's set-up asks of the CUDA it runs on: the device, and contract
+    names for its buffers. `SimulatedCuda` here; the real one on a GPU (`cuda.py`)."""
+
+    @property
+    def torch_device(self) -> torch.device: ...
+
+    def name(self, tensor: torch.Tensor, name: str) -> None: ...

@@ -113,3 +113,48 @@ def test_the_same_trace_hash_in_two_processes(snapshot: Path, tmp_path: Path) ->
         assert done.returncode == 0, done.stderr[-2000:]
         hashes.append(done.stdout.split("trace ")[-1].split()[0])
     assert hashes[0] == hashes[1]
+
+
+def _without_barrier(snapshot: Path, into: Path) -> Path:
+    """A copy of the tree whose `_apply_war_barrier` returns at once (the docs' experiment)."""
+    import shutil
+
+    tree = into / "nowar"
+    shutil.copytree(snapshot, tree)
+    path = tree / "sglang/srt/managers/scheduler.py"
+    text = path.read_text()
+    head = "    def _apply_war_barrier(self):\n"
+    assert head in text
+    path.write_text(text.replace(head, head + "        return\n", 1))
+    return tree
+
+
+@pytest.mark.slow
+def test_the_barrier_experiment_shrinks_replays_and_draws_three_lanes(
+    snapshot: Path, tmp_path: Path
+) -> None:
+    import json
+
+    tree = _without_barrier(snapshot, tmp_path)
+    out = tmp_path / "found"
+    done = overlapcheck(
+        ["explore", "--scheduler", SPEC, "--budget", "240", "--loop", "overlap",
+         "--workers", "1", "--out", str(out), "--seed", "1"],
+        tree,
+        tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    (found,) = [p for p in out.glob("no-race-*.json")]
+    hashes = []
+    for _ in range(2):  # a process each: the same trace twice
+        replayed = overlapcheck(["replay", str(found), "--json"], tree, tmp_path)
+        assert replayed.returncode == 1, replayed.stderr[-2000:]
+        hashes.append(json.loads(replayed.stdout)["trace_hash"])
+    assert hashes[0] == hashes[1]
+    drawn = tmp_path / "t.json"
+    done = overlapcheck(["timeline", str(found), "-o", str(drawn)], tree, tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    events = json.loads(drawn.read_text())
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    lanes = {e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    assert lanes >= {"schedule", "forward", "copy"}, lanes

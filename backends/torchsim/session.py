@@ -77,7 +77,6 @@ class SimulatedCuda:
         stack.enter_context(_patched(torch.Tensor, "record_stream", record_stream))
         stack.enter_context(_patched(torch.Tensor, "copy_", _copy))
         stack.enter_context(_patched(torch.Tensor, "to", indexing_to(torch.Tensor.to)))
-        stack.enter_context(_patched(torch.Tensor, "tolist", _tolist(torch.Tensor.tolist)))
         stack.enter_context(DispatchMode(self.interceptor))
         for factory in ("tensor", "as_tensor"):
             stack.enter_context(_patched(torch, factory, pinning(getattr(torch, factory))))
@@ -222,18 +221,6 @@ def _patched(owner: Any, name: str, value: Any) -> Iterator[None]:
 @contextlib.contextmanager
 def _no_range(*args: Any, **kwargs: Any) -> Iterator[None]:
     yield
-
-
-def _tolist(tolist: Callable[[torch.Tensor], Any]) -> Callable[[torch.Tensor], Any]:
-    """`Tensor.tolist()` of a simulated device tensor: a blocking copy to the host through the
-    dispatcher (torch's binding reads the data directly, which a tensor subclass has not)."""
-
-    def listed(self: torch.Tensor) -> Any:
-        if isinstance(self, SimTensor):
-            return tolist(self.to("cpu"))
-        return tolist(self)
-
-    return listed
 
 
 def _copy(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:

@@ -63,5 +63,28 @@ class SimTensor(torch.Tensor):
         out: torch.Tensor = torch.ops.aten.copy_.default(self, src, non_blocking)
         return out
 
+    # Methods whose binding reads the data or guards the device itself, before any dispatch:
+    # the same through the dispatcher (a read of a value is an implicit sync, as on CUDA).
+
+    def tolist(self) -> Any:
+        return self.to("cpu").tolist()
+
+    def __invert__(self) -> torch.Tensor:
+        return torch.ops.aten.bitwise_not.default(self)  # type: ignore[no-any-return]
+
+    def __int__(self) -> int:
+        return int(self.item())
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __index__(self) -> int:
+        return int(self.item())
+
+    def new_tensor(self, data: Any, **kwargs: Any) -> torch.Tensor:  # type: ignore[override]
+        kwargs.setdefault("dtype", self.dtype)
+        kwargs.setdefault("device", self.device)
+        return torch.tensor(data, **kwargs)
+
     def __repr__(self) -> str:  # type: ignore[override]
         return f"SimTensor({self.buffer.name}, shape={list(self.shape)}, dtype={self.dtype})"

@@ -87,6 +87,31 @@ def test_without_its_war_barrier_no_race_names_sglangs_lines(
     assert "read at eager_runner.py:" in message and "(forward, step" in message, message
 
 
+def test_a_request_sglang_refuses_is_a_reject_for_exact_length_to_judge(
+    snapshot: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SGLang refuses a prompt within 5 tokens of its pool (`validate_input_length`) that the
+    rules admit: its error reply is a RejectMsg (not a hang, not its one-token stand-in's
+    token), which `exact-length` reads as SGLang's stricter headroom."""
+    from dataclasses import replace
+
+    from overlapcheck.adapters.sglang import make_scheduler
+    from overlapcheck.backends.sim.backend import SimBackend
+    from overlapcheck.harness.runner import run_scenario
+    from overlapcheck.scenarios.named import named_scenario
+
+    monkeypatch.setenv(ENV, str(snapshot))
+    basic = named_scenario("basic")
+    request = replace(basic.requests[0], prompt=tuple(range(3, 10)), max_tokens=1)
+    scenario = replace(basic, requests=(request,)).with_config(
+        num_pages=3, page_size=4, cache="naive"
+    )
+    run = run_scenario(scenario, SimBackend(), scheduler=make_scheduler, keep_going=True)
+    found = [(v.invariant, v.message) for v in run.violations]
+    assert len(found) == 1 and found[0][0] == "exact-length", found
+    assert "rejected (SGLang: Input length (7 tokens) exceeds" in found[0][1], found
+
+
 def test_a_wrong_folder_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from overlapcheck.adapters.sglang.upstream import load_sglang
     from overlapcheck.core.errors import UserError

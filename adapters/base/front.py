@@ -45,6 +45,12 @@ class FrontEnd:
             return True
         return False
 
+    def reject(self, uid: int, reason: str) -> None:
+        """The engine refused a request it was given, before any output (its front end answers
+        the client with the error): a RejectMsg, and the request is forgotten."""
+        self._live.discard(uid)
+        self.sink(RejectMsg(uid, reason))
+
     def token(self, uid: int, token: int, finished: bool) -> None:
         """One output token of a live request (the last one with `finished`)."""
         if finished:

@@ -9,6 +9,7 @@ checks of its own books (`SchedulerInvariantChecker`) are switched on strictly (
 
 from __future__ import annotations
 
+import importlib
 import os
 from typing import Any
 
@@ -79,6 +80,10 @@ def build(
         loaded["sglang.srt.distributed.parallel_state"].cleanup_dist_env_and_memory()
     context = loaded["sglang.srt.runtime_context"]
     context.reset_context()
+    # Its process-wide pool of forward input buffers, as a new process starts (the last run's
+    # belong to that run's device).
+    buffers = importlib.import_module("sglang.srt.model_executor.input_buffers")
+    getattr(buffers, "_forward_input_buffer_pool", {}).clear()
     port_args = loaded["sglang.srt.server_args"].PortArgs.init_new(args)
     context.publish(
         args, role="scheduler", ranks=context.SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0)

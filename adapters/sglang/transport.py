@@ -11,7 +11,9 @@ An abort of a running request is lazy in SGLang (`req.to_finish = FINISH_ABORT()
 already scheduled still computes, and the abort's reply is the output whose finished reason is
 the abort, carrying that batch's ids. That reply is the acknowledgment of the abort, not more
 output: for a request the user aborted, it sends nothing. Any other output after the abort is
-still sent, for `abort-silent` to judge.
+still sent, for `abort-silent` to judge. A request SGLang aborts itself before any output (its
+limits: a prompt longer than its pool allows) is refused: a `RejectMsg` with its error, as its
+front end answers the client.
 
 Request ids are fixed-width (`req-000000000007`): SGLang aborts every request whose id *starts
 with* the aborted one (`req.rid.startswith(recv_req.rid)`), which is exact for its UUIDs, and must
@@ -47,6 +49,7 @@ class Transport:
         self.config = config
         self.front = front
         self.aborted: set[int] = set()  # uids the user aborted while live
+        self.answered: set[int] = set()  # uids that got output
 
     def inbound(self, msgs: list[UserMsg | AbortMsg]) -> list[Any]:
         io = self.loaded[IO]
@@ -99,6 +102,14 @@ class Transport:
             if reason is not None and reason.get("type") == "abort" and uid in self.aborted:
                 continue  # the abort's acknowledgment
             tokens = [int(t) for t in ids]
+            if reason is not None and reason.get("type") == "abort" and uid not in self.answered:
+                # SGLang refused it (its limits), before any output: the client gets the error
+                # (the reply's ids are those of the one-token prompt it ran instead)
+                if self.front.is_live(uid):
+                    self.front.reject(uid, f"SGLang: {reason.get('message') or 'aborted'}")
+                continue
+            if tokens:
+                self.answered.add(uid)
             for i, token in enumerate(tokens):
                 self.front.token(uid, token, reason is not None and i == len(tokens) - 1)
 

@@ -19,7 +19,7 @@ What the harness gives it:
 * `device`: the only way to the accelerator (see `core/device.py`); every call is traced.
 * `source`: incoming `UserMsg` / `AbortMsg`. `poll(device.now())` returns what has arrived;
   `next_arrival()` says when the next one will (None: nothing more will come). An idle scheduler
-  with nothing in flight calls `device.sleep_until(next_arrival())` rather than spinning.
+  with nothing in flight sleeps until then rather than spinning (`wait_for_arrival`).
 * `sink`: every output message (`TokenMsg`, `RejectMsg`) goes here, in the order the scheduler
   means it. The harness records and checks messages here, so nothing may bypass it.
 
@@ -81,6 +81,16 @@ class MessageSource(Protocol):
 
 
 MessageSink = Callable[[OutMsg], None]
+
+
+def wait_for_arrival(device: Device, source: MessageSource) -> bool:
+    """An idle scheduler's wait (nothing held, nothing in flight): the host sleeps until the next
+    message arrives. False when nothing more will ever come: the run is over."""
+    arrival = source.next_arrival()
+    if arrival is None:
+        return False
+    device.sleep_until(max(arrival, device.now()))
+    return True
 
 
 @runtime_checkable

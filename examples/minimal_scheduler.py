@@ -15,7 +15,12 @@ from overlapcheck.core.batch import BatchInput, RowWrite, SeqWork
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.device import Device, Event, ForwardOutput
 from overlapcheck.core.messages import RejectMsg, TokenMsg, UserMsg
-from overlapcheck.core.protocol import MessageSink, MessageSource, SchedulerFactory
+from overlapcheck.core.protocol import (
+    MessageSink,
+    MessageSource,
+    SchedulerFactory,
+    wait_for_arrival,
+)
 from overlapcheck.core.rules import max_output, rejection
 from overlapcheck.core.trace import PAGE_TABLE, TOKEN_POOL
 
@@ -56,11 +61,9 @@ class MinimalScheduler:
 
     def step(self) -> bool:
         dev = self.device
-        if not (self.waiting or self.running or self.inflight):
-            arrival = self.source.next_arrival()
-            if arrival is None:
-                return False  # idle, and nothing more will come
-            dev.sleep_until(max(arrival, dev.now()))
+        idle = not (self.waiting or self.running or self.inflight)
+        if idle and not wait_for_arrival(dev, self.source):
+            return False  # idle, and nothing more will come
         for msg in self.source.poll(dev.now()):
             if isinstance(msg, UserMsg):
                 self._add(msg)

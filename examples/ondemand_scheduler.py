@@ -45,7 +45,7 @@ from overlapcheck.core.batch import BatchInput, Phase, RowWrite, SeqWork
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.device import Device, Event, ForwardOutput, Stream
 from overlapcheck.core.messages import RejectMsg, TokenMsg, UserMsg
-from overlapcheck.core.protocol import Books, Holding, MessageSink, MessageSource
+from overlapcheck.core.protocol import Books, Holding, MessageSink, MessageSource, wait_for_arrival
 from overlapcheck.core.rules import max_output, rejection
 from overlapcheck.core.trace import PAGE_TABLE, TOKEN_POOL
 
@@ -138,11 +138,9 @@ class OnDemandScheduler:
 
     def step(self) -> bool:
         dev = self.device
-        if not (self.waiting or self.running or self.inflight):
-            arrival = self.source.next_arrival()
-            if arrival is None:
-                return False
-            dev.sleep_until(max(arrival, dev.now()))
+        idle = not (self.waiting or self.running or self.inflight)
+        if idle and not wait_for_arrival(dev, self.source):
+            return False
         for msg in self.source.poll(dev.now()):
             if isinstance(msg, UserMsg):
                 self._add(msg)

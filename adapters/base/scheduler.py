@@ -17,7 +17,7 @@ from overlapcheck.adapters.base.front import FrontEnd
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.device import Device
 from overlapcheck.core.messages import AbortMsg, UserMsg
-from overlapcheck.core.protocol import Books, MessageSink, MessageSource
+from overlapcheck.core.protocol import Books, MessageSink, MessageSource, wait_for_arrival
 
 
 class UpstreamScheduler(ABC):
@@ -68,11 +68,7 @@ class UpstreamScheduler(ABC):
         arrival. False when nothing more will ever come."""
         if on_idle is not None:
             on_idle()
-        later = self.source.next_arrival()
-        if later is None:
-            return False
-        self.device.sleep_until(max(later, self.device.now()))
-        return True
+        return wait_for_arrival(self.device, self.source)
 
     def code_roots(self) -> tuple[Path, ...]:
         """The engine's package folder: the code a counterexample fingerprints, so that a replay

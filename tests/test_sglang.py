@@ -182,4 +182,4 @@ def test_the_barrier_experiment_shrinks_replays_and_draws_three_lanes(
     events = json.loads(drawn.read_text())
     events = events["traceEvents"] if isinstance(events, dict) else events
     lanes = {e["args"]["name"] for e in events if e.get("name") == "thread_name"}
-    assert lanes >= {"schedule", "forward", "copy"}, lanes
+    assert lanes >= {"schedule stream", "forward stream", "copy stream"}, lanes

@@ -1,4 +1,5 @@
-"""SGLang's own `Scheduler` as a scheduler under test, on `device="cpu"`.
+"""SGLang's own `Scheduler` as a scheduler under test, on the simulated CUDA (default) or on
+`device="cpu"`.
 
 `Scheduler.run_event_loop` runs as it ships, in a greenlet: it publishes its stream context and
 dispatches to `event_loop_overlap` (or `event_loop_normal` with `--loop normal`), which never
@@ -9,10 +10,12 @@ of SGLang's is edited; a subclass marks its host phases (schedule, launch, proce
 timeline, each calling SGLang's method unchanged.
 
 The model worker, its memory pools and radix tree, the sampler and the FutureMap are SGLang's
-own; the model is the toy model (`toy.py`). On `device="cpu"` SGLang's streams are no-ops and
-its forward runs at once, so this mode judges the request lifecycle (every invariant on the
-messages, the oracle on the tokens, SGLang's own `SchedulerInvariantChecker` each iteration), not
-the streams.
+own; the model is the toy model (`toy.py`). On the simulated CUDA (`simcuda.py`) its schedule,
+forward and copy streams are agents of the trace and the forward is one kernel on the forward
+stream (`kernel.py`): the streams are judged too. On `device="cpu"` its streams are no-ops and its
+forward runs at once, so that mode judges the request lifecycle (every invariant on the messages,
+the oracle on the tokens, SGLang's own `SchedulerInvariantChecker` each iteration), not the
+streams.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import greenlet
@@ -195,6 +198,10 @@ class SglangScheduler(UpstreamScheduler):
         parent = self.loop.parent
         assert parent is not None
         parent.switch(more)
+
+    def vocabulary(self) -> Mapping[str, str]:
+        """SGLang's words (`HasVocabulary`): a slot is a row of its `ReqToTokenPool`."""
+        return {"slot": "req_pool_idx"}
 
     def books(self) -> Books:
         if self.cuda is None:

@@ -23,21 +23,27 @@ from overlapcheck.core.protocol import Books, Holding
 
 
 def _values(tensor: Any) -> np.ndarray:
+    return _view(tensor).astype(np.int64, copy=False)
+
+
+def _view(tensor: Any) -> np.ndarray:
+    """The values without a copy where they can be read in place (a row of the page table is
+    converted, not the whole table, at every step)."""
     if isinstance(tensor, SimTensor):
-        out: np.ndarray = tensor.logic.numpy().astype(np.int64)
+        out: np.ndarray = tensor.logic.numpy()
         return out
-    return np.asarray(tensor, dtype=np.int64)
+    return np.asarray(tensor)
 
 
 def read_books(sched: Any, data: Any, config: SchedulerConfig, up: Loaded) -> Books:
     chunked_cls = up["minisgl.scheduler.prefill"].ChunkedReq
-    table = _values(sched.engine.page_table)
+    table = _view(sched.engine.page_table)
     page_size = config.page_size
     free_slots = tuple(int(s) for s in sched.table_manager._free_slots)
 
     def pages(req: Any) -> tuple[int, ...]:
-        row = table[int(req.table_idx), : int(req.cached_len)]
-        return tuple(int(p) for p in np.unique(row // page_size))
+        row = table[int(req.table_idx), : int(req.cached_len)].astype(np.int64)
+        return tuple(np.unique(row // page_size).tolist())
 
     live: list[Holding] = []
     seen: set[int] = set()
@@ -65,14 +71,14 @@ def read_books(sched: Any, data: Any, config: SchedulerConfig, up: Loaded) -> Bo
             seen.add(uid)
             live.append(Holding(uid, int(req.table_idx), pages(req)))
     cache = sched.cache_manager
-    free_pages = tuple(int(p) for p in _values(cache.free_slots) // page_size)
+    free_pages = tuple((_values(cache.free_slots) // page_size).tolist())
     cached: list[int] = []
     locked: list[int] = []
     root = getattr(cache.prefix_cache, "root_node", None)
     stack = [] if root is None else list(root.children.values())
     while stack:
         node = stack.pop()
-        node_pages = [int(p) for p in np.unique(_values(node.value) // page_size)]
+        node_pages: list[int] = np.unique(_values(node.value) // page_size).tolist()
         cached.extend(node_pages)
         if node.ref_count > 0:
             locked.extend(node_pages)

@@ -30,6 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from overlapcheck.backends.sim.device import SimDevice, Unit
 from overlapcheck.backends.torchsim.allocators import DeviceAllocator, HostAllocator
 from overlapcheck.backends.torchsim.footprint import Touch, arguments, touches
+from overlapcheck.backends.torchsim.guards import plain as plain  # (re-exported: its home was here)
 from overlapcheck.backends.torchsim.memory import (
     Buffer,
     Geometry,
@@ -43,10 +44,13 @@ from overlapcheck.backends.torchsim.memory import (
 from overlapcheck.backends.torchsim.schema import OpInfo, op_info
 from overlapcheck.backends.torchsim.streams import SimStream, StreamRuntime
 from overlapcheck.backends.torchsim.tensor import SimTensor, SimulatedCudaError
-from overlapcheck.core.sites import Site, caller, site_of
+from overlapcheck.core.sites import Site, site_of
 from overlapcheck.core.trace import HOST, Access, Allocation, Op
 
 aten = torch.ops.aten
+# `Tensor.copy_` itself, for the simulation's own copies between host tensors: the block patches
+# `torch.Tensor.copy_` with a Python stand-in (`session._copy`) that these need not go through.
+_copy_into = torch._C.TensorBase.copy_
 # A small kernel (elementwise, index, concatenation): about what one takes on a GPU, launch to end.
 KERNEL = 4e-6
 # Frames of torch and of this package are not the program's.
@@ -54,33 +58,6 @@ _SKIP = tuple(
     {str(Path(p).parent) for p in (__file__, torch.__file__)}
     | {str(Path(p).resolve().parent) for p in (__file__, torch.__file__)}
 )
-
-
-class plain:
-    """Torch calls of the simulation itself: no mode of ours sees them, and in inference mode
-    (a program stepped under `torch.inference_mode()` makes inference tensors of its buffers,
-    which the streams update whenever simulated time runs, inside a step or not).
-
-    Inside an aten call the dispatch mode is already off (torch pops it while its handler
-    runs): then only torch functions and autograd are turned off, with their C guards."""
-
-    __slots__ = ("_function", "_inference", "_modes")
-
-    def __enter__(self) -> None:
-        # Outside an aten call (simulated time run by the host's own work), the modes on the
-        # stack come off for the block; pre-dispatch modes (export's) are never active in a run.
-        depth = torch._C._len_torch_dispatch_stack()
-        self._modes = [torch._C._pop_torch_dispatch_stack(None) for _ in range(depth)]
-        self._function = torch._C.DisableTorchFunction()
-        self._function.__enter__()
-        self._inference = torch._C._InferenceMode(True)
-        self._inference.__enter__()
-
-    def __exit__(self, *exc: object) -> None:
-        self._inference.__exit__(None, None, None)
-        self._function.__exit__(None, None, None)
-        for mode in reversed(self._modes):
-            torch._C._push_on_torch_dispatch_stack(mode)
 
 
 _STAND_INS: set[str] = set()  # files of stand-ins for kernels: their callers are the sites
@@ -301,7 +278,9 @@ class Interceptor:
             return self._view(func, args, kwargs)
         return self._kernel(func, args, kwargs)
 
-    def _allocated(self, buffer: Buffer, like: torch.Tensor, site: str, what: str) -> None:
+    def _allocated(
+        self, buffer: Buffer, like: torch.Tensor, here: str, what: str, site: Site | None
+    ) -> None:
         """A new tensor got `like`'s cells of `buffer` (fresh or reused): never written since."""
         trace = self.device.trace
         trace.allocations.append(
@@ -310,9 +289,9 @@ class Interceptor:
                 self.device.recorder.step,
                 buffer.name,
                 view_cells(buffer, like),
-                site,
+                here,
                 what,
-                caller(),
+                site,
             )
         )
 
@@ -333,7 +312,7 @@ class Interceptor:
         if info.empty and isinstance(out, torch.Tensor):
             out.fill_(poison(out.dtype))
         if pin and isinstance(out, torch.Tensor):
-            out = self.host_memory.allocate(out, where()[1])
+            out = self._pinned(out, where()[1])
         if found:
             here, _, site = origin()
             self._host_op(f"{info.name} @{here}", found, site)
@@ -422,6 +401,16 @@ class Interceptor:
             end=now,
         )
 
+    def _pinned(self, made: torch.Tensor, hint: str) -> torch.Tensor:
+        """`made` copied into pinned memory (`HostAllocator.allocate`), its buffer's size declared
+        in the trace as a device buffer's is (the race checker's shadow region for it is then
+        made once, not grown to the largest cell seen at every access)."""
+        tensor = self.host_memory.allocate(made, hint)
+        buffer = self.memory.pinned_of(tensor)
+        if buffer is not None:
+            self.device.trace.sizes.setdefault(buffer.name, buffer.numel)
+        return tensor
+
     def _is_pinned(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         t = args[0]
         return not isinstance(t, SimTensor) and self.memory.pinned_of(t) is not None
@@ -434,7 +423,7 @@ class Interceptor:
             )
         found = touches(aten.clone.default, (t,), {}, self.locate, self.logical)
         here, hint, site = origin()
-        copy = self.host_memory.allocate(t.clone(), hint)
+        copy = self._pinned(t.clone(), hint)
         if found:
             self._host_op(f"pin_memory @{here}", found, site)
         return copy
@@ -452,12 +441,13 @@ class Interceptor:
         """A host value computed from device values: the current stream copies them out, the host
         waits for it, then computes from what the copy read."""
         found = touches(func, args, kwargs, self.locate, self.logical)
-        here = where()[0]
+        here, _, site = origin()
         runtime = self.runtime
         stream = runtime.current
-        op = runtime.op(
+        op = runtime.op_at(
             stream.name,
             "d2h",
+            site,
             label=f"{what} @{here}",
             accesses=[Access(t.buffer.name, t.cells, t.mode) for t in found],  # type: ignore[arg-type]
         )
@@ -532,7 +522,7 @@ class Interceptor:
             return self._read_to_host(func, args, kwargs, info.name)
         aliases = info.aliases
         fresh: list[tuple[Buffer, torch.Tensor]] = []  # (buffer, geometry) of each new output
-        here, name_hint = where()
+        here, name_hint, site = origin()
 
         def result(value: Any, alias: int | None) -> Any:
             if alias is not None:
@@ -542,9 +532,9 @@ class Interceptor:
             if out_device == "cuda":
                 buffer = self.device_memory.allocate(value, name_hint)
                 self.device.trace.sizes[buffer.name] = buffer.numel
-                same_geometry(buffer.logical, value).copy_(value)
+                _copy_into(same_geometry(buffer.logical, value), value)
                 fresh.append((buffer, value))
-                self._allocated(buffer, value, here, info.name)
+                self._allocated(buffer, value, here, info.name, site)
                 return self.wrap(buffer, value)
             raise SimulatedCudaError(f"{func}: an output on {out_device}")
 
@@ -558,9 +548,10 @@ class Interceptor:
         if info.empty:
             return made  # no kernel: the memory is allocated, its contents undefined
         written = _written(found)
-        op = runtime.op(
+        op = runtime.op_at(
             runtime.current.name,
             kind,
+            site,
             label=f"{info.name} @{here}",
             accesses=[Access(t.buffer.name, t.cells, t.mode) for t in found],  # type: ignore[arg-type]
         )
@@ -609,7 +600,7 @@ class Interceptor:
                     for (buffer, geometry), value in zip(fresh, fresh_outs, strict=False):
                         target = same_geometry(buffer.physical, geometry)
                         if target.shape == value.shape:
-                            target.copy_(value)
+                            _copy_into(target, value)
 
             return end
 
@@ -624,11 +615,18 @@ class Interceptor:
         env = runtime.env
 
         def body() -> Generator[simpy.Event, Any, None]:
-            launch.op.start = yield from runtime.acquire(launch.unit, launch.duration)
+            # `runtime.acquire`, inline: one generator less for every op
+            unit, duration = launch.unit, launch.duration
+            now = env.now
+            start = max(float(now), unit.free_at)
+            unit.free_at = start + duration
+            if start > now:
+                yield env.timeout(start - now)
+            launch.op.start = start
             end = launch.start()
-            yield env.timeout(launch.duration)
+            yield env.timeout(duration)
             end()
-            launch.op.end = runtime.now()
+            launch.op.end = float(env.now)
 
         stream.enqueue(body)
 
@@ -672,36 +670,36 @@ class Interceptor:
             return self._host(aten._to_copy.default, (x,), {"dtype": dtype})
         if cuda_src and cuda_dst:
             return self._kernel(aten._to_copy.default, (x,), {"dtype": dtype}, kind="kernel")
-        here, hint = where()
+        here, hint, site = origin()
         if cuda_dst:  # host to device into a fresh buffer
             logical = self.logical(x).to(dtype)
             buffer = self.device_memory.allocate(logical, hint)
             self.device.trace.sizes[buffer.name] = buffer.numel
-            same_geometry(buffer.logical, logical).copy_(logical)
+            _copy_into(same_geometry(buffer.logical, logical), logical)
             out = self.wrap(buffer, logical)
-            self._allocated(buffer, logical, here, "to")
-            self._h2d(out, x, non_blocking, here, logical_done=True)
+            self._allocated(buffer, logical, here, "to", site)
+            self._h2d(out, x, non_blocking, here, site, logical_done=True)
             return out
         # device to host: pinned when non-blocking (as PyTorch's `_to_copy` does)
         assert isinstance(x, SimTensor)
         with plain():
             host = torch.full(x.shape, poison(dtype), dtype=dtype)
         if non_blocking:
-            host = self.host_memory.allocate(host, hint)
-        self._d2h(host, x, non_blocking, here)
+            host = self._pinned(host, hint)
+        self._d2h(host, x, non_blocking, here, site)
         return host
 
     def _copy_op(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         dst, src = args[0], args[1]
         non_blocking = bool(args[2]) if len(args) > 2 else bool(kwargs.get("non_blocking", False))
-        here = where()[0]
         if isinstance(dst, SimTensor) and isinstance(src, SimTensor):
             return self._kernel(func, args, kwargs, kind="kernel")
+        here, _, site = origin()
         if isinstance(dst, SimTensor):
-            self._h2d(dst, src, non_blocking, here)
+            self._h2d(dst, src, non_blocking, here, site)
             return dst
         if isinstance(src, SimTensor):
-            self._d2h(dst, src, non_blocking, here)
+            self._d2h(dst, src, non_blocking, here, site)
             return dst
         return self._host(func, args, kwargs)
 
@@ -711,6 +709,7 @@ class Interceptor:
         src: torch.Tensor,
         non_blocking: bool,
         here: str,
+        site: Site | None,
         logical_done: bool = False,
     ) -> None:
         """A copy from host memory into `dst` (`logical_done`: the logical copy already holds
@@ -723,7 +722,7 @@ class Interceptor:
         source: _Ref | torch.Tensor
         with plain():
             if not logical_done:
-                same_geometry(dst.buffer.logical, dst.logic).copy_(self.logical(src))
+                _copy_into(same_geometry(dst.buffer.logical, dst.logic), self.logical(src))
             if asynchronous and src_buffer is not None:
                 source = _Ref(src_buffer, geometry(src))
             else:
@@ -731,9 +730,10 @@ class Interceptor:
         found = [Touch(dst.buffer, view_cells(dst.buffer, dst.logic), "w")]
         if isinstance(source, _Ref):
             found.insert(0, Touch(source.buffer, view_cells(source.buffer, src), "r"))
-        op = runtime.op(
+        op = runtime.op_at(
             runtime.current.name,
             "h2d",
+            site,
             label=f"h2d @{here}",
             accesses=[Access(t.buffer.name, t.cells, t.mode) for t in found],  # type: ignore[arg-type]
         )
@@ -749,7 +749,7 @@ class Interceptor:
 
             def end() -> None:
                 with plain():
-                    target.copy_(value)
+                    _copy_into(target, value)
 
             return end
 
@@ -759,7 +759,9 @@ class Interceptor:
         if not non_blocking:
             runtime.sync_current("blocking h2d")
 
-    def _d2h(self, dst: torch.Tensor, src: SimTensor, non_blocking: bool, here: str) -> None:
+    def _d2h(
+        self, dst: torch.Tensor, src: SimTensor, non_blocking: bool, here: str, site: Site | None
+    ) -> None:
         runtime = self.runtime
         dst_buffer = self.memory.pinned_of(dst)
         asynchronous = non_blocking and dst_buffer is not None
@@ -767,10 +769,11 @@ class Interceptor:
         if dst_buffer is not None:
             found.append(Touch(dst_buffer, view_cells(dst_buffer, dst), "w"))
             with plain():
-                same_geometry(dst_buffer.logical, dst).copy_(src.logic)
-        op = runtime.op(
+                _copy_into(same_geometry(dst_buffer.logical, dst), src.logic)
+        op = runtime.op_at(
             runtime.current.name,
             "d2h",
+            site,
             label=f"d2h @{here}",
             accesses=[Access(t.buffer.name, t.cells, t.mode) for t in found],  # type: ignore[arg-type]
         )
@@ -787,9 +790,9 @@ class Interceptor:
             def end() -> None:
                 with plain():
                     if target is not None:
-                        at(target.buffer.physical, target.where).copy_(value)
+                        _copy_into(at(target.buffer.physical, target.where), value)
                     elif pageable is not None:
-                        pageable.copy_(value)
+                        _copy_into(pageable, value)
 
             return end
 

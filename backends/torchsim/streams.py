@@ -19,6 +19,7 @@ from typing import Any
 import simpy
 
 from overlapcheck.backends.sim.device import DeadlockError, SimDevice, Unit
+from overlapcheck.core.sites import Site
 from overlapcheck.core.trace import Op
 
 Body = Callable[[], Generator[simpy.Event, Any, None]]
@@ -164,6 +165,10 @@ class StreamRuntime:
 
     def op(self, agent: str, kind: str, **fields: Any) -> Op:
         return self.device.recorder.op(agent, kind, self.now(), **fields)
+
+    def op_at(self, agent: str, kind: str, site: Site | None, **fields: Any) -> Op:
+        """`op` with the site of the call already found (`dispatch.origin`)."""
+        return self.device.recorder.op_at(agent, kind, float(self.env.now), site, **fields)
 
     def acquire(self, unit: Unit, duration: float) -> Generator[simpy.Event, Any, float]:
         """Wait for `unit` (FIFO) and book it for `duration`; returns the start time."""

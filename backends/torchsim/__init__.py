@@ -14,5 +14,6 @@ Its parts each do one thing (as PyTorch's CUDA sanitizer is split into three):
   writes from its schema (`alias_info.is_write`), records them on the stream current at the call,
   and runs the op on that stream in simulated time.
 
-`session.py` puts them together for the duration of a block (`SimulatedCuda`).
+`session.py` puts them together for the duration of a block (`SimulatedCuda`); `peek.py` reads a
+run's device values in program order between steps (books), untraced.
 """

@@ -33,13 +33,33 @@ class CheckerBug(CheckerError):
         return "".join(traceback.format_exception(self.error))
 
 
+class RemoteCrash(Exception):
+    """The scheduler's exception in another process (a rank of its own,
+    `harness/rank_processes.py`): its type's name, message and frames as that process saw them;
+    the whole traceback rides along as a note (what a bug of ours prints)."""
+
+    def __init__(
+        self, type_name: str, text: str, frames: traceback.StackSummary, formatted: str
+    ) -> None:
+        super().__init__(f"{type_name}: {text}" if text else type_name)
+        self.type_name = type_name
+        self.text = text
+        self.frames = frames
+        self.add_note(f"in the rank's process:\n{formatted.rstrip()}")
+
+
 def _frames(tb: TracebackType | None) -> list[traceback.FrameSummary]:
     return list(traceback.extract_tb(tb))
 
 
 def crash_violation(error: BaseException, step: int, now: float) -> Violation | None:
-    """A `no-crash` violation if the scheduler raised `error`; None if overlapcheck did."""
-    frames = _frames(error.__traceback__)
+    """A `no-crash` violation if the scheduler raised `error`; None if overlapcheck did. A rank's
+    exception (a run of several) names the rank."""
+    remote = error if isinstance(error, RemoteCrash) else None
+    frames = list(remote.frames) if remote is not None else _frames(error.__traceback__)
+    name = remote.type_name if remote is not None else type(error).__name__
+    text = remote.text if remote is not None else str(error).splitlines()[0] if str(error) else ""
+    rank = [note for note in getattr(error, "__notes__", ()) if note.startswith("(on rank ")]
     for frame in reversed(frames):
         whose = owner(Path(frame.filename).resolve())
         if whose == "library":
@@ -47,15 +67,14 @@ def crash_violation(error: BaseException, step: int, now: float) -> Violation | 
         if whose == "checker":
             return None
         at = Location.at("raised", frame.filename, frame.lineno or 0, frame.name, "host", step)
-        text = str(error).splitlines()[0] if str(error) else ""
         return Violation(
             "no-crash",
             step,
             now,
             (),
-            f"the scheduler raised {type(error).__name__}: {text} ({at.text()})",
+            f"the scheduler raised {name}: {text} ({at.text()}){''.join(' ' + r for r in rank)}",
             {
-                "type": type(error).__name__,
+                "type": name,
                 "exception": text,
                 "file": at.file,
                 "line": frame.lineno,

@@ -19,9 +19,9 @@ rank of one process: see docs/ranks.md.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from overlapcheck.backends.base import Backend
 from overlapcheck.core.capability import provides
@@ -58,16 +58,26 @@ class Broadcast:
 class Follower:
     """Another rank's message source: its k-th receive of an iteration hands over what rank 0's
     k-th receive of that iteration got (with whatever earlier receives of rank 0 it did not
-    match: it diverged); when it waits, it waits for the time of that receive of rank 0's."""
+    match: it diverged); when it waits, it waits for the time of that receive of rank 0's.
 
-    def __init__(self, leader: Broadcast, trace: Trace, step: Callable[[], int]) -> None:
-        self.leader = leader
+    `receives` is rank 0's (`Broadcast.receives`, or a copy kept up to date by a rank in a
+    process of its own); `upcoming` is when the workload's next message arrives."""
+
+    def __init__(
+        self,
+        receives: list[tuple[int, float, list[InMsg]]],
+        upcoming: Callable[[], float | None],
+        trace: Trace,
+        step: Callable[[], int],
+    ) -> None:
+        self.receives = receives
+        self.upcoming = upcoming
         self.trace = trace
         self.step = step
         self.next = 0  # rank 0's receives handed over so far
 
     def poll(self, now: float) -> list[InMsg]:
-        step, receives = self.step(), self.leader.receives
+        step, receives = self.step(), self.receives
         out: list[InMsg] = []
         while self.next < len(receives) and receives[self.next][0] < step:
             out += receives[self.next][2]
@@ -81,33 +91,77 @@ class Follower:
         return out
 
     def next_arrival(self) -> float | None:
-        receives = self.leader.receives
+        receives = self.receives
         if self.next < len(receives) and receives[self.next][0] <= self.step():
             return receives[self.next][1]
-        return self.leader.next_arrival()
+        return self.upcoming()
+
+
+class OtherRank(Protocol):
+    """A rank besides rank 0, as the lockstep steps it: in this process (`Rank`) or in one of
+    its own (`harness/rank_processes.py`)."""
+
+    number: int
+    log: RankLog
+    ended: bool
+
+    def run(self, step: int) -> None:
+        """Its iteration `step`: begun in its log already; ends it there (whether it went on,
+        its decisions) and sets `ended` when it has nothing more to do."""
+
+    def close(self) -> Trace:
+        """The run is over: let go of its scheduler and device; its trace (its messages and
+        receives at least)."""
+        ...
 
 
 class Rank:
-    """One rank besides rank 0: its scheduler, device and log."""
+    """One rank besides rank 0 in this process: its scheduler, device and log."""
 
-    def __init__(self, number: int, device: Any, log: RankLog) -> None:
+    def __init__(self, number: int, count: int, device: Any, log: RankLog) -> None:
         self.number = number
+        self.count = count
         self.device = device
         self.log = log
         self.scheduler: SchedulerUnderTest | None = None
+        self.decided: Callable[[], Mapping[str, object] | None] = lambda: None
         self.ended = False
 
     def sink(self, msg: OutMsg) -> None:
         """Its replies are recorded in its own trace; rank 0's are the ones judged."""
-        now, step = self.device.now(), self.log_step()
-        if isinstance(msg, TokenMsg):
-            record = Message(now, step, msg.uid, "token", msg.token, msg.finished)
-        else:
-            record = Message(now, step, msg.uid, "reject", reason=msg.reason)
-        self.device.trace.messages.append(record)
+        record_reply(self.device.trace, msg, self.device.now(), len(self.log.more))
 
-    def log_step(self) -> int:
-        return len(self.log.more)
+    def run(self, step: int) -> None:
+        self.device.set_step(step)
+        pad = _padding(self.number)
+        assert self.scheduler is not None
+        try:
+            went_on = self.scheduler.step()
+        except Exception as err:
+            err.add_note(rank_note(self.number, self.count))
+            raise
+        del pad
+        self.ended = not went_on
+        self.log.end(went_on, self.decided())
+
+    def close(self) -> Trace:
+        self.scheduler = None
+        self.device.close()
+        return cast(Trace, self.device.trace)
+
+
+def rank_note(number: int, count: int) -> str:
+    """What a rank's exception carries, and what `no-crash` then names (`harness/crash.py`)."""
+    return f"(on rank {number} of {count})"
+
+
+def record_reply(trace: Trace, msg: OutMsg, now: float, step: int) -> None:
+    """A reply of a rank besides rank 0, kept in its own trace."""
+    if isinstance(msg, TokenMsg):
+        record = Message(now, step, msg.uid, "token", msg.token, msg.finished)
+    else:
+        record = Message(now, step, msg.uid, "reject", reason=msg.reason)
+    trace.messages.append(record)
 
 
 def decisions_of(scheduler: object) -> Callable[[], Mapping[str, object] | None]:
@@ -126,7 +180,7 @@ class Lockstep:
         self,
         lead: SchedulerUnderTest,
         lead_log: RankLog,
-        others: list[Rank],
+        others: Sequence[OtherRank],
         step: Callable[[], int],
     ) -> None:
         self.lead = lead
@@ -134,7 +188,6 @@ class Lockstep:
         self.lead_decisions = decisions_of(lead)
         self.others = others
         self.step_no = step
-        self.decisions = [decisions_of(r.scheduler) for r in others]
 
     def step(self) -> bool:
         log = self.lead_log
@@ -142,22 +195,12 @@ class Lockstep:
         more = self.lead.step()
         log.end(more, self.lead_decisions())
         step = self.step_no()
-        for rank, decided in zip(self.others, self.decisions, strict=True):
+        for rank in self.others:
             rank.log.begin()
             if rank.ended:
                 rank.log.end(False, None)
                 continue
-            rank.device.set_step(step)
-            pad = _padding(rank.number)
-            assert rank.scheduler is not None
-            try:
-                went_on = rank.scheduler.step()
-            except Exception as err:
-                err.add_note(f"(on rank {rank.number} of {len(self.others) + 1})")
-                raise
-            del pad
-            rank.ended = not went_on
-            rank.log.end(went_on, decided())
+            rank.run(step)
         return more
 
 
@@ -181,16 +224,17 @@ def build_others(
     leader: Broadcast,
     step: Callable[[], int],
 ) -> list[Rank]:
-    """Ranks 1..count-1, each built as rank 0 was, on a device of its own."""
+    """Ranks 1..count-1 in this process, each built as rank 0 was, on a device of its own."""
     ranks = []
     for number in range(1, count):
         config = replace(scenario.config, rank=number)
         device = backend.make_device(replace(scenario, config=config))
         device.trace.launches = []
-        rank = Rank(number, device, RankLog(number, device.trace.launches))
-        source = Follower(leader, device.trace, step)
+        rank = Rank(number, count, device, RankLog(number, device.trace.launches))
+        source = Follower(leader.receives, leader.next_arrival, device.trace, step)
         pad = _padding(number)
         rank.scheduler = under_test.build(config, device, source, rank.sink, scenario)
         del pad
+        rank.decided = decisions_of(rank.scheduler)
         ranks.append(rank)
     return ranks

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, cast
 
 from overlapcheck.backends.base import Backend, KeepsKvShadow
+from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.core.capability import provides
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.errors import UserError
@@ -29,7 +30,8 @@ from overlapcheck.core.rules import max_output, rejection
 from overlapcheck.core.scenario import RequestSpec, Scenario, user_msg
 from overlapcheck.core.speculative import Drafter, TakesDrafter
 from overlapcheck.core.trace import Trace
-from overlapcheck.harness.ranks import Broadcast, Lockstep, Rank, build_others
+from overlapcheck.harness.rank_processes import in_this_process, start_others
+from overlapcheck.harness.ranks import Broadcast, Lockstep, OtherRank, build_others
 from overlapcheck.harness.scheduler_spec import SchedulerSpec
 from overlapcheck.harness.stepping import Checks, Harness, Workload, check_after, drive
 from overlapcheck.harness.watchdog import Watchdog
@@ -186,10 +188,7 @@ def run_scenario(
     extra: dict[str, Any] = {}
     if cfg.num_ranks > 1:
         extra["ranks"] = ctx.ranks  # each rank's launches and decisions, rank 0's first
-        extra["rank_traces"] = [device.trace] + [r.device.trace for r in others]
-        for rank in others:
-            rank.scheduler = None
-            rank.device.close()
+        extra["rank_traces"] = [device.trace] + [rank.close() for rank in others]
     return RunResult(
         scenario=scenario,
         backend=backend.name,
@@ -216,8 +215,9 @@ def _ranks(
     scenario: Scenario,
     ctx: RunContext,
     broadcast: Broadcast,
-) -> tuple[Lockstep, list[Rank]]:
-    """The other ranks of a run of several, and what steps them all (harness/ranks.py)."""
+) -> tuple[Lockstep, Sequence[OtherRank]]:
+    """The other ranks of a run of several, each in a process of its own where it can be
+    (harness/rank_processes.py), and what steps them all (harness/ranks.py)."""
     if backend.name != "sim":
         raise UserError(
             f"--ranks {scenario.config.num_ranks} runs on the simulator only (--backend sim)"
@@ -225,7 +225,13 @@ def _ranks(
     assert ctx.device.trace.launches is not None
     step = lambda: ctx.step  # noqa: E731
     count = scenario.config.num_ranks
-    others = build_others(count, under_test, backend, scenario, broadcast, step)
+    others: Sequence[OtherRank]
+    why = in_this_process(under_test, backend)
+    if why is None:
+        others = start_others(count, under_test, cast(SimBackend, backend), scenario, broadcast)
+    else:
+        ctx.notices += [why] if why else []
+        others = build_others(count, under_test, backend, scenario, broadcast, step)
     lead_log = RankLog(0, ctx.device.trace.launches)
     ctx.ranks = [lead_log] + [r.log for r in others]
     return Lockstep(sched, lead_log, others, step), others

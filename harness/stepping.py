@@ -16,7 +16,7 @@ from overlapcheck.core.protocol import MessageSource, SchedulerUnderTest
 from overlapcheck.core.sites import Location, raised_at
 from overlapcheck.core.trace import Message
 from overlapcheck.harness.crash import CheckerBug, crash_violation, hang_violation
-from overlapcheck.harness.watchdog import StepHung, Watchdog
+from overlapcheck.harness.watchdog import RemoteHung, StepHung, Watchdog
 from overlapcheck.invariants.base import Invariant, InvariantViolated, Violation
 from overlapcheck.invariants.context import Request, RunContext, TracePrefix
 from overlapcheck.invariants.registry import INVARIANTS
@@ -254,8 +254,9 @@ def drive(
     try:
         with dog:
             return _steps(sched, ctx, checks, bound, log, dog)
-    except StepHung:
-        pass
+    except StepHung as hung:
+        if isinstance(hung, RemoteHung):  # where it stood is in a rank's process
+            dog.stack = hung.stack
     began = dog.began
     if checks.stopped is not None:
         return False  # a violation came first; the hang was the scheduler's way out of it

@@ -32,6 +32,15 @@ class StepHung(BaseException):
     """Raised into a step() that ran past the hang timeout."""
 
 
+class RemoteHung(StepHung):
+    """A step that hung in another process (a rank of its own, `harness/rank_processes.py`),
+    with the frames where it stood there, outermost first."""
+
+    def __init__(self, stack: traceback.StackSummary) -> None:
+        super().__init__("a rank's step did not return")
+        self.stack = stack
+
+
 class DeadlineReached(KeyboardInterrupt):
     """Raised into a step() running when a search's wall-clock deadline passed: not a finding.
 

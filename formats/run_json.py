@@ -40,6 +40,8 @@ def run_to_json(result: RunResult) -> dict[str, Any]:
             "simulated_seconds": result.simulated_seconds,
             "wall_seconds": result.wall_seconds,
             "operations": len(result.trace.ops),
-            **result.extra,
+            # a run of several ranks: their count (each rank's logs and traces stay in Python)
+            **{k: v for k, v in result.extra.items() if k not in ("ranks", "rank_traces")},
+            **({"ranks": len(result.extra["ranks"])} if "ranks" in result.extra else {}),
         },
     }

@@ -14,7 +14,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from overlapcheck.core.errors import CheckerError
+from overlapcheck.core.errors import CheckerError, UserError
 from overlapcheck.core.owners import owner, runs_the_scheduler
 from overlapcheck.core.sites import Location
 from overlapcheck.invariants.base import Violation
@@ -31,6 +31,11 @@ class CheckerBug(CheckerError):
 
     def traceback_text(self) -> str:
         return "".join(traceback.format_exception(self.error))
+
+
+class RankProcessDied(UserError):
+    """A rank's worker process ended in the middle of a run (killed, or out of memory): one
+    line, exit 2; not the scheduler's finding (no frames to show), nor a bug of ours."""
 
 
 class RemoteCrash(Exception):

@@ -30,19 +30,22 @@ import sys
 import time
 from dataclasses import replace
 from multiprocessing.connection import Connection
+from typing import cast
 
 from overlapcheck.backends.base import Backend
 from overlapcheck.backends.sim.backend import SimBackend
-from overlapcheck.backends.sim.timing import NoDelay, ReplayDelay, Timing
+from overlapcheck.backends.sim.timing import NoDelay, ReplayDelay, SplitsForRanks, Timing
+from overlapcheck.core.capability import provides
 from overlapcheck.core.errors import UserError
 from overlapcheck.core.ranks import RankLog
 from overlapcheck.core.scenario import Scenario
 from overlapcheck.core.trace import Trace
-from overlapcheck.harness.crash import CheckerBug, RemoteCrash
+from overlapcheck.harness.crash import CheckerBug, RankProcessDied, RemoteCrash
 from overlapcheck.harness.rank_worker import (
     ASKED,
     NOMINAL,
     REPLAYED,
+    SPLIT,
     Built,
     Cost_,
     Costed,
@@ -130,7 +133,7 @@ class RankProcess:
         code = self.proc.wait()
         how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with {code}"
         self.close()
-        raise UserError(
+        raise RankProcessDied(
             f"rank {self.rank}'s process (pid {self.proc.pid}) {how} in the middle of a run"
         )
 
@@ -217,14 +220,24 @@ class RemoteRank:
         self.process = process
         self.leader = leader
         self.timing = timing
-        self.asked = not isinstance(timing.source, NoDelay | ReplayDelay)
+        source = timing.source
+        self.split = provides(source, SplitsForRanks)
+        self.asked = not self.split and not isinstance(source, NoDelay | ReplayDelay)
         self.log = RankLog(number, [])
         self.ended = False
         self.sent = 0  # rank 0's receives handed over so far
 
     def start(self, spec: SchedulerSpec, scenario: Scenario) -> None:
         source = self.timing.source
-        delays = ASKED if self.asked else REPLAYED if isinstance(source, ReplayDelay) else NOMINAL
+        delays = (
+            ASKED
+            if self.asked
+            else SPLIT
+            if self.split
+            else REPLAYED
+            if isinstance(source, ReplayDelay)
+            else NOMINAL
+        )
         draws = source.draws if isinstance(source, ReplayDelay) else {}
         config = replace(scenario.config, rank=self.number)
         ranked = replace(scenario, config=config)
@@ -239,7 +252,8 @@ class RemoteRank:
     def run(self, step: int) -> None:
         receives = self.leader.receives
         upcoming = self.leader.next_arrival()
-        self.process.send(Step(step, receives[self.sent :], upcoming, self.timing.sites))
+        source = cast(SplitsForRanks, self.timing.source).rank_source() if self.split else None
+        self.process.send(Step(step, receives[self.sent :], upcoming, self.timing.sites, source))
         self.sent = len(receives)
         try:
             reply = self._serve()

@@ -23,6 +23,7 @@ exits when the driver's end of the socket closes.
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import pickle
 import signal
@@ -30,13 +31,14 @@ import socket
 import sys
 import traceback
 from collections.abc import Mapping
+from contextlib import suppress
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from types import FrameType
 from typing import Any
 
 from overlapcheck.backends.sim.backend import SimBackend
-from overlapcheck.backends.sim.timing import Cost, Profile, ReplayDelay, Timing
+from overlapcheck.backends.sim.timing import Cost, DelaySource, Profile, ReplayDelay, Timing
 from overlapcheck.core.errors import UserError
 from overlapcheck.core.messages import InMsg, OutMsg
 from overlapcheck.core.scenario import Scenario
@@ -45,9 +47,10 @@ from overlapcheck.harness.crash import CheckerBug
 from overlapcheck.harness.ranks import Follower, _padding, decisions_of, rank_note, record_reply
 from overlapcheck.harness.scheduler_spec import parse_spec
 
-# How the worker's device gets its delays: none (nominal), replayed by site (both drawn here,
-# the driver told the first site), or asked of the driver for each timed operation.
-NOMINAL, REPLAYED, ASKED = "nominal", "replayed", "asked"
+# How the worker's device gets its delays: none (nominal), replayed by site, from a source the
+# driver hands each step (`SplitsForRanks`: all three drawn here, from the site the driver
+# says), or asked of the driver for each timed operation.
+NOMINAL, REPLAYED, SPLIT, ASKED = "nominal", "replayed", "split", "asked"
 
 
 # --- what the driver sends --------------------------------------------------------------------
@@ -66,7 +69,8 @@ class Step:
     step: int
     receives: list[tuple[int, float, list[InMsg]]]  # rank 0's since the last Step
     upcoming: float | None  # when the workload's next message arrives
-    site: int  # the shared timing's next site (NOMINAL, REPLAYED)
+    site: int  # the shared timing's next site (but ASKED)
+    source: DelaySource | None = None  # SPLIT: this step's
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +140,10 @@ class Interrupted(BaseException):
         self.stack = stack
 
 
+class DriverGone(BaseException):
+    """The driver's end of the socket closed: end without a word."""
+
+
 class Worker:
     """The worker's state: its socket, and the run it holds (if any)."""
 
@@ -150,13 +158,19 @@ class Worker:
             raise Interrupted(traceback.extract_stack(frame))
 
     def send(self, reply: object) -> None:
-        self.conn.send(reply)
+        try:
+            self.conn.send(reply)
+        except OSError as err:
+            raise DriverGone from err
 
     def ask(self, kind: str, nominal: float) -> Cost:
         """A timed operation's cost, drawn by the driver."""
         self.stepping = False
-        self.conn.send(Cost_(kind, nominal))
-        answer = self.conn.recv()
+        self.send(Cost_(kind, nominal))
+        try:
+            answer = self.conn.recv()
+        except (EOFError, OSError) as err:
+            raise DriverGone from err
         if isinstance(answer, Stop):
             raise Interrupted(traceback.extract_stack(sys._getframe(1)))
         self.stepping = True
@@ -164,6 +178,10 @@ class Worker:
         return answer.cost
 
     def serve(self) -> None:
+        with suppress(DriverGone):  # nobody to answer: end quietly
+            self._serve()
+
+    def _serve(self) -> None:
         while True:
             try:
                 request = self.conn.recv()
@@ -198,6 +216,8 @@ class Worker:
         run.upcoming = request.upcoming
         run.step_no = request.step
         run.timing.sites = request.site
+        if request.source is not None:
+            run.timing.source = request.source
         run.timing.draws = {}
         run.device.set_step(request.step)
         pad = _padding(run.number)
@@ -207,6 +227,8 @@ class Worker:
             went_on = run.scheduler.step()
             self.stepping = False
             decisions = run.decided()
+        except DriverGone:
+            raise
         except Interrupted as stop:
             self.stepping = False
             self.run = None
@@ -288,6 +310,19 @@ class Run:
         record_reply(self.device.trace, msg, self.device.now(), self.step_no)
 
 
+def _die_with_the_driver() -> None:
+    """On Linux, a worker stuck in a step that never calls the device would outlive a driver
+    that was killed: the kernel ends it with its parent."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass  # not Linux: the socket's end still ends a worker that waits
+
+
+PR_SET_PDEATHSIG = 1
+
+
 def main(argv: list[str]) -> None:
     sock = socket.socket(fileno=int(argv[0]))
     conn = Connection(sock.detach())
@@ -295,6 +330,7 @@ def main(argv: list[str]) -> None:
     paths = conn.recv()
     sys.path[:] = list(paths) + [p for p in sys.path if p not in paths]
     gc.set_threshold(50_000, 10, 10)  # as the driver's runs do (`harness/runner.py`)
+    _die_with_the_driver()
     worker = Worker(conn)
     signal.signal(signal.SIGUSR1, worker.on_signal)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle

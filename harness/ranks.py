@@ -24,6 +24,7 @@ from dataclasses import replace
 from typing import Any, Protocol, cast
 
 from overlapcheck.backends.base import Backend
+from overlapcheck.backends.sim.timing import SplitsForRanks
 from overlapcheck.core.capability import provides
 from overlapcheck.core.messages import InMsg, OutMsg, TokenMsg, UserMsg
 from overlapcheck.core.protocol import SchedulerUnderTest
@@ -133,6 +134,10 @@ class Rank:
 
     def run(self, step: int) -> None:
         self.device.set_step(step)
+        timing = self.device.timing
+        shared = timing.source
+        if provides(shared, SplitsForRanks):  # as a rank in a process of its own draws
+            timing.source = cast(SplitsForRanks, shared).rank_source()
         pad = _padding(self.number)
         assert self.scheduler is not None
         try:
@@ -140,6 +145,8 @@ class Rank:
         except Exception as err:
             err.add_note(rank_note(self.number, self.count))
             raise
+        finally:
+            timing.source = shared
         del pad
         self.ended = not went_on
         self.log.end(went_on, self.decided())

@@ -15,7 +15,12 @@ from overlapcheck.core.messages import AbortMsg, InMsg, OutMsg, TokenMsg, UserMs
 from overlapcheck.core.protocol import MessageSource, SchedulerUnderTest
 from overlapcheck.core.sites import Location, raised_at
 from overlapcheck.core.trace import Message
-from overlapcheck.harness.crash import CheckerBug, crash_violation, hang_violation
+from overlapcheck.harness.crash import (
+    CheckerBug,
+    RankProcessDied,
+    crash_violation,
+    hang_violation,
+)
 from overlapcheck.harness.watchdog import RemoteHung, StepHung, Watchdog
 from overlapcheck.invariants.base import Invariant, InvariantViolated, Violation
 from overlapcheck.invariants.context import Request, RunContext, TracePrefix
@@ -321,7 +326,7 @@ def _steps(
         record_quietly(
             checks, Violation(err.invariant, ctx.step, ctx.now(), (), err.detail, locations=at)
         )
-    except CheckerBug:
+    except (CheckerBug, RankProcessDied):
         raise
     except Exception as err:
         if dog.hung:  # the scheduler turned the watchdog's exception into one of its own

@@ -8,6 +8,7 @@ output, no model EOS, the small shape, nominal timing.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -393,4 +394,30 @@ class HypothesisDelay:
         extra = 0.0
         if kind in self.enabled:
             extra = self.data.draw(st.integers(0, 300)) * nominal / 100
+        return extra + self.spikes.get(site, 0) * self.unit
+
+    def rank_source(self) -> RankJitter:
+        """Another rank's iteration (`SplitsForRanks`): the same kinds and spikes, its jitter
+        from one seed drawn here (it shrinks to 0: no jitter), so that a rank in a process of
+        its own draws its delays there, not one round trip here per operation."""
+        seed = self.data.draw(st.integers(0, 2**32 - 1), label="rank jitter")
+        return RankJitter(self.enabled, self.spikes, self.unit, seed)
+
+
+class RankJitter:
+    """`HypothesisDelay` for one iteration of a rank besides rank 0: its draws from a generator
+    seeded by one Hypothesis draw (0: nominal but for the spikes)."""
+
+    def __init__(
+        self, enabled: tuple[str, ...], spikes: dict[int, int], unit: float, seed: int
+    ) -> None:
+        self.enabled = enabled if seed else ()
+        self.spikes = spikes
+        self.unit = unit
+        self.rng = random.Random(seed)
+
+    def delay(self, site: int, kind: str, nominal: float) -> float:
+        extra = 0.0
+        if kind in self.enabled:
+            extra = self.rng.randint(0, 300) * nominal / 100
         return extra + self.spikes.get(site, 0) * self.unit

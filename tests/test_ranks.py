@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Collection, Mapping
 from pathlib import Path
 
@@ -14,9 +17,11 @@ from overlapcheck.backends.sim.timing import Profile, SeededDelay, Timing
 from overlapcheck.cli import main
 from overlapcheck.core.config import ConfigError, SchedulerConfig
 from overlapcheck.core.device import Device
+from overlapcheck.core.errors import UserError
 from overlapcheck.core.protocol import MessageSink, MessageSource
 from overlapcheck.explore.search import SearchSpec, search
 from overlapcheck.formats import counterexample
+from overlapcheck.harness import rank_processes
 from overlapcheck.harness.runner import RunResult, run_scenario
 from overlapcheck.harness.scheduler_spec import SchedulerSpec
 from overlapcheck.reference.faults import LOCAL_EXTEND_FLAG
@@ -193,3 +198,172 @@ def test_replay_with_more_ranks_says_what_changed(
     assert main(["replay", str(path), "--ranks", "1"]) == 0
     out = capsys.readouterr().out
     assert "fixed" in out and "1 rank(s), not the recorded 2" in out
+
+
+# Ranks 1.. in processes of their own (harness/rank_processes.py), each with its own string-hash
+# seed: the schedulers below are named by file, so that a worker process can build them.
+RANK_SCHEDULERS = Path(__file__).parent / "rank_schedulers.py"
+
+
+def _named(factory: str) -> SchedulerSpec:
+    return SchedulerSpec(f"{RANK_SCHEDULERS}:{factory}")
+
+
+STRING_SCENARIOS = ("basic", "shared-prefix", "early-eos", "abort", "memory-pressure")
+
+
+def test_a_set_of_request_id_strings_diverges_across_rank_processes_and_sorted_does_not() -> None:
+    found = 0
+    for name in STRING_SCENARIOS:
+        scenario = named_scenario(name).with_config(num_ranks=2)
+        bad = run_scenario(scenario, SimBackend(), scheduler=_named("string_set_order"))
+        found += any(v.invariant == "rank-consistent" for v in bad.violations)
+        assert all(v.invariant == "rank-consistent" for v in bad.violations)
+        good = run_scenario(scenario, SimBackend(), scheduler=_named("string_sorted_order"))
+        assert good.ok, good.violations[0].line()
+        assert not good.notices
+    # each scenario diverges unless rank 1's seed orders every decode batch as this process's
+    assert found >= 2, "a decode batch ordered by string hashes went unnoticed"
+
+
+@pytest.mark.slow  # about 5 s (the run-level test above covers detection by default)
+def test_a_search_finds_a_set_of_request_id_strings_and_the_finding_replays(
+    tmp_path: Path,
+) -> None:
+    spec = SearchSpec(
+        budget=600,  # bounded by examples; seconds only cut a loaded machine short
+        max_examples=60,
+        seed=1,
+        ranks=2,
+        scheduler=_named("string_set_order"),
+        shrink_examples=0,
+        reduce_runs=0,
+    )
+    result = search(spec)
+    assert result.found is not None, result.stats
+    run = result.found.result
+    assert run.violations[0].invariant == "rank-consistent"
+    # each rank's order is its process's: the same in a replay in this process
+    path = counterexample.save(
+        run, Profile(), result.found.draws, tmp_path, scheduler=spec.scheduler
+    )
+    replayed = replay_on_sim(counterexample.load(path))
+    assert replayed.trace_hash == run.trace_hash
+    assert replayed.violations[0].line() == run.violations[0].line()
+
+
+def test_in_one_process_strings_hash_alike_on_every_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the gap the processes close: what OVERLAPCHECK_RANK_PROCESSES=0 gives up
+    monkeypatch.setenv(rank_processes.ENV, "0")
+    for name in STRING_SCENARIOS[:3]:
+        scenario = named_scenario(name).with_config(num_ranks=2)
+        assert run_scenario(scenario, SimBackend(), scheduler=_named("string_set_order")).ok
+
+
+@pytest.mark.parametrize(("name", "ranks", "seed"), [("abort", 2, 7), ("shared-prefix", 4, 3)])
+def test_rank_0_runs_as_with_every_rank_in_one_process(
+    name: str, ranks: int, seed: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    apart = _run(name, ranks, seed=seed)
+    assert apart.ok and not apart.notices
+    # the workers persist across runs: one process per rank, reused
+    pids = {rank: rank_processes._workers[rank].proc.pid for rank in range(1, ranks)}
+    again = _run(name, ranks, seed=seed)
+    assert {r: rank_processes._workers[r].proc.pid for r in range(1, ranks)} == pids
+    monkeypatch.setenv(rank_processes.ENV, "0")
+    together = _run(name, ranks, seed=seed)
+    # the ranks draw their delays from one source in turn either way: the same traces
+    assert apart.trace_hash == again.trace_hash == together.trace_hash
+    assert [t.messages for t in apart.extra["rank_traces"]] == [
+        t.messages for t in together.extra["rank_traces"]
+    ]
+    assert [log.launches for log in apart.extra["ranks"]] == [
+        log.launches for log in together.extra["ranks"]
+    ]
+
+
+def test_rank_0s_trace_hash_does_not_depend_on_the_callers_hash_seed() -> None:
+    def trace_hash(hashseed: str) -> str:
+        out = subprocess.run(
+            [sys.executable, "-m", "overlapcheck", "run", "--scenario", "abort"]
+            + ["--ranks", "2", "--seed", "7", "--json"],
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, PYTHONHASHSEED=hashseed),
+            check=False,
+        )
+        assert out.returncode == 0, out.stderr
+        return str(json.loads(out.stdout)["trace_hash"])
+
+    assert trace_hash("1") == trace_hash("12345") == _run("abort", 2, seed=7).trace_hash
+
+
+# A user's file (outside overlapcheck's folders, so its frames are the scheduler's): the
+# reference, but rank 1 raises, dies or hangs at its third iteration.
+RANK_1_FAILS = """
+import os, signal
+from overlapcheck.reference.scheduler import Scheduler
+
+def _fails(how):
+    class Rank1Fails(Scheduler):
+        steps = 0
+
+        def step(self):
+            self.steps += 1
+            if self.config.rank == 1 and self.steps == 3:
+                if how == "raise":
+                    raise ValueError("rank 1 lost its way")
+                if how == "die":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                while how == "hang":
+                    pass
+            return super().step()
+
+    return Rank1Fails
+
+raises, dies, hangs = _fails("raise"), _fails("die"), _fails("hang")
+"""
+
+
+def _fails(tmp_path: Path, how: str) -> SchedulerSpec:
+    path = tmp_path / "rank_1_fails.py"
+    path.write_text(RANK_1_FAILS)
+    return SchedulerSpec(f"{path}:{how}")
+
+
+def test_a_rank_that_raises_is_no_crash_naming_the_rank(tmp_path: Path) -> None:
+    scenario = named_scenario("basic").with_config(num_ranks=2)
+    raises = _fails(tmp_path, "raises")
+    [violation] = run_scenario(scenario, SimBackend(), scheduler=raises).violations
+    assert violation.invariant == "no-crash"
+    assert violation.details["type"] == "ValueError"
+    assert violation.details["file"].endswith("rank_1_fails.py")
+    assert "rank 1 lost its way" in violation.message and "(on rank 1 of 2)" in violation.message
+    assert violation.step == 2
+
+
+def test_a_rank_whose_process_dies_is_one_line_and_the_next_run_gets_another(
+    tmp_path: Path,
+) -> None:
+    scenario = named_scenario("basic").with_config(num_ranks=2)
+    with pytest.raises(UserError, match=r"rank 1's process \(pid \d+\) was killed by SIGKILL"):
+        run_scenario(scenario, SimBackend(), scheduler=_fails(tmp_path, "dies"))
+    assert run_scenario(scenario, SimBackend(), scheduler=_named("string_sorted_order")).ok
+
+
+def test_a_rank_that_hangs_is_no_hang_where_it_stood(tmp_path: Path) -> None:
+    scenario = named_scenario("basic").with_config(num_ranks=2)
+    hangs = _fails(tmp_path, "hangs")
+    [violation] = run_scenario(scenario, SimBackend(), scheduler=hangs, hang_timeout=0.5).violations
+    assert violation.invariant == "no-hang"
+    assert violation.details["file"].endswith("rank_1_fails.py")
+    assert violation.details["function"] == "step"
+    # the worker unwound its step and serves the next run
+    assert run_scenario(scenario, SimBackend(), scheduler=_named("string_sorted_order")).ok
+
+
+def test_a_scheduler_given_as_an_object_runs_its_ranks_here_and_says_so() -> None:
+    scenario = named_scenario("basic").with_config(num_ranks=2)
+    result = run_scenario(scenario, SimBackend(), scheduler=sorted_order)
+    assert result.ok
+    assert any("cannot rebuild" in notice for notice in result.notices)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from overlapcheck.core.errors import UserError
 from overlapcheck.core.units import US
@@ -91,6 +91,18 @@ def _seconds(name: str, value: Any) -> float:
 class DelaySource(Protocol):
     def delay(self, site: int, kind: str, nominal: float) -> float:
         """Extra seconds (>= 0) for the operation at `site`."""
+        ...
+
+
+@runtime_checkable
+class SplitsForRanks(Protocol):
+    """A delay source that gives each iteration of a rank besides rank 0 a source of its own,
+    drawn from it (`harness/ranks.py`): that rank then draws its delays where it runs (in a
+    process of its own: no round trip to this one per timed operation). The sites stay those of
+    the one shared `Timing`, so that the draws, recorded by site, replay exactly."""
+
+    def rank_source(self) -> DelaySource:
+        """The source for one rank's iteration: picklable, drawing on its own."""
         ...
 
 

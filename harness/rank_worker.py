@@ -44,6 +44,7 @@ from overlapcheck.core.messages import InMsg, OutMsg
 from overlapcheck.core.scenario import Scenario
 from overlapcheck.core.trace import Launch, Message
 from overlapcheck.harness.crash import CheckerBug
+from overlapcheck.harness.heap import keep_freed_heap
 from overlapcheck.harness.ranks import Follower, _padding, decisions_of, rank_note, record_reply
 from overlapcheck.harness.scheduler_spec import parse_spec
 
@@ -198,7 +199,6 @@ class Worker:
 
     def start(self, request: Start) -> object:
         self.run = None
-        gc.collect()  # the last run's cycles, before this one's objects take their places
         try:
             self.run = Run(self, request)
         except UserError as err:
@@ -330,6 +330,7 @@ def main(argv: list[str]) -> None:
     paths = conn.recv()
     sys.path[:] = list(paths) + [p for p in sys.path if p not in paths]
     gc.set_threshold(50_000, 10, 10)  # as the driver's runs do (`harness/runner.py`)
+    keep_freed_heap()  # a worker is many runs
     _die_with_the_driver()
     worker = Worker(conn)
     signal.signal(signal.SIGUSR1, worker.on_signal)

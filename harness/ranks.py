@@ -5,16 +5,18 @@ Each rank is the scheduler built again by the same factory, with its own objects
 GPU holds its own KV shard). Rank 0 is the run the invariants judge; it receives the workload's
 messages, and every other rank is handed the same messages in the same iteration and at the same
 receive of it (`Follower`), as SGLang's TP ranks get what rank 0 received (`broadcast_pyobj`).
-Every iteration runs on every rank before the next begins, rank 0 first; the ranks share the
-backend's timing source, so each operation of each rank draws its own latency (ranks jitter
-independently, as real hosts and GPUs do; under nominal timing their clocks stay equal).
-`rank-consistent` then compares what each rank launched and decided (`core/ranks.py`).
+Every iteration runs on every rank before the next begins, rank 0 first; the ranks draw their
+latencies from the backend's one timing source in turn, so each operation of each rank draws its
+own (ranks jitter independently, as real hosts and GPUs do; under nominal timing their clocks
+stay equal). `rank-consistent` then compares what each rank launched and decided
+(`core/ranks.py`).
 
-All ranks live in one process, so objects hashed by identity (a `set` of request objects) are
-ordered by their addresses, which differ between ranks; before each rank's step a rank-specific
-number of small blocks of every allocator size class is taken (`_padding`), so that the rank's
-new objects do not land at the same offsets as the rank before it. Strings hash alike in every
-rank of one process: see docs/ranks.md.
+Ranks 1.. run in processes of their own where their scheduler can be rebuilt there
+(`harness/rank_processes.py`: each with its own string-hash seed, as real ranks' processes);
+otherwise here (`Rank`, `build_others`). Either way, objects hashed by identity (a `set` of
+request objects) are ordered by their addresses, which differ between ranks; before each rank's
+step a rank-specific number of small blocks of every allocator size class is taken (`_padding`),
+so that the rank's new objects do not land at the same offsets as the rank before it.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from typing import Any
 from dataclasses import replace
 
 from hypothesis import strategies as st
@@ -411,10 +412,14 @@ class RankJitter:
     def __init__(
         self, enabled: tuple[str, ...], spikes: dict[int, int], unit: float, seed: int
     ) -> None:
+        self.args = (enabled, spikes, unit, seed)
         self.enabled = enabled if seed else ()
         self.spikes = spikes
         self.unit = unit
         self.rng = random.Random(seed)
+
+    def __reduce__(self) -> tuple[type[RankJitter], tuple[Any, ...]]:
+        return RankJitter, self.args  # the seed, not the generator's 2.5 KB of state
 
     def delay(self, site: int, kind: str, nominal: float) -> float:
         extra = 0.0

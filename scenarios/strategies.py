@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from typing import Any
 from dataclasses import replace
+from typing import Any
 
 from hypothesis import strategies as st
 

@@ -50,6 +50,7 @@ _INTERNAL = {
     "overlapcheck.invariants.base.InvariantViolated",  # a violation on its way to the harness
     "overlapcheck.adapters.minisgl.cuda._Done",  # the GPU run's end, caught in CudaRun.run()
     "overlapcheck.backends.torchsim.tensor.SimulatedCudaError",  # scheduler misuse of CUDA
+    "overlapcheck.harness.crash.RemoteCrash",  # a rank's exception from its process: no-crash
 }
 
 

@@ -112,6 +112,24 @@ def test_a_request_sglang_refuses_is_a_reject_for_exact_length_to_judge(
     assert "rejected (SGLang: Input length (7 tokens) exceeds" in found[0][1], found
 
 
+def test_an_unknown_device_switch_is_one_line(
+    snapshot: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from overlapcheck.adapters.sglang import make_scheduler
+    from overlapcheck.adapters.sglang.adapter import DEVICE_ENV
+    from overlapcheck.backends.sim.backend import SimBackend
+    from overlapcheck.core.errors import UserError
+    from overlapcheck.scenarios.named import named_scenario
+
+    monkeypatch.setenv(ENV, str(snapshot))
+    monkeypatch.setenv(DEVICE_ENV, "tpu")
+    scenario = named_scenario("basic")
+    device = SimBackend().make_device(scenario)
+    with pytest.raises(UserError, match=f"{DEVICE_ENV}=tpu") as err:
+        make_scheduler(scenario.config, device, None, None)  # type: ignore[arg-type]
+    assert "\n" not in str(err.value)
+
+
 def test_a_wrong_folder_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from overlapcheck.adapters.sglang.upstream import load_sglang
     from overlapcheck.core.errors import UserError

@@ -137,9 +137,11 @@ class Verified:
 
 @dataclass(frozen=True, slots=True)
 class Reuse:
-    """A device block the program freed and a caching allocator handed to a new tensor: the
-    trace names both tensors' cells by the block's one buffer. A record for findings (which
-    line freed it, which reused it), neither judged nor in the digest."""
+    """Memory the program freed and a caching allocator handed to a new tensor `buffer`. Either
+    the trace names both tensors' cells by one buffer (`source` None), or the old tensor was
+    `source`, of another dtype or place, and `cells[i]` of `buffer` is memory `source_cells[i]`
+    of `source` had: the race checker carries the accesses of those over (`invariants/races.py`).
+    Also a record for findings (which line freed it, which reused it); not in the digest."""
 
     buffer: str
     at: int  # the ops issued before the reuse (the next op's seq)
@@ -148,6 +150,9 @@ class Reuse:
     freed_step: int
     reused: Site | None
     reused_step: int
+    source: str | None = None
+    cells: np.ndarray | None = field(default=None, compare=False)
+    source_cells: np.ndarray | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

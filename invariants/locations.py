@@ -26,12 +26,16 @@ def locations(*found: Location | None) -> tuple[Location, ...]:
 
 
 def reuse_between(trace: TraceView, buffer: str, first: Op, second: Op) -> Reuse | None:
-    """The allocator's reuse of `buffer`'s block after `first` was issued and by `second`: then
-    the two accesses are two tensors' (the one freed, the one that got its block)."""
+    """The allocator's reuse of `buffer`'s memory after `first` was issued and by `second`: then
+    the two accesses are two tensors' (the one freed, the one that got its memory). Of several
+    (memory of several freed tensors), the one of a buffer `first` accessed."""
+    found = None
     for reuse in reversed(trace.reuses):
         if reuse.buffer == buffer and first.seq < reuse.at <= second.seq:
-            return reuse
-    return None
+            if reuse.source is None or any(a.buffer == reuse.source for a in first.accesses):
+                return reuse
+            found = found or reuse
+    return found
 
 
 def reuse_locations(reuse: Reuse) -> tuple[Location, ...]:

@@ -74,9 +74,16 @@ class NoRace(Invariant):
 def _reuse_story(reuse: Reuse, first: Op) -> str:
     """What the caching allocator did between the two accesses, and the edge that orders it."""
     freed = "" if reuse.freed is None else f" at step {reuse.freed_step}"
+    if reuse.source is None:
+        what = f"the tensor was freed{freed} and its block reused by the caching allocator for a"
+        what += " tensor"
+    else:  # another dtype, or bytes of several freed tensors: a buffer of its own
+        what = (
+            f"the tensor {reuse.source} was freed{freed} and its memory reused by the caching "
+            f"allocator for {reuse.buffer}, a tensor of another dtype or place,"
+        )
     return (
-        f"; the tensor was freed{freed} and its block reused by the caching allocator for a "
-        f"tensor on {reuse.stream} (step {reuse.reused_step}) while {first.agent}'s "
+        f"; {what} on {reuse.stream} (step {reuse.reused_step}) while {first.agent}'s "
         f"`{first.label or first.kind}` may still use it: a missing `record_stream` of "
         f"{first.agent} on the freed tensor (or {reuse.stream} `wait_stream` {first.agent} "
         "before the allocation)"

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from overlapcheck.core.trace import HOST, Access, Op, TraceView
+from overlapcheck.core.trace import HOST, Access, Op, Reuse, TraceView
 
 MAX_AGENTS = 8
 _AGENT_BITS = 3  # MAX_AGENTS == 1 << _AGENT_BITS
@@ -264,6 +264,7 @@ class RaceDetector:
         # token pool under one stream) never pays them: a decode step's KV read is hundreds of
         # cells.
         self.pending: dict[str, list[tuple[int, np.ndarray, int]]] = {}
+        self.reuses = 0  # the trace's reuses looked at (`_carry`)
 
     @property
     def hb(self) -> HappensBefore:
@@ -279,18 +280,63 @@ class RaceDetector:
         self.shadow.know(len(clocks.hb.agents))
         ops, kept, agent = trace.ops, clocks.vc, clocks.agent
         self.sizes, self.ops = trace.sizes, ops
-        for seq in range(self.checked, n):
-            vc = kept[seq]
-            if vc is None:
-                continue  # no accesses (nor a forward): nothing to check
-            op = ops[seq]
-            if op.accesses:
-                race = self._op(op, agent[seq], vc)
-                if race is not None:
-                    self.checked = seq + 1  # the next call goes on after it
-                    return race
+        reuses = trace.reuses
+        start = self.checked
+        while True:
+            # ops up to the next reuse that moves memory to another buffer: its old cells'
+            # accesses are carried over before the ops after it
+            stop = n
+            while self.reuses < len(reuses):
+                reuse = reuses[self.reuses]
+                if reuse.source is not None:
+                    if reuse.at > start:
+                        stop = min(reuse.at, n)
+                        break
+                    self._carry(reuse)
+                self.reuses += 1
+            for seq in range(start, stop):
+                vc = kept[seq]
+                if vc is None:
+                    continue  # no accesses (nor a forward): nothing to check
+                op = ops[seq]
+                if op.accesses:
+                    race = self._op(op, agent[seq], vc)
+                    if race is not None:
+                        self.checked = seq + 1  # the next call goes on after it
+                        return race
+            if stop == n:
+                break
+            start = stop
         self.checked = n
         return None
+
+    def _carry(self, reuse: Reuse) -> None:
+        """The caching allocator gave memory of `reuse.source` to `reuse.buffer`: each new cell
+        takes the last write and each agent's last read of the old cells it overlaps (the latest
+        of several), and the new buffer the old one's watermarks, so an access of the new tensor
+        unordered with a use of the old one is a race on the new buffer's cells."""
+        source, buffer = reuse.source, reuse.buffer
+        shadow = self.shadow
+        if source is None or source not in shadow.regions or reuse.cells is None:
+            return  # never accessed: nothing to carry
+        assert reuse.source_cells is not None
+        self._flush(source)
+        if not len(reuse.cells):
+            return
+        shadow.base(buffer, reuse.cells, self.sizes.get(buffer))
+        start, size = shadow.regions[source]
+        inside = reuse.source_cells < size
+        old = reuse.source_cells[inside] + start
+        new = reuse.cells[inside] + shadow.regions[buffer][0]
+        np.maximum.at(shadow.writer, new, shadow.writer[old])
+        for row in shadow.rows[: shadow.agents]:
+            np.maximum.at(row, new, row[old])
+        marks = self.marks.get(source)
+        if marks is not None:
+            mine = self.marks.get(buffer) or self._marks(buffer)
+            for k in (0, 1):
+                mine[k][:] = [max(x, y) for x, y in zip(mine[k], marks[k], strict=True)]
+                mine[k + 2].extend(b for b in marks[k + 2] if b not in mine[k + 2])
 
     def _op(self, op: Op, a: int, vc: VectorClock) -> Race | None:
         """All of an op's accesses at once, when its reads come before its writes (as in every op

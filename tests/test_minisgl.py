@@ -257,20 +257,21 @@ def test_the_shipped_scheduler_reuses_the_write_mapping_under_the_engine_and_fin
     )
     found = [v.invariant for v in first.violations]
     # bug 6: batch 0's write mapping is freed once its result is processed, but the engine's
-    # token-pool write that reads it comes after `copy_done`: the allocator hands its block to
-    # the next page-table write on the scheduler stream, unordered with that read
+    # token-pool write that reads it comes after `copy_done`: the allocator hands its block
+    # (the lowest free address of its size, as PyTorch's best fit) to batch 2's write mapping
+    # on the scheduler stream, unordered with that read
     race = first.violations[0]
     assert race.invariant == "no-race" and "_make_write_tuple" in race.message
     assert "index_put_ @scheduler.py:231 _forward" in race.message
-    assert "h2d @cache.py:144 _write_page_table" in race.message
+    assert "h2d @scheduler.py:267 _make_write_tuple" in race.message
     assert found.count("no-race") == 1
     # the lines, by path in the checkout (mini-sglang has five utils.py), and the allocator's
     # story: the engine's read, the block handed to the scheduler stream's copy, that copy
     roles = [(loc.role, loc.file, loc.line, loc.agent) for loc in race.locations]
     assert roles == [
         ("read", "python/minisgl/scheduler/scheduler.py", 231, "engine"),
-        ("reused", "python/minisgl/scheduler/cache.py", 144, "scheduler"),
-        ("write", "python/minisgl/scheduler/cache.py", 144, "scheduler"),
+        ("reused", "python/minisgl/scheduler/scheduler.py", 267, "scheduler"),
+        ("write", "python/minisgl/scheduler/scheduler.py", 267, "scheduler"),
     ]
     assert {loc.root for loc in race.locations} == {str(snapshot.resolve())}
     assert "reused by the caching allocator" in race.message
@@ -499,7 +500,7 @@ def test_the_gpu_replay_plan_and_gates_rehearsed_on_the_simulated_cuda(
     snapshot: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Bug 6 on the GPU: the plan holds the engine's token write through the write mapping until
-    the scheduler's next page-table copy (which the caching allocator puts in the mapping's
+    the scheduler's next write-mapping copy (which the caching allocator puts in the mapping's
     block) has run. The GPU runner itself runs here on the simulated CUDA, with a driver that
     records the holds and opens: mini-sglang's ops are named as the simulator named them."""
     from overlapcheck.adapters.minisgl import make_scheduler
@@ -529,10 +530,10 @@ def test_the_gpu_replay_plan_and_gates_rehearsed_on_the_simulated_cuda(
     assert (gate.opener.step, gate.opener.agent, gate.opener.label) == (
         2,
         "scheduler",
-        "h2d @cache.py _write_page_table",
+        "h2d @scheduler.py _make_write_tuple",
     )
     assert gate.race.startswith("WAR on _make_write_tuple")
-    assert unnumbered("h2d @cache.py:144 _write_page_table") == gate.opener.label
+    assert unnumbered("h2d @scheduler.py:267 _make_write_tuple") == gate.opener.label
     device = SimDevice(config, ToyModel(config.vocab_size, config.eos_token_id))
     with SimulatedCuda(device, ("engine", "scheduler")):
         run = CudaRun(config, reqs, plan.deliveries, plan.gates)

@@ -6,8 +6,9 @@ Its parts each do one thing (as PyTorch's CUDA sanitizer is split into three):
 * `memory.py`: device and pinned host buffers, each with a physical copy (what the simulated
   hardware holds at each simulated instant) and a logical copy (the values in program order, as if
   every op ran when it was issued); a view's cells are element offsets into its buffer.
-* `allocators.py`: PyTorch's caching device and host allocators, which decide when a freed
-  block is handed to a later allocation (the same cells again).
+* `allocators.py`: PyTorch's caching device and host allocators (size classes, segments, blocks
+  split and merged), which decide when a freed tensor's memory goes to a later allocation: the
+  same cells again for the same dtype, else a new buffer whose cells the trace maps to the old.
 * `streams.py`: streams, events and host waits on the SimPy model (ordering and time), and the
   stand-ins for the `torch.cuda` calls that schedulers make.
 * `dispatch.py` and `footprint.py`: a `TorchDispatchMode` that turns each aten call into reads and

@@ -530,12 +530,12 @@ class Interceptor:
             if not isinstance(value, torch.Tensor):
                 return value
             if out_device == "cuda":
-                buffer = self.device_memory.allocate(value, name_hint)
+                buffer, placed = self.device_memory.allocate(value, name_hint)
                 self.device.trace.sizes[buffer.name] = buffer.numel
-                _copy_into(same_geometry(buffer.logical, value), value)
-                fresh.append((buffer, value))
-                self._allocated(buffer, value, here, info.name, site)
-                return self.wrap(buffer, value)
+                _copy_into(placed, value)
+                fresh.append((buffer, placed))
+                self._allocated(buffer, placed, here, info.name, site)
+                return self.wrap(buffer, placed)
             raise SimulatedCudaError(f"{func}: an output on {out_device}")
 
         returns = (lout,) if isinstance(lout, torch.Tensor) or len(aliases) <= 1 else tuple(lout)
@@ -673,11 +673,11 @@ class Interceptor:
         here, hint, site = origin()
         if cuda_dst:  # host to device into a fresh buffer
             logical = self.logical(x).to(dtype)
-            buffer = self.device_memory.allocate(logical, hint)
+            buffer, placed = self.device_memory.allocate(logical, hint)
             self.device.trace.sizes[buffer.name] = buffer.numel
-            _copy_into(same_geometry(buffer.logical, logical), logical)
-            out = self.wrap(buffer, logical)
-            self._allocated(buffer, logical, here, "to", site)
+            _copy_into(placed, logical)
+            out = self.wrap(buffer, placed)
+            self._allocated(buffer, placed, here, "to", site)
             self._h2d(out, x, non_blocking, here, site, logical_done=True)
             return out
         # device to host: pinned when non-blocking (as PyTorch's `_to_copy` does)

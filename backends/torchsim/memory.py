@@ -8,10 +8,12 @@ Every buffer is a flat CPU tensor twice over:
   the cells an index op touches, and the books of a scheduler are read from it: it is what the
   program means, where `physical` is what the hardware did (the two differ only after a race).
 
-A buffer is a block of PyTorch's caching allocators (`allocators.py`): freed, it may be handed to a
-later allocation, which then uses the same cells under the same name, so the race checker sees a
-use of the old tensor and a use of the new one as two accesses of one buffer. Names are given in
-allocation order, so the same program names its buffers the same way in any process.
+A buffer is memory of PyTorch's caching allocators (`allocators.py`): freed, it may be handed to a
+later allocation of the same dtype, which then uses the same cells under the same name (a twin
+buffer: the same copies, its own holders), so the race checker sees a use of the old tensor and a
+use of the new one as two accesses of one buffer; handed to another dtype, it is a new buffer
+whose cells the trace maps to the old ones (`Reuse.source`). Names are given in allocation order,
+so the same program names its buffers the same way in any process.
 """
 
 from __future__ import annotations
@@ -53,6 +55,9 @@ class Buffer:
     # one dies (its allocator's free).
     holders: set[weakref.ref[torch.Tensor]] = field(default_factory=set, repr=False)
     on_free: Callable[[Buffer], None] | None = field(default=None, repr=False)
+    # A twin (a later tensor in this memory, same dtype: `allocators.py`): the buffer whose
+    # name, cells and copies it shares; its own `holders` are that tensor's.
+    origin: Buffer | None = field(default=None, repr=False)
 
     def hold(self, tensor: torch.Tensor) -> None:
         """`tensor` (a view of this buffer the program holds) keeps it allocated while it lives."""
@@ -127,6 +132,17 @@ class Memory:
         self.pinned[flat.untyped_storage().data_ptr()] = buffer
         return buffer
 
+    def retype_pinned(self, buffer: Buffer, dtype: torch.dtype, hint: str) -> Buffer:
+        """A pinned buffer of `dtype` on `buffer`'s memory (its bytes, now as `dtype`), in its
+        place: a later pinned tensor of another dtype the host allocator gave the memory to."""
+        storage = buffer.physical.untyped_storage()
+        numel = storage.nbytes() // torch.empty(0, dtype=dtype).element_size()
+        flat = torch.empty(0, dtype=dtype).set_(storage, 0, (numel,), (1,))
+        logical = buffer.logical.view(torch.uint8).view(dtype).clone()
+        made = self._add(Buffer(HOST_PREFIX + self._name(hint), True, flat, logical))
+        self.pinned[storage.data_ptr()] = made
+        return made
+
     def pinned_of(self, tensor: torch.Tensor) -> Buffer | None:
         """The pinned buffer a plain CPU tensor is a view of, or None (pageable memory)."""
         if not self.pinned or not tensor.is_cpu:
@@ -162,6 +178,8 @@ class Memory:
         """Give a well-known buffer (the token pool, the page table) its contract name."""
         old = buffer.name
         buffer.name = HOST_PREFIX + name if buffer.pinned else name
+        if buffer.origin is not None:  # the later twins of the memory take the name too
+            buffer.origin.name = buffer.name
         return old
 
     def _name(self, hint: str) -> str:

@@ -4,6 +4,6 @@ from __future__ import annotations
 
 import sys
 
-from overlapcheck.cli import main
+from overlapcheck.entry import main
 
 sys.exit(main())

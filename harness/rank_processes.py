@@ -6,7 +6,7 @@ another way on the next. In one process every rank would order it alike, so rank
 worker processes, rank `r`'s started with `PYTHONHASHSEED` = (this process's, 0 when random) + r:
 fixed, so the same inputs give the same traces in any process, and other than rank 0's whenever
 this process's seed is fixed (the `overlapcheck` command pins its own to 0 when none is given:
-`entry.py`).
+`__main__.py`).
 
 A worker lives as long as this process and serves every run of it (an upstream scheduler's import
 is paid once per worker, not per example). Rank 0 stays here: it is the run the invariants judge.

@@ -300,7 +300,7 @@ def test_rank_0s_trace_hash_does_not_depend_on_the_callers_hash_seed() -> None:
     # (this process's seed is drawn at random, its workers' seeds follow from it)
     reference = ("--scenario", "abort", "--seed", "7")
     assert _cli_trace_hash("12345", *reference) == _run("abort", 2, seed=7).trace_hash
-    # a scheduler ordered by string hashes: the command pins its seed (entry.py), so its runs
+    # a scheduler ordered by string hashes: the command pins its seed (__main__.py), so its runs
     # (a search's, the replay's) are the same in every process
     strings = ("--scenario", "shared-prefix", "--scheduler", f"{RANK_SCHEDULERS}:string_set_order")
     assert _cli_trace_hash(None, *strings) == _cli_trace_hash(None, *strings)

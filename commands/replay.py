@@ -178,7 +178,8 @@ def main(args: argparse.Namespace) -> int:
 MINISGL = "overlapcheck.adapters.minisgl:make_scheduler"
 
 # The exit status of each verdict (the README's table): 1 a violation, 0 the fix holds, 4 a
-# replay that differs although nothing the file records changed.
+# replay that differs although nothing the file records changed (or where only overlapcheck's
+# own code changed and nothing fires).
 EXIT = {"reproduced": 1, "other": 1, "fixed": 0, "differs": 4}
 
 
@@ -210,6 +211,12 @@ def _explain(cex: Counterexample, result: RunResult, verdict: Judgement) -> list
         return [f"fixed: {cex.invariant} no longer fires, and nothing else does ({changed})"]
     if verdict.kind == "other":
         return [f"{cex.invariant} no longer fires ({changed}), but another violation does: {now}"]
+    if verdict.changed:  # nothing fires, and only overlapcheck's own code changed
+        return [
+            f"NOT REPRODUCED: nothing fired, where the file records {cex.invariant}; the "
+            f"scheduler's code is the same, but {changed}: this overlapcheck does not find it in "
+            "the recorded run (search again, or replay with the overlapcheck that wrote the file)"
+        ]
     if verdict.hit is not None:
         what = f"the same violation, but trace {result.trace_hash} != the file's {cex.trace_hash}"
     elif result.violations:

@@ -15,6 +15,7 @@ from overlapcheck.core.scenario import Scenario
 from overlapcheck.formats.jsonfile import check_header, read_json_file
 from overlapcheck.formats.trace_file import trace_to_json
 from overlapcheck.harness.fingerprint import CodeFingerprint
+from overlapcheck.harness.revision import checker_digest, git_revision
 from overlapcheck.harness.runner import RunResult
 from overlapcheck.harness.scheduler_spec import SchedulerSpec, parse_spec
 from overlapcheck.invariants.base import Violation
@@ -73,6 +74,8 @@ class Counterexample:
             "version": VERSION,
             "overlapcheck": __version__,
             "git": git,
+            # overlapcheck's own code: a replay whose trace differs says whether it changed.
+            "checker": checker_digest(),
             # Which scheduler ran, and its code file by file: a replay says which files changed.
             "scheduler": spec.to_json(result.scheduler),
             "scenario": result.scenario.to_json(),
@@ -149,6 +152,9 @@ class Counterexample:
             self.code: CodeFingerprint | None = (
                 None if code is None else CodeFingerprint.from_json(code)
             )
+            self.git = _text(data.get("git", "unknown"), "git")
+            checker = data.get("checker")
+            self.checker: str | None = None if checker is None else _text(checker, "checker")
         except ProfileError as err:
             raise UserError(f"{where}: timing.profile: {err}") from None
         except (UnknownFaultError, ScenarioError, UserError, ValueError, TypeError) as err:
@@ -212,6 +218,23 @@ class Counterexample:
             return []
         source = self.scheduler.source_path()
         return [source.name if source is not None else "reference/"]
+
+    def checker_change(self) -> str | None:
+        """One phrase when overlapcheck's own code differs from the one that wrote the file
+        (None: the same, or it cannot be told: a file without a digest, written outside a
+        checkout or replayed outside one)."""
+        now_git = git_revision()
+        revisions = (
+            f" (git {self.git[:12]} -> {now_git[:12]})"
+            if "unknown" not in (self.git, now_git) and self.git != now_git
+            else ""
+        )
+        if self.checker is not None:
+            if self.checker == checker_digest():
+                return None
+        elif not revisions:
+            return None
+        return f"overlapcheck's own code changed since the file was written{revisions}"
 
     def scheduler_change(self, scheduler: SchedulerSpec | None = None) -> str | None:
         """One line when the recorded scheduler's files differ from those on disk now (None

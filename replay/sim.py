@@ -48,12 +48,13 @@ class Judgement(NamedTuple):
     """What a simulator replay says about a counterexample.
 
     `kind`: `reproduced` (the recorded invariant fired: exactly, with the same trace, when
-    nothing changed), `fixed` (nothing fires, and something the file records changed: the fix
+    nothing changed), `fixed` (nothing fires, and something on the user's side changed: the fix
     holds), `other` (another invariant fires, after a change), or `differs` (the trace or the
     violation differs although nothing the file records changed: nondeterminism in the
-    scheduler, or a bug of overlapcheck's). `changed`: what differs from the recording, one
-    phrase each (the scheduler named, its code, the faults). `files`: the scheduler's files that
-    changed, relative to their roots.
+    scheduler, or a bug of overlapcheck's; or nothing fires where only overlapcheck's own code
+    changed, which cannot tell a fix). `changed`: what differs from the recording, one phrase
+    each (the scheduler named, its code, the faults, overlapcheck's own code). `files`: the
+    scheduler's files that changed, relative to their roots.
     """
 
     kind: Literal["reproduced", "fixed", "other", "differs"]
@@ -91,12 +92,16 @@ def judge(
     same = result.trace_hash == cex.trace_hash
     if hit is not None and not same and not changed and hit.invariant == ADDRESS_DEPENDENT:
         changed.append(ADDRESS_NOTE)  # the same divergence: its order is the addresses'
-    if not changed:
-        kind: Literal["reproduced", "fixed", "other", "differs"] = (
-            "reproduced" if hit is not None and same else "differs"
-        )
-    elif hit is not None:
-        kind = "reproduced"
-    else:
+    # A change of overlapcheck's own explains a different trace, but never makes a fix: only a
+    # change on the user's side (the scheduler, its code, the faults, the ranks) can be one.
+    ours = cex.checker_change() if not same or hit is None else None
+    kind: Literal["reproduced", "fixed", "other", "differs"]
+    if hit is not None:
+        kind = "reproduced" if same or changed or ours else "differs"
+    elif changed:
         kind = "other" if result.violations else "fixed"
+    else:
+        kind = "other" if ours and result.violations else "differs"
+    if ours:
+        changed.append(ours)
     return Judgement(kind, hit, same, tuple(changed), tuple(files))

@@ -1,5 +1,6 @@
 """`replay` exit statuses: 1 reproduced, 0 the fix holds (and what changed), 4 a replay that
-differs although nothing the file records changed."""
+differs although nothing the file records changed, or where only overlapcheck's own code changed
+and nothing fires."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.backends.sim.timing import Profile
 from overlapcheck.cli import main
 from overlapcheck.formats import counterexample
+from overlapcheck.harness.revision import checker_digest
 from overlapcheck.harness.runner import run_scenario
 from overlapcheck.harness.scheduler_spec import SchedulerSpec
 from overlapcheck.reference.faults import parse_faults
@@ -139,6 +141,37 @@ def test_a_replay_that_differs_with_nothing_changed_is_4(
     assert main(["replay", str(path), "--json"]) == 4
     report = json.loads(capsys.readouterr().out)
     assert report["verdict"] == "differs" and report["changed"] == []
+
+
+def test_a_file_written_by_another_overlapcheck_is_never_blamed_nor_called_fixed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Only overlapcheck's own code changed since the file was written (its digest differs):
+    a different trace is explained by that, not called a bug of either side; and where nothing
+    fires any more it is not a fix (the scheduler did not change)."""
+    path = _saved_race(tmp_path)
+    data = json.loads(path.read_text())
+    assert data["checker"] == checker_digest()
+    data["checker"] = "0" * 16  # written by another overlapcheck
+    data["trace_hash"] = "0" * 16  # whose trace differed
+    path.write_text(json.dumps(data))
+    assert main(["replay", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("reproduced: [no-race]")
+    assert "overlapcheck's own code changed since the file was written" in out
+    data["invariants"] = ["oracle"]  # a check under which nothing fires in this run
+    path.write_text(json.dumps(data))
+    assert main(["replay", str(path), "--json"]) == 4
+    report = json.loads(capsys.readouterr().out)
+    assert report["verdict"] == "differs"
+    assert report["changed"] == ["overlapcheck's own code changed since the file was written"]
+    assert main(["replay", str(path)]) == 4
+    assert "search again" in capsys.readouterr().out
+    data["invariants"] = ["oracle", "no-race"]  # another invariant than the recorded one fires
+    data["invariant"] = "oracle"
+    path.write_text(json.dumps(data))
+    assert main(["replay", str(path), "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["verdict"] == "other"
 
 
 def test_a_fix_in_a_patched_copy_of_the_tree_is_a_changed_file(tmp_path: Path) -> None:

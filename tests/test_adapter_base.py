@@ -217,3 +217,27 @@ def test_receive_sleeps_until_the_next_arrival_and_ends_the_run_when_none_will_c
     assert clock.slept == [2.5] and idle == [0.0]
     assert sched.receive(holding=False) is None
     assert sched.code_roots() == loaded.code_roots()
+
+
+def test_a_stand_in_module_answers_a_later_probe_and_refuses_to_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A library probing for a stood-in module later in the same process (`find_spec`) gets an
+    answer, not ValueError('... __spec__ is None'); calling into it says what it is."""
+    import importlib.util
+
+    from overlapcheck.adapters.base.stand_ins import install_stand_ins
+
+    for name in ("overlapcheck_absent_ffi", "overlapcheck_absent_ffi.cpp"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    install_stand_ins(("overlapcheck_absent_ffi", "overlapcheck_absent_ffi.cpp"), "Engine")
+    try:
+        spec = importlib.util.find_spec("overlapcheck_absent_ffi.cpp")
+        assert spec is not None and spec.name == "overlapcheck_absent_ffi.cpp"
+        import overlapcheck_absent_ffi.cpp as stood_in  # type: ignore[import-not-found]
+
+        with pytest.raises(RuntimeError, match="overlapcheck stand-in"):
+            stood_in.load_library("x")
+    finally:
+        for name in ("overlapcheck_absent_ffi.cpp", "overlapcheck_absent_ffi"):
+            sys.modules.pop(name, None)

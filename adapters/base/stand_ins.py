@@ -7,6 +7,7 @@ not run it. A module that is installed is never replaced. Nothing of the engine 
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import sys
 import types
@@ -64,6 +65,9 @@ def install_stand_ins(names: tuple[str, ...], engine: str) -> None:
             continue
         module = StandIn(name, engine)
         module.__path__ = []  # a package, so that `import zmq.asyncio` finds its child
+        # A spec, as an imported module has: `importlib.util.find_spec` raises on a module in
+        # `sys.modules` without one (a library probing for it later in the same process).
+        module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
         sys.modules[name] = module
         if parent:
             setattr(sys.modules[parent], name.rpartition(".")[2], module)

@@ -139,9 +139,11 @@ class Verified:
 class Reuse:
     """Memory the program freed and a caching allocator handed to a new tensor `buffer`. Either
     the trace names both tensors' cells by one buffer (`source` None), or the old tensor was
-    `source`, of another dtype or place, and `cells[i]` of `buffer` is memory `source_cells[i]`
-    of `source` had: the race checker carries the accesses of those over (`invariants/races.py`).
-    Also a record for findings (which line freed it, which reused it); not in the digest."""
+    `source`, of another dtype or place, and cells [a, b) of `buffer` (`cells`) are the memory
+    of cells [c, d) of `source` (`source_cells`), each cell of the shorter range the same bytes
+    as an equal share of the longer: the race checker carries their accesses over
+    (`invariants/races.py`). Also a record for findings (which line freed it, which reused it);
+    not in the digest."""
 
     buffer: str
     at: int  # the ops issued before the reuse (the next op's seq)
@@ -151,8 +153,8 @@ class Reuse:
     reused: Site | None
     reused_step: int
     source: str | None = None
-    cells: np.ndarray | None = field(default=None, compare=False)
-    source_cells: np.ndarray | None = field(default=None, compare=False)
+    cells: tuple[int, int] = (0, 0)
+    source_cells: tuple[int, int] = (0, 0)
 
 
 @dataclass(frozen=True, slots=True)

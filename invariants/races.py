@@ -317,26 +317,28 @@ class RaceDetector:
         unordered with a use of the old one is a race on the new buffer's cells."""
         source, buffer = reuse.source, reuse.buffer
         shadow = self.shadow
-        if source is None or source not in shadow.regions or reuse.cells is None:
+        (a, b), (c, d) = reuse.cells, reuse.source_cells
+        if source is None or source not in shadow.regions or b <= a or d <= c:
             return  # never accessed: nothing to carry
-        assert reuse.source_cells is not None
         self._flush(source)
-        if not len(reuse.cells):
-            return
-        shadow.base(buffer, reuse.cells, self.sizes.get(buffer))
-        start, size = shadow.regions[source]
-        inside = reuse.source_cells < size
-        old = reuse.source_cells[inside] + start
-        new = reuse.cells[inside] + shadow.regions[buffer][0]
-        np.maximum.at(shadow.writer, new, shadow.writer[old])
-        for row in shadow.rows[: shadow.agents]:
-            np.maximum.at(row, new, row[old])
+        shadow.base(source, np.array([d - 1]), self.sizes.get(source))
+        shadow.base(buffer, np.array([b - 1]), self.sizes.get(buffer))
+        old, new = shadow.regions[source][0], shadow.regions[buffer][0]
+        n, m = b - a, d - c
+        for row in (shadow.writer, *shadow.rows[: shadow.agents]):
+            was = row[old + c : old + d]
+            if n > m:  # a smaller dtype: each old cell is several new ones
+                was = np.repeat(was, n // m)
+            elif n < m:  # a larger one: each new cell is several old ones
+                was = was.reshape(n, m // n).max(axis=1)
+            into = row[new + a : new + b]
+            np.maximum(into, was, out=into)
         marks = self.marks.get(source)
         if marks is not None:
             mine = self.marks.get(buffer) or self._marks(buffer)
             for k in (0, 1):
                 mine[k][:] = [max(x, y) for x, y in zip(mine[k], marks[k], strict=True)]
-                mine[k + 2].extend(b for b in marks[k + 2] if b not in mine[k + 2])
+                mine[k + 2].extend(x for x in marks[k + 2] if x not in mine[k + 2])
 
     def _op(self, op: Op, a: int, vc: VectorClock) -> Race | None:
         """All of an op's accesses at once, when its reads come before its writes (as in every op

@@ -57,7 +57,6 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from overlapcheck.backends.torchsim.memory import Buffer, Geometry, Memory, at, same_geometry
@@ -276,12 +275,10 @@ class DeviceAllocator:
             if esize is None:
                 trace.reuses.append(Reuse(buffer.name, seq, stream.name, *piece.freed, here, step))
                 continue
-            lo, hi = max(piece.start, start), min(piece.end, end)
+            lo, hi = max(piece.start, start), min(piece.end, end)  # (512-byte aligned)
             old_esize = piece.buffer.physical.element_size()
-            unit = min(esize, old_esize)
-            addresses = np.arange(lo, hi, unit, dtype=np.int64)
-            cells = (addresses - start) // esize
-            source_cells = (addresses - piece.origin) // old_esize
+            cells = ((lo - start) // esize, (hi - start) // esize)
+            source_cells = ((lo - piece.origin) // old_esize, (hi - piece.origin) // old_esize)
             trace.reuses.append(
                 Reuse(
                     buffer.name,
@@ -442,7 +439,6 @@ class HostAllocator:
         old = block.buffer
         buffer = self.memory.retype_pinned(old, dtype, hint)
         esize, old_esize = buffer.physical.element_size(), old.physical.element_size()
-        addresses = np.arange(0, block.bucket, min(esize, old_esize), dtype=np.int64)
         trace = self.runtime.device.trace
         here, step = caller(), self.runtime.device.recorder.step
         trace.reuses.append(
@@ -455,8 +451,8 @@ class HostAllocator:
                 here,
                 step,
                 source=old.name,
-                cells=addresses // esize,
-                source_cells=addresses // old_esize,
+                cells=(0, block.bucket // esize),
+                source_cells=(0, block.bucket // old_esize),
             )
         )
         trace.sizes[buffer.name] = buffer.numel

@@ -131,7 +131,11 @@ class RankProcess:
         return reply
 
     def _died(self) -> None:
-        code = self.proc.wait()
+        try:
+            code = self.proc.wait(STOP_WAIT)
+        except subprocess.TimeoutExpired:  # its socket closed, yet it lives on: end it
+            self.proc.kill()
+            code = self.proc.wait()
         how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with {code}"
         self.close()
         raise RankProcessDied(

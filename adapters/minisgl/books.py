@@ -35,6 +35,12 @@ def _view(tensor: Any) -> np.ndarray:
     return np.asarray(tensor)
 
 
+def _pages(cells: list[int], page_size: int) -> tuple[int, ...]:
+    """The pages of these cells, sorted, once each (a set of a few dozen ints costs less than
+    `np.unique`, which runs for every request at every step)."""
+    return tuple(sorted({c // page_size for c in cells}))
+
+
 def read_books(sched: Any, data: Any, config: SchedulerConfig, up: Loaded) -> Books:
     chunked_cls = up["minisgl.scheduler.prefill"].ChunkedReq
     table = _view(sched.engine.page_table)
@@ -42,8 +48,8 @@ def read_books(sched: Any, data: Any, config: SchedulerConfig, up: Loaded) -> Bo
     free_slots = tuple(int(s) for s in sched.table_manager._free_slots)
 
     def pages(req: Any) -> tuple[int, ...]:
-        row = table[int(req.table_idx), : int(req.cached_len)].astype(np.int64)
-        return tuple(np.unique(row // page_size).tolist())
+        row = table[int(req.table_idx), : int(req.cached_len)].tolist()
+        return _pages(row, page_size)
 
     live: list[Holding] = []
     seen: set[int] = set()
@@ -78,7 +84,7 @@ def read_books(sched: Any, data: Any, config: SchedulerConfig, up: Loaded) -> Bo
     stack = [] if root is None else list(root.children.values())
     while stack:
         node = stack.pop()
-        node_pages: list[int] = np.unique(_values(node.value) // page_size).tolist()
+        node_pages = list(_pages(_values(node.value).tolist(), page_size))
         cached.extend(node_pages)
         if node.ref_count > 0:
             locked.extend(node_pages)

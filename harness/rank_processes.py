@@ -246,7 +246,10 @@ class RemoteRank:
         draws = source.draws if isinstance(source, ReplayDelay) else {}
         config = replace(scenario.config, rank=self.number)
         ranked = replace(scenario, config=config)
-        self.process.send(Start(spec.text, ranked, self.count, self.timing.profile, delays, draws))
+        start = Start(
+            spec.text, ranked, self.count, self.timing.profile, delays, draws, list(sys.path)
+        )
+        self.process.send(start)
         reply = self._serve()
         if isinstance(reply, Failed):
             if reply.user:

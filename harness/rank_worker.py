@@ -61,8 +61,9 @@ class Start:
     scenario: Scenario  # with this rank's `config.rank`
     count: int  # ranks in the run
     profile: Profile
-    delays: str  # NOMINAL, REPLAYED or ASKED
+    delays: str  # NOMINAL, REPLAYED, SPLIT or ASKED
     draws: dict[int, float] = field(default_factory=dict)  # REPLAYED: the recorded ones
+    paths: list[str] = field(default_factory=list)  # the driver's sys.path now
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +200,7 @@ class Worker:
 
     def start(self, request: Start) -> object:
         self.run = None
+        _follow(request.paths)
         try:
             self.run = Run(self, request)
         except UserError as err:
@@ -310,6 +312,13 @@ class Run:
         record_reply(self.device.trace, msg, self.device.now(), self.step_no)
 
 
+def _follow(paths: list[str]) -> None:
+    """What the driver can import, this process can (a test's folder, a scheduler's): its
+    `sys.path` first, as it stands at each run."""
+    if sys.path[: len(paths)] != paths:
+        sys.path[:] = paths + [p for p in sys.path if p not in paths]
+
+
 def _die_with_the_driver() -> None:
     """On Linux, a worker stuck in a step that never calls the device would outlive a driver
     that was killed: the kernel ends it with its parent."""
@@ -326,9 +335,7 @@ PR_SET_PDEATHSIG = 1
 def main(argv: list[str]) -> None:
     sock = socket.socket(fileno=int(argv[0]))
     conn = Connection(sock.detach())
-    # what the driver could import, this process can (a test's folder, a scheduler's)
-    paths = conn.recv()
-    sys.path[:] = list(paths) + [p for p in sys.path if p not in paths]
+    _follow(conn.recv())
     gc.set_threshold(50_000, 10, 10)  # as the driver's runs do (`harness/runner.py`)
     keep_freed_heap()  # a worker is many runs
     _die_with_the_driver()

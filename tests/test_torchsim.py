@@ -254,3 +254,30 @@ def test_the_same_program_gives_the_same_trace_in_another_process() -> None:
     ).stdout.strip()
     here = _program(wait=False, sync_before_read=False)[0].trace.digest()
     assert there == here and len(here) == 32
+
+
+def test_plain_blocks_nest_and_leave_torch_as_it_was() -> None:
+    """A block inside another changes nothing; the outer one takes the modes off, turns
+    inference mode on, and puts both back as they were."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from overlapcheck.backends.torchsim.guards import plain
+
+    seen: list[str] = []
+
+    class Seeing(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Seeing():
+        with plain():
+            assert torch.is_inference_mode_enabled()
+            with plain():
+                torch.ones(2).add_(1)
+            torch.ones(2).add_(1)
+            assert torch.is_inference_mode_enabled()
+        assert not seen
+        assert not torch.is_inference_mode_enabled()
+        torch.ones(2).add_(1)
+    assert seen and torch._C._is_torch_function_enabled()

@@ -22,13 +22,14 @@ SNAPSHOT = Path(
     os.environ.get("MINISGL_SNAPSHOT", ROOT.parent / "shared/upstream/mini-sglang-20fcd7f.tar.gz")
 )
 # mini-sglang's findings recorded on its tree as shipped (the others need a patched tree: the GPU
-# replay's fixed row, bug 5 and PR #111's, saved on the trees their searches ran on).
+# replay's fixed row and PR #111's, saved on the trees their searches ran on).
 MINISGL_SHIPPED = (
     "findings/mini-sglang/bug1-finished-early.json",
     "findings/mini-sglang/bug2-token-after-eos.json",
     "findings/mini-sglang/bug3-row-freed-in-flight.json",
     "findings/mini-sglang/bug4-abort-in-flight.json",
     "findings/mini-sglang/bug4-double-free.json",
+    "findings/mini-sglang/bug5-radix-stale-row.json",
     "findings/mini-sglang/bug6-write-mapping.json",
     "gpu-replay/minisgl-record-stream.json",
 )

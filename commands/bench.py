@@ -43,7 +43,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument(
         "--sglang",
         action="store_true",
-        help="SGLang's own scheduler (device=cpu) beside the reference on the simulator, "
+        help="SGLang's own scheduler (simulated CUDA and cpu) beside the reference on the sim, "
         "iterations per second on one workload (needs SGLANG_PATH or an installed sglang)",
     )
     p.add_argument(

@@ -22,25 +22,38 @@ from typing import Any
 import numpy as np
 
 from overlapcheck.adapters.sglang.transport import uid_of
+from overlapcheck.backends.torchsim.tensor import SimTensor
 from overlapcheck.core.protocol import Books, Holding
 
 
 def _ints(tensor: Any) -> np.ndarray:
     if tensor is None:
         return np.zeros(0, dtype=np.int64)
-    out: np.ndarray = np.asarray(tensor.detach().cpu().numpy(), dtype=np.int64).reshape(-1)
+    out: np.ndarray = np.asarray(_host(tensor), dtype=np.int64).reshape(-1)
+    return out
+
+
+def _host(tensor: Any) -> np.ndarray:
+    """Its values on the host without an aten op where there is no need for one (each one costs
+    a trip through `peeking()`): on the simulated CUDA its logical copy (the values in program
+    order, which is what `peeking()` reads), on the cpu the tensor itself."""
+    host = tensor.logic if isinstance(tensor, SimTensor) else tensor
+    if host.device.type == "cpu" and not host.requires_grad:
+        out: np.ndarray = host.numpy()
+        return out
+    out = host.detach().cpu().numpy()
     return out
 
 
 def _pages(indices: np.ndarray, page_size: int) -> tuple[int, ...]:
-    return tuple(int(p) for p in np.unique(indices // page_size) - 1)
+    return tuple((np.unique(indices // page_size) - 1).tolist())
 
 
 def read_books(sched: Any) -> Books:
     page_size = int(sched.page_size)
     free = {int(s) for s in sched.req_to_token_pool.free_slots}
     free_slots = tuple(int(s) - 1 for s in sched.req_to_token_pool.free_slots)
-    rows = sched.req_to_token_pool.req_to_token
+    table = _host(sched.req_to_token_pool.req_to_token)  # read once, not once a request
     seen: set[int] = set()
     live: list[Holding] = []
 
@@ -58,7 +71,7 @@ def read_books(sched: Any) -> Books:
             live.append(Holding(uid, None, ()))
             return
         allocated = int(req.kv.kv_allocated_len)
-        indices = _ints(rows[int(slot), :allocated])
+        indices = table[int(slot), :allocated].astype(np.int64)
         live.append(Holding(uid, int(slot) - 1, _pages(indices, page_size)))
 
     pending = tuple(uid_of(r.rid) for r in sched.waiting_queue)
@@ -73,7 +86,7 @@ def read_books(sched: Any) -> Books:
         for req in batch.reqs if batch is not None else ():
             add(req)
     allocator = sched.token_to_kv_pool_allocator
-    free_pages = tuple(int(p) - 1 for p in _ints(allocator.get_all_free_pages()))
+    free_pages = tuple((_ints(allocator.get_all_free_pages()) - 1).tolist())
     cached: tuple[int, ...] = ()
     tree = sched.tree_cache
     if getattr(tree, "disable", False) is False and hasattr(tree, "all_values_flatten"):

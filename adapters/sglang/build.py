@@ -9,8 +9,11 @@ checks of its own books (`SchedulerInvariantChecker`) are switched on strictly (
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import importlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -30,6 +33,9 @@ STRICT_CHECKS = {
     "SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE": "1",
     "SGLANG_CHECK_KV_PAGE_INVARIANTS": "1",
 }
+# Objects the interpreter keeps frozen at start (3.12: a few hundred constants; 3.11: none).
+_FROZEN_AT_START = gc.get_freeze_count()
+
 # Offline: the model folder is local; nothing is fetched.
 QUIET = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
@@ -77,7 +83,10 @@ def build(
     # One engine at a time in a process, as SGLang rebuilds one: the last one's process groups
     # torn down with its own test teardown, the configuration published anew (last wins).
     if torch.distributed.is_available() and torch.distributed.is_initialized():
-        loaded["sglang.srt.distributed.parallel_state"].cleanup_dist_env_and_memory()
+        # its gc.collect() scans young objects only: the last engine's cycles wait for the next
+        # full collection, as any long-lived garbage
+        with _young_only_collections():
+            loaded["sglang.srt.distributed.parallel_state"].cleanup_dist_env_and_memory()
     context = loaded["sglang.srt.runtime_context"]
     context.reset_context()
     # Its process-wide pool of forward input buffers, as a new process starts (the last run's
@@ -89,6 +98,25 @@ def build(
         args, role="scheduler", ranks=context.SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0)
     )
     try:
-        return scheduler_class(args, port_args)
+        with _young_only_collections():
+            return scheduler_class(args, port_args)
     except TypeError as err:
         raise loaded.incompatible(f"Scheduler(server_args, port_args): {err}") from None
+
+
+@contextlib.contextmanager
+def _young_only_collections() -> Iterator[None]:
+    """SGLang's `gc.collect()` before it sizes its KV pool scans what exists before the build
+    too: torch's and SGLang's modules, about 0.4 s a run. Frozen for the build, they are not
+    scanned; what the build leaves as garbage still is, and the rest is collected as usual
+    afterwards (unfrozen into the oldest generation, where the modules' objects belong). When
+    the caller has frozen objects of its own nothing is frozen or unfrozen (it would thaw
+    theirs)."""
+    if gc.get_freeze_count() not in (0, _FROZEN_AT_START):
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()

@@ -16,7 +16,6 @@ few module attributes stood in for while its code runs, none of its lines edited
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -24,6 +23,7 @@ from typing import Any
 from overlapcheck.adapters.base import Loaded
 from overlapcheck.adapters.sglang.triton_ops import ACTIVE
 from overlapcheck.adapters.sglang.triton_ops import stand_ins as kernel_stand_ins
+from overlapcheck.adapters.sglang.upstream import module
 from overlapcheck.backends.torchsim.session import SimulatedCuda
 
 # SGLang's fused ops (`BaseFusedOp`: JIT-compiled CUDA, or their `forward_native` in torch).
@@ -38,17 +38,6 @@ def _gloo(*, device: str) -> str:
 
 def _no_weights(model: Any, *args: Any, **kwargs: Any) -> None:
     return None
-
-
-def module(loaded: Loaded, name: str, attribute: str) -> Any:
-    """SGLang's module `name`, which must have `attribute` (else the API is not the one known)."""
-    try:
-        found = importlib.import_module(name)
-    except ImportError as err:
-        raise loaded.incompatible(f"importing {name} failed: {err}") from None
-    if not hasattr(found, attribute):
-        raise loaded.incompatible(f"{name} has no {attribute}")
-    return found
 
 
 def _pinnable(device: Any = None) -> bool:

@@ -14,7 +14,6 @@ not the program's (`torchsim.dispatch.not_program`).
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,6 +21,7 @@ import numpy as np
 import torch
 
 from overlapcheck.adapters.base import Loaded
+from overlapcheck.adapters.sglang.upstream import module
 from overlapcheck.backends.torchsim.dispatch import not_program, plain, where
 from overlapcheck.backends.torchsim.memory import view_cells
 from overlapcheck.backends.torchsim.session import SimulatedCuda
@@ -181,21 +181,11 @@ def _supports_triton(backend: str) -> bool:
     return True
 
 
-def _module(loaded: Loaded, name: str, attribute: str) -> Any:
-    try:
-        found = importlib.import_module(name)
-    except ImportError as err:
-        raise loaded.incompatible(f"importing {name} failed: {err}") from None
-    if not hasattr(found, attribute):
-        raise loaded.incompatible(f"{name} has no {attribute}")
-    return found
-
-
 def stand_ins(loaded: Loaded) -> list[tuple[Any, str, Any]]:
     """(module, attribute, stand-in) for SGLang's Triton kernels."""
-    allocation = _module(loaded, "sglang.srt.mem_cache.allocation", "write_cache_indices")
-    batch_info = _module(loaded, "sglang.srt.model_executor.forward_batch_info", "support_triton")
-    position = _module(loaded, "sglang.kernels.ops.attention.position", "compute_position_kernel")
+    allocation = module(loaded, "sglang.srt.mem_cache.allocation", "write_cache_indices")
+    batch_info = module(loaded, "sglang.srt.model_executor.forward_batch_info", "support_triton")
+    position = module(loaded, "sglang.kernels.ops.attention.position", "compute_position_kernel")
     return [
         (allocation, "write_cache_indices", write_cache_indices),
         (batch_info, "support_triton", _supports_triton),

@@ -5,10 +5,12 @@ unpacked wheel or sdist, or a git checkout, whose package sits under `python/`),
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 from overlapcheck.adapters.base import Loaded, Upstream, load
 from overlapcheck.adapters.sglang.stand_ins import install as install_stand_ins
@@ -93,3 +95,14 @@ def _quiet() -> None:
             # run for the 1,400 of them otherwise)
             if logger.level != logging.ERROR:
                 logger.setLevel(logging.ERROR)
+
+
+def module(loaded: Loaded, name: str, attribute: str) -> Any:
+    """SGLang's module `name`, which must have `attribute` (else the API is not the one known)."""
+    try:
+        found = importlib.import_module(name)
+    except ImportError as err:
+        raise loaded.incompatible(f"importing {name} failed: {err}") from None
+    if not hasattr(found, attribute):
+        raise loaded.incompatible(f"{name} has no {attribute}")
+    return found

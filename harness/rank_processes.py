@@ -48,7 +48,7 @@ from overlapcheck.harness.rank_worker import (
     REPLAYED,
     SPLIT,
     Built,
-    Cost_,
+    CostAsked,
     Costed,
     Crashed,
     End,
@@ -162,7 +162,7 @@ class RankProcess:
                 continue  # the watchdog's timer repeats while this unwinds
             except (EOFError, OSError):
                 break
-            if isinstance(reply, Cost_):
+            if isinstance(reply, CostAsked):
                 self.owed = True
             elif isinstance(reply, Stopped):
                 return reply
@@ -292,7 +292,7 @@ class RemoteRank:
         while True:
             process = self.process
             reply = process.receive()
-            if not isinstance(reply, Cost_):
+            if not isinstance(reply, CostAsked):
                 return reply
             process.owed = True
             cost = self.timing.cost(reply.kind, reply.nominal)

@@ -10,7 +10,7 @@ paid once). Over one socket, strictly request and reply (the driver's `Request`s
 - `Step`: one iteration, with rank 0's receives since the last and when the workload's next
   message arrives; reply `Stepped` (whether it went on, the forwards it launched, its decisions)
   or `Crashed` (the scheduler's exception, as text and frames). While it steps, a timed operation
-  asks the driver for its cost (`Cost` / `Costed`) when the delays come from a source only the
+  asks the driver for its cost (`CostAsked` / `Costed`) when the delays come from a source only the
   driver can draw (Hypothesis's, a seeded generator): the ranks draw from one source in turn,
   as in one process, so rank 0's trace is the same as there.
 - `End`: let go of the run; reply `Ended` with this rank's messages and receives.
@@ -101,7 +101,7 @@ class Failed:
 
 
 @dataclass(frozen=True, slots=True)
-class Cost_:
+class CostAsked:
     kind: str
     nominal: float
 
@@ -168,7 +168,7 @@ class Worker:
     def ask(self, kind: str, nominal: float) -> Cost:
         """A timed operation's cost, drawn by the driver."""
         self.stepping = False
-        self.send(Cost_(kind, nominal))
+        self.send(CostAsked(kind, nominal))
         try:
             answer = self.conn.recv()
         except (EOFError, OSError) as err:

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from overlapcheck.adapters.base import Loaded
-from overlapcheck.adapters.sglang.model import model_dir
+from overlapcheck.adapters.sglang.model import TOY_SERVER_ARGS, model_dir
 from overlapcheck.adapters.sglang.toy import ARCH, make_model_class
 from overlapcheck.core.config import SchedulerConfig
 
@@ -51,11 +51,7 @@ def server_args(loaded: Loaded, config: SchedulerConfig, device: str, simulated:
         ),
         device=device,
         dtype="float32",
-        skip_tokenizer_init=True,
-        load_format="dummy",
-        attention_backend="torch_native",
-        sampling_backend="pytorch",
-        disable_cuda_graph=True,
+        **TOY_SERVER_ARGS,
         max_running_requests=config.num_slots,
         max_total_tokens=config.num_pages * config.page_size,
         page_size=config.page_size,

@@ -46,3 +46,14 @@ def model_dir(vocab_size: int, eos: int, max_len: int, one_cell: bool = False) -
     )
     (folder / "config.json").write_text(json.dumps(config, indent=1))
     return folder
+
+
+# ServerArgs for the toy model wherever SGLang is built here: no tokenizer, no weights, torch's
+# attention and sampler, no CUDA graphs.
+TOY_SERVER_ARGS: dict[str, object] = {
+    "skip_tokenizer_init": True,
+    "load_format": "dummy",
+    "attention_backend": "torch_native",
+    "sampling_backend": "pytorch",
+    "disable_cuda_graph": True,
+}

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from overlapcheck.adapters.base import Loaded
-from overlapcheck.adapters.sglang.model import model_dir
+from overlapcheck.adapters.sglang.model import TOY_SERVER_ARGS, model_dir
 
 POLICY = "sglang.srt.managers.schedule_policy"
 
@@ -45,11 +45,7 @@ def publish(loaded: Loaded, vocab_size: int = 1024) -> None:
     server_args = loaded["sglang.srt.server_args"].ServerArgs(
         model_path=str(model_dir(vocab_size, 0, 8192)),
         device="cpu",
-        skip_tokenizer_init=True,
-        load_format="dummy",
-        attention_backend="torch_native",
-        sampling_backend="pytorch",
-        disable_cuda_graph=True,
+        **TOY_SERVER_ARGS,
     )
     loaded["sglang.srt.runtime_context"].publish(server_args, role="scheduler")
     _published.append(loaded)

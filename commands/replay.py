@@ -110,12 +110,14 @@ def main(args: argparse.Namespace) -> int:
 
         if not torch.cuda.is_available():
             raise UserError("--backend cuda needs a CUDA device: torch sees none here")
-        from overlapcheck.replay.minisgl_gpu import PLAN_SUFFIX, report
+        from overlapcheck.replay.minisgl_gpu import PLAN_SUFFIX, VERDICT_EXIT, report
 
-        plan = Path(args.file + PLAN_SUFFIX)
-        for line in report(cex.with_scheduler(scheduler), plan, args.repeat):
+        lines, gpu_verdict = report(
+            cex.with_scheduler(scheduler), Path(args.file + PLAN_SUFFIX), args.repeat
+        )
+        for line in lines:
             print(line, flush=True)
-        return 0
+        return VERDICT_EXIT[gpu_verdict]
     if args.backend != "sim":
         try:
             from overlapcheck.commands.device_replay import replay_on_device

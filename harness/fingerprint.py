@@ -113,10 +113,13 @@ class CodeFingerprint:
         elsewhere = [Path(r.path) for r in now_roots]
         changed = []
         for root in self.roots:
+            gone = not elsewhere and not Path(root.path).is_dir()
             for name, recorded in root.files.items():
                 value: str | None = current.get((root.path, name))
                 if value is None:
                     value = by_name.get(name)
+                if value is None and gone:
+                    continue  # recorded on another machine, nothing imported yet: cannot tell
                 if value is None:  # not imported now: as on disk, where the code now is first
                     value = _hash_where(name, [*elsewhere, Path(root.path)])
                 if value != recorded:

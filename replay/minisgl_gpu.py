@@ -36,6 +36,7 @@ from overlapcheck.invariants.hbgraph import clock_ordered
 from overlapcheck.invariants.races import Clocks
 from overlapcheck.replay.sim import replay_on_sim
 
+Name = tuple[int, str, str]  # (iteration, stream, label without its line)
 _STATES = {OPENED: "forced", RELEASED: "released", TIMED_OUT: "timed out"}
 
 
@@ -114,28 +115,59 @@ def without_graphs(cex: Counterexample) -> Counterexample:
     return Counterexample(data, cex.where)
 
 
-def plan_of(cex: Counterexample) -> Plan:
-    """The plan from the simulator's run of `cex` (graphs off) with the loaded checkout."""
+def named_ops(trace: TraceView) -> list[Name]:
+    """The scheduler's named device ops of a simulated run, in issue order, as the GPU
+    runner names its calls (`GateMode.named`)."""
+    return [
+        (op.step, op.agent, unnumbered(op.label))
+        for op in trace.ops
+        if op.agent != HOST and " @" in op.label
+    ]
+
+
+def misaligned(plan: Plan, simulated: list[Name], on_gpu: list[Name]) -> str | None:
+    """Where the GPU run issues one of the plan's labels at other (iteration, stream) places
+    than the simulator's run of the same checkout: a gate there would hold or open another op
+    than the planned one, so the run could show nothing. None when they line up."""
+    labels = sorted({p.label for g in plan.gates for p in (g.held, g.opener)})
+    for label in labels:
+        want = [name[:2] for name in simulated if name[2] == label]
+        got = [name[:2] for name in on_gpu if name[2] == label]
+        if want != got:
+            at = next(
+                (i for i, (a, b) in enumerate(zip(want, got, strict=False)) if a != b),
+                min(len(want), len(got)),
+            )
+            return (
+                f"`{label}` issued {len(got)} times on the GPU, {len(want)} in the simulator "
+                f"(first apart at its occurrence {at})"
+            )
+    return None
+
+
+def simulated(cex: Counterexample) -> tuple[Plan, list[Name]]:
+    """The plan from the simulator's run of `cex` (graphs off) with the loaded checkout, and
+    that run's named device ops."""
     sim = replay_on_sim(without_graphs(cex), keep_going=True)
-    return plan_from(sim.trace, sim.deliveries)
+    return plan_from(sim.trace, sim.deliveries), named_ops(sim.trace)
 
 
-def kept_plan(cex: Counterexample, path: Path) -> tuple[Plan, str]:
+def kept_plan(path: Path, fresh: Plan) -> tuple[Plan, str]:
     """The plan kept beside the counterexample (made by the first GPU replay of it, from the
-    code that failed), else a new one from the loaded checkout, then kept: a fix is replayed
+    code that failed), else `fresh` (from the loaded checkout), then kept: a fix is replayed
     under the plan of the fault it fixes."""
     if path.is_file():
         return Plan.from_json(json.loads(path.read_text())), f"plan: {path} (kept)"
-    plan = plan_of(cex)
-    path.write_text(json.dumps(plan.to_json(), indent=1) + "\n")
-    return plan, f"plan: {path} (new, from this checkout's simulated run)"
+    path.write_text(json.dumps(fresh.to_json(), indent=1) + "\n")
+    return fresh, f"plan: {path} (new, from this checkout's simulated run)"
 
 
 @dataclass
 class Repeat:
     index: int
     differing: list[int]  # uids whose tokens differ from the reference
-    gates: list[str]  # what each gate did
+    gates: list[str]  # what each gate did, as said
+    states: list[int]  # and as the spin reported it
 
     @property
     def manifested(self) -> bool:
@@ -148,16 +180,24 @@ class Repeat:
         return f"repeat {self.index}: {what}; gates: {', '.join(self.gates) or 'none'}"
 
 
-def replay(cex: Counterexample, plan: Plan, repeat: int, gated: bool = True) -> list[Repeat]:
-    """`repeat` runs on the GPU after an unjudged warm-up without gates."""
+def replay(
+    cex: Counterexample, plan: Plan, repeat: int, expected_names: list[Name] | None = None
+) -> tuple[list[Repeat], str | None]:
+    """`repeat` runs on the GPU after an unjudged warm-up without gates; the warm-up's named
+    calls are checked against `expected_names` first (a misfit: no repeat runs)."""
     scenario = cex.scenario
     expected = reference(scenario.config, scenario.requests)
-    CudaRun(scenario.config, scenario.requests, plan.deliveries).run()  # warm-up
+    warm = CudaRun(
+        scenario.config, scenario.requests, plan.deliveries, record_names=expected_names is not None
+    )
+    warm.run()
+    if expected_names is not None:
+        misfit = misaligned(plan, expected_names, warm.mode.named or [])
+        if misfit is not None:
+            return [], misfit
     out = []
     for i in range(repeat):
-        run = CudaRun(
-            scenario.config, scenario.requests, plan.deliveries, plan.gates if gated else ()
-        )
+        run = CudaRun(scenario.config, scenario.requests, plan.deliveries, plan.gates)
         tokens = run.run()
         differing = sorted(
             uid
@@ -168,27 +208,49 @@ def replay(cex: Counterexample, plan: Plan, repeat: int, gated: bool = True) -> 
             f"{_STATES.get(state, 'not reached')} ({waited * 1e3:.2f} ms)"
             for state, waited in run.gate_results()
         ]
-        out.append(Repeat(i, differing, gates))
-    return out
+        out.append(Repeat(i, differing, gates, [state for state, _ in run.gate_results()]))
+    return out, None
 
 
-def report(cex: Counterexample, path: Path, repeat: int) -> list[str]:
-    """`replay FILE --backend cuda` of a mini-sglang counterexample: the lines it prints."""
-    plan, said = kept_plan(cex, path)
+def report(cex: Counterexample, path: Path, repeat: int) -> tuple[list[str], str]:
+    """`replay FILE --backend cuda` of a mini-sglang counterexample: the lines it prints and
+    the verdict (`reproduced`, `fixed`, or `differs` when the order could not be forced)."""
+    fresh, names = simulated(cex)
+    plan, said = kept_plan(path, fresh)
     lines = [said]
     lines += [
         f"gate {i + 1}: step {g.held.step} {g.held.agent} `{g.held.label}` waits for step "
         f"{g.opener.step} {g.opener.agent} `{g.opener.label}` ({g.race})"
         for i, g in enumerate(plan.gates)
     ] or ["no race between the scheduler's own device ops: the repeats run without gates"]
-    repeats = replay(without_graphs(cex), plan, repeat)
+    repeats, misfit = replay(without_graphs(cex), plan, repeat, names)
+    if misfit is not None:
+        lines.append(
+            f"NOT RUN: the GPU run does not issue the plan's ops as the simulator's run of this "
+            f"checkout does: {misfit}; a gate would hold or open another op (a bug of "
+            f"overlapcheck's GPU runner)"
+        )
+        return lines, "differs"
     lines += [r.line() for r in repeats]
     hit = sum(r.manifested for r in repeats)
+    forced = sum(all(s == OPENED for s in r.states) and bool(r.states) for r in repeats)
     lines.append(
         f"manifested {hit}/{len(repeats)} (a token unlike the reference's), "
         f"clean {len(repeats) - hit}/{len(repeats)}"
+        + (f"; the racy order forced in {forced}/{len(repeats)}" if plan.gates else "")
     )
-    return lines
+    if hit:
+        return lines, "reproduced"
+    waited = sum(bool(r.states) and all(s == TIMED_OUT for s in r.states) for r in repeats)
+    if plan.gates and forced:
+        # the order was forced and the tokens still right: the race does not reach an output
+        lines.append("the racy order ran and every token is right: it does not reach an output")
+    elif plan.gates and waited == len(repeats):
+        lines.append(
+            "the racy order could not happen in any repeat (each gate waited out its bound: "
+            "the opener comes after the held op): the fix holds"
+        )
+    return lines, "fixed"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -199,9 +261,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     cex = load_counterexample(args.counterexample)
     path = Path(args.plan or args.counterexample + PLAN_SUFFIX)
-    for line in report(cex, path, args.repeat):
+    lines, verdict = report(cex, path, args.repeat)
+    for line in lines:
         print(line, flush=True)
-    return 0
+    return VERDICT_EXIT[verdict]
+
+
+# as `replay`'s exit status (the README's table): 1 it reproduced, 0 clean, 4 not forced
+VERDICT_EXIT = {"reproduced": 1, "fixed": 0, "differs": 4}
 
 
 PLAN_SUFFIX = ".cuda-plan.json"

@@ -512,7 +512,7 @@ def test_the_gpu_replay_plan_and_gates_rehearsed_on_the_simulated_cuda(
     from overlapcheck.core.config import SchedulerConfig
     from overlapcheck.core.scenario import RequestSpec, Scenario
     from overlapcheck.harness.runner import run_scenario
-    from overlapcheck.replay.minisgl_gpu import plan_from
+    from overlapcheck.replay.minisgl_gpu import misaligned, named_ops, plan_from
 
     monkeypatch.setenv("MINISGL_PATH", str(snapshot))
     config = SchedulerConfig(num_slots=2, num_pages=32)
@@ -536,9 +536,15 @@ def test_the_gpu_replay_plan_and_gates_rehearsed_on_the_simulated_cuda(
     assert unnumbered("h2d @scheduler.py:267 _make_write_tuple") == gate.opener.label
     device = SimDevice(config, ToyModel(config.vocab_size, config.eos_token_id))
     with SimulatedCuda(device, ("engine", "scheduler")):
-        run = CudaRun(config, reqs, plan.deliveries, plan.gates)
+        run = CudaRun(config, reqs, plan.deliveries, plan.gates, record_names=True)
         tokens = run.run(_Recorder)
     assert tokens == reference(config, reqs)
+    # the runner's named calls put the plan's ops where the simulator's run put them (the toy
+    # model's own kernels, one opaque kernel in the simulator, shift no ordinal)
+    named = run.mode.named or []
+    assert misaligned(plan, named_ops(sim.trace), named) is None
+    model_write = (0, "engine", "index_put_ @scheduler.py _forward")
+    assert misaligned(plan, named_ops(sim.trace), [model_write, *named]) is not None
     assert run.spins is not None and run.spins.log == [
         ("hold", 0, "engine"),
         ("open", 0, "scheduler"),

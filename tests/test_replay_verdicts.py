@@ -192,3 +192,22 @@ def test_a_fix_in_a_patched_copy_of_the_tree_is_a_changed_file(tmp_path: Path) -
     recorded = CodeFingerprint((root("orig"),))
     assert recorded.changed_files(CodeFingerprint((root("patched"),))) == ["engine/sched.py"]
     assert recorded.changed_files(CodeFingerprint((root("orig"),))) == []
+
+
+def test_a_file_recorded_on_another_machine_names_no_change_before_the_run(tmp_path: Path) -> None:
+    """The recorded folder does not exist here and nothing was imported yet (the note before a
+    run): the files cannot be compared, so none is called changed; once the replay imported the
+    code from its folder here, a file that differs is named."""
+    from overlapcheck.harness.fingerprint import CodeFingerprint, CodeRoot, file_hash
+
+    here = tmp_path / "here"
+    (here / "engine").mkdir(parents=True)
+    (here / "engine" / "sched.py").write_text("x = 2\n")
+    recorded = CodeFingerprint(
+        (CodeRoot(str(tmp_path / "elsewhere"), {"engine/sched.py": "0" * 16}),)
+    )
+    assert recorded.changed_files() == []
+    now = CodeFingerprint(
+        (CodeRoot(str(here), {"engine/sched.py": file_hash(here / "engine/sched.py")}),)
+    )
+    assert recorded.changed_files(now) == ["engine/sched.py"]

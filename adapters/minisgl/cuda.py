@@ -149,6 +149,12 @@ def _target_is_cuda(rest: Sequence[Any], kwargs: dict[str, Any], src: torch.Tens
     return bool(src.is_cuda)
 
 
+def _on_device(args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
+    """Whether a call touches device memory (the simulator's trace names those ops on a
+    stream; host work on pinned memory is the host's)."""
+    return any(isinstance(a, torch.Tensor) and a.is_cuda for a in (*args, *kwargs.values()))
+
+
 def _where() -> str:
     """The program's innermost frame outside torch, overlapcheck's simulated CUDA and this file,
     as the simulated CUDA's labels name it (`file:line function`)."""
@@ -174,7 +180,19 @@ class GateMode(TorchDispatchMode):
         self.labels = {g.held.label for g in gates} | {g.opener.label for g in gates}
         self.held: list[int] = []  # gates whose held op was issued
         self.opened: list[int] = []
-        self.seen: list[tuple[int, str, str]] | None = None  # every call, when asked (tests)
+        # the scheduler's own calls on the device, named, when asked (`CudaRun.named`)
+        self.named: list[tuple[int, str, str]] | None = None
+        self.hidden = 0  # inside the toy model's kernels: one opaque kernel in the simulator
+
+    @contextlib.contextmanager
+    def model_kernels(self) -> Iterator[None]:
+        """The toy model's kernels, unnamed and ungated: the simulator runs the model as one
+        kernel that no plan names, so its aten calls must not shift the scheduler's ordinals."""
+        self.hidden += 1
+        try:
+            yield
+        finally:
+            self.hidden -= 1
 
     def _agent(self) -> str:
         current = torch.cuda.current_stream()
@@ -183,10 +201,14 @@ class GateMode(TorchDispatchMode):
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
     ) -> Any:
+        if self.hidden:
+            return func(*args, **(kwargs or {}))
         kwargs = kwargs or {}
-        label = unnumbered(_label(func, args, kwargs)) if self.labels else ""
-        if self.seen is not None:
-            self.seen.append((self.step, self._agent(), label))
+        label = unnumbered(_label(func, args, kwargs)) if self.labels or self.named else ""
+        if self.named is not None and (
+            label.startswith(("h2d", "d2h")) or _on_device(args, kwargs)
+        ):
+            self.named.append((self.step, self._agent(), label))
         point = None
         if label in self.labels:
             agent = self._agent()
@@ -217,6 +239,7 @@ class CudaRun:
     gates: Sequence[CudaGate] = ()
     bound: float = 0.2  # seconds a held op waits at most
     max_iterations: int = 400
+    record_names: bool = False  # keep the scheduler's named device calls in `mode.named`
     outputs: dict[int, list[int]] = field(default_factory=dict)
     finished: set[int] = field(default_factory=set)
 
@@ -235,6 +258,8 @@ class CudaRun:
                 driver = SpinGates
             self.spins = driver(len(self.gates), streams, self.bound) if self.gates else None
             mode = GateMode(self.gates, self.spins, streams)
+            mode.named = [] if self.record_names else None
+            sched.engine.model_kernels = mode.model_kernels
             self.mode = mode
             self.step, data = 0, None
             with mode:
@@ -344,8 +369,22 @@ def _engine_class(cfg: SchedulerConfig, up: Any, requests: Sequence[RequestSpec]
             )
             torch.cuda.synchronize(self.device)
 
+        model_kernels: Callable[[], contextlib.AbstractContextManager[None]] = (
+            contextlib.nullcontext
+        )
+
         def forward_batch(self, batch: Any, args: Any) -> Any:
             assert torch.cuda.current_stream() == self.stream
+            with self.model_kernels():
+                tokens = self._model(batch)
+            for req in batch.reqs:
+                req.complete_one()
+            next_tokens_cpu = tokens.to("cpu", non_blocking=True)
+            copy_done = torch.cuda.Event()
+            copy_done.record(self.stream)
+            return up["minisgl.engine"].ForwardOutput(tokens, next_tokens_cpu, copy_done)
+
+        def _model(self, batch: Any) -> torch.Tensor:
             tokens = torch.empty(batch.size, dtype=torch.int32, device=self.device)
             # the new tokens' KV first, then each request's context through its row
             self.kv[batch.out_loc.to(torch.int64)] = batch.input_ids
@@ -364,11 +403,6 @@ def _engine_class(cfg: SchedulerConfig, up: Any, requests: Sequence[RequestSpec]
                 )
                 tokens[i] = token.to(torch.int32)
                 offset += n
-            for req in batch.reqs:
-                req.complete_one()
-            next_tokens_cpu = tokens.to("cpu", non_blocking=True)
-            copy_done = torch.cuda.Event()
-            copy_done.record(self.stream)
-            return up["minisgl.engine"].ForwardOutput(tokens, next_tokens_cpu, copy_done)
+            return tokens
 
     return CudaEngine

@@ -1,7 +1,8 @@
 """On a GPU: mini-sglang's own scheduler (the 20fcd7f snapshot) replays the counterexamples kept
 in docs/gpu-replay with the race's order forced by a gate: each reproduces in every repeat on the
 tree as shipped (a token unlike the reference's, or a device-side assert where the racy order
-put an index out of bounds), and the tree with its fix, under the same plan, is clean in every repeat.
+put an index out of bounds), and the tree with its fix, under the same plan, is clean in every
+repeat.
 
     MINISGL_SNAPSHOT=<the .tar.gz> python -m pytest -m cuda tests/test_minisgl_gpu_cuda.py
 """

@@ -86,6 +86,25 @@ class FootprintRecorder:
         ops.append(op)
         return op
 
+    def host_op(self, now: float, site: Site | None, label: str, accesses: list[Access]) -> Op:
+        """`op_at` for a host op that ran now (a backend traces ~100 of them an iteration)."""
+        ops = self.trace.ops
+        op = Op(
+            len(ops),
+            HOST,
+            "host",
+            self.step,
+            self.phase,
+            now,
+            label=label,
+            accesses=accesses,
+            start=now,
+            end=now,
+            site=site,
+        )
+        ops.append(op)
+        return op
+
     def release(self, resource: str, ids: Sequence[int]) -> None:
         """`Device.released`: noted with the scheduler's frame, no operation traced."""
         trace = self.trace

@@ -64,6 +64,10 @@ from overlapcheck.backends.torchsim.streams import Marker, SimStream, StreamRunt
 from overlapcheck.core.sites import Site, caller
 from overlapcheck.core.trace import HOST, Reuse
 
+# `Tensor.copy_` itself: inside the block `torch.Tensor.copy_` is a Python stand-in
+# (`session._copy`) that the allocators' own copies need not go through.
+_copy_into = torch._C.TensorBase.copy_
+
 MIN_BLOCK = 512  # bytes (kMinBlockSize): every block a multiple, every request at least this
 SMALL = 1 << 20  # bytes (kSmallSize): requests up to this come from the small pool
 SMALL_SEGMENT = 2 << 20  # kSmallBuffer: the segment a small request reserves
@@ -293,13 +297,15 @@ class DeviceAllocator:
                 )
             )
             # the new tensor's memory holds the old one's bytes (garbage, as on a GPU)
-            src = slice(lo - piece.origin, hi - piece.origin)
-            dst = slice(lo - start, hi - start)
+            src, dst = lo - piece.origin, lo - start
             for new, former in (
                 (buffer.physical, piece.buffer.physical),
                 (buffer.logical, piece.buffer.logical),
             ):
-                new.view(torch.uint8)[dst] = former.view(torch.uint8)[src]
+                _copy_into(
+                    new.view(torch.uint8)[dst : dst + hi - lo],
+                    former.view(torch.uint8)[src : src + hi - lo],
+                )
 
     def record_stream(self, buffer: Buffer, stream: SimStream) -> None:
         """`Tensor.record_stream(stream)` on a tensor of `buffer`."""
@@ -429,8 +435,8 @@ class HostAllocator:
             self.blocks[id(buffer)] = block
         self.live.append(block)
         tensor = self.memory.pinned_tensor(block.buffer, where)
-        tensor.copy_(made)
-        same_geometry(block.buffer.logical, tensor).copy_(made)
+        _copy_into(tensor, made)
+        _copy_into(same_geometry(block.buffer.logical, tensor), made)
         return tensor
 
     def _retype(self, block: _PinnedBlock, dtype: torch.dtype, hint: str) -> None:

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from types import CodeType, FrameType
 from typing import Any
 
 import numpy as np
@@ -45,7 +46,7 @@ from overlapcheck.backends.torchsim.schema import OpInfo, op_info
 from overlapcheck.backends.torchsim.streams import SimStream, StreamRuntime
 from overlapcheck.backends.torchsim.tensor import SimTensor, SimulatedCudaError
 from overlapcheck.core.sites import Site, site_of
-from overlapcheck.core.trace import HOST, Access, Allocation, Op
+from overlapcheck.core.trace import Access, Allocation, Op
 
 aten = torch.ops.aten
 # `Tensor.copy_` itself, for the simulation's own copies between host tensors: the block patches
@@ -78,16 +79,29 @@ def _program_file(path: str) -> str | None:
     return os.path.basename(path)
 
 
+# A program frame's label part and function name, by its code and instruction offset: the same
+# few call sites issue every op, and `f_lineno` decodes the line table at each read.
+_LABELS: dict[tuple[CodeType, int], tuple[str, str]] = {}
+
+
+def _label(frame: FrameType, name: str) -> tuple[str, str]:
+    key = (frame.f_code, frame.f_lasti)
+    found = _LABELS.get(key)
+    if found is None:
+        code = frame.f_code
+        found = _LABELS[key] = (f"{name}:{frame.f_lineno} {code.co_name}", code.co_name)
+    return found
+
+
 def where() -> tuple[str, str]:
     """The program's innermost frame outside torch and this package: (`file:line function`, the
     function's name), for labels and buffer names."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
-        code = frame.f_code
-        name = _program_file(code.co_filename)
+        name = _program_file(frame.f_code.co_filename)
         if name is not None:
-            return f"{name}:{frame.f_lineno} {code.co_name}", code.co_name
-        frame = frame.f_back  # type: ignore[assignment]
+            return _label(frame, name)
+        frame = frame.f_back
     return "?", "tensor"
 
 
@@ -95,13 +109,13 @@ def origin() -> tuple[str, str, Site | None]:
     """`where()` and the trace's site of the call (`core.sites.caller`) in one walk: the site is
     found from where's frame on (the frames below it are torch's and this package's, which the
     site's walk skips too)."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
-        code = frame.f_code
-        name = _program_file(code.co_filename)
+        name = _program_file(frame.f_code.co_filename)
         if name is not None:
-            return f"{name}:{frame.f_lineno} {code.co_name}", code.co_name, site_of(frame)
-        frame = frame.f_back  # type: ignore[assignment]
+            here, function = _label(frame, name)
+            return here, function, site_of(frame)
+        frame = frame.f_back
     return "?", "tensor", None
 
 
@@ -307,50 +321,71 @@ class Interceptor:
             pin = kwargs.get("pin_memory") is True
             if pin:
                 kwargs = {**kwargs, "pin_memory": False}
-        found = self._pinned_touches(func, info, args, kwargs) if self.memory.pinned else None
-        out = func(*args, **kwargs)
+        found = self._pinned_touches(info, args, kwargs) if self.memory.pinned else None
+        out = info.call(*args, **kwargs)
         if info.empty and isinstance(out, torch.Tensor):
             out.fill_(poison(out.dtype))
         if pin and isinstance(out, torch.Tensor):
             out = self._pinned(out, where()[1])
-        if found:
+        if found is not None:
+            accesses, pinned, writes = found
             here, _, site = origin()
-            self._host_op(f"{info.name} @{here}", found, site)
-            for t in found:
-                if t.mode == "w":  # keep the logical twins in step
-                    self._host_twin(func, args, kwargs)
-                    break
+            self._host_op(f"{info.name} @{here}", accesses, site)
+            if writes:  # keep the logical twins in step
+                self._host_twin(info, args, kwargs, pinned)
         return out
 
-    def _host_twin(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """A host op that wrote pinned memory, again on the logical copies (`logical` over the
-        arguments, one level of lists down)."""
-        pinned = self.memory.pinned
+    def _host_twin(
+        self,
+        info: OpInfo,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        pinned: list[tuple[int | str, Buffer]] | None,
+    ) -> None:
+        """A host op that wrote pinned memory, again on the logical copies: each pinned argument
+        (`pinned`: by position or name, as `_pinned_touches` found them; None: look them up,
+        one level of lists down) as the same view of its buffer's logical copy."""
+        if pinned is not None:
+            largs = list(args)
+            lkwargs = kwargs
+            for key, buffer in pinned:
+                if isinstance(key, int):
+                    x = largs[key]
+                    largs[key] = buffer.logical.as_strided(x.size(), x.stride(), x.storage_offset())
+                else:
+                    x = kwargs[key]
+                    if lkwargs is kwargs:
+                        lkwargs = dict(kwargs)
+                    lkwargs[key] = buffer.logical.as_strided(
+                        x.size(), x.stride(), x.storage_offset()
+                    )
+            info.call(*largs, **lkwargs)
+            return
+        pinned_of = self.memory.pinned
 
         def swap(x: Any) -> Any:
             if isinstance(x, torch.Tensor):
-                buffer = pinned.get(x.untyped_storage().data_ptr()) if x.is_cpu else None
+                buffer = pinned_of.get(x.untyped_storage().data_ptr()) if x.is_cpu else None
                 if buffer is not None:
                     return buffer.logical.as_strided(x.size(), x.stride(), x.storage_offset())
             elif isinstance(x, _SEQUENCES):
                 return type(x)(swap(y) for y in x)
             return x
 
-        largs = [swap(x) for x in args]
-        if kwargs:
-            func(*largs, **{k: swap(v) for k, v in kwargs.items()})
-        else:
-            func(*largs)
+        info.call(*[swap(x) for x in args], **{k: swap(v) for k, v in kwargs.items()})
 
     def _pinned_touches(
-        self, func: Any, info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> list[Touch] | None:
+        self, info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[list[Access], list[tuple[int | str, Buffer]] | None, bool] | None:
         """A host op's footprint on pinned buffers (`footprint.touches`), None when it touches
-        none. Most host ops take plain tensors, or pinned ones as whole arguments: those are
-        read off here in one pass; index ops and lists of tensors go to `touches`."""
+        none: its accesses (reads first), the pinned arguments by position or name (None: one in
+        a list), whether it writes. Most host ops take plain tensors, or pinned ones as whole
+        arguments: those are read off here in one pass; index ops and lists of tensors go to
+        `touches`."""
         pinned = self.memory.pinned
-        reads: list[Touch] = []
-        writes: list[Touch] = []
+        reads: list[Access] = []
+        writes: list[Access] = []
+        found: list[tuple[int | str, Buffer]] = []
         written = info.written
         general = info.indexed
         for i, x in enumerate(args):
@@ -358,48 +393,46 @@ class Interceptor:
                 if x.is_cpu and i < len(written):
                     buffer = pinned.get(x.untyped_storage().data_ptr())
                     if buffer is not None:
+                        found.append((i, buffer))
                         if written[i]:
-                            writes.append(Touch(buffer, view_cells(buffer, x), "w"))
+                            writes.append(Access(buffer.name, view_cells(buffer, x), "w"))
                         else:
-                            reads.append(Touch(buffer, view_cells(buffer, x), "r"))
+                            reads.append(Access(buffer.name, view_cells(buffer, x), "r"))
             elif isinstance(x, _SEQUENCES):
                 general = True
         if kwargs:
             by_name = info.by_name
             for name, x in kwargs.items():
                 if isinstance(x, torch.Tensor):
-                    found = by_name.get(name)
-                    if x.is_cpu and found is not None:
+                    known = by_name.get(name)
+                    if x.is_cpu and known is not None:
                         buffer = pinned.get(x.untyped_storage().data_ptr())
                         if buffer is not None:
-                            if found[1]:
-                                writes.append(Touch(buffer, view_cells(buffer, x), "w"))
+                            found.append((name, buffer))
+                            if known[1]:
+                                writes.append(Access(buffer.name, view_cells(buffer, x), "w"))
                             else:
-                                reads.append(Touch(buffer, view_cells(buffer, x), "r"))
+                                reads.append(Access(buffer.name, view_cells(buffer, x), "r"))
                 elif isinstance(x, _SEQUENCES):
                     general = True
         if general:
             memory = self.memory
             if memory.any_pinned(args) or (kwargs and memory.any_pinned(kwargs.values())):
-                return touches(func, args, kwargs, self.locate, self.logical)
+                touched = touches(info.func, args, kwargs, self.locate, self.logical)
+                if not touched:
+                    return None
+                accesses = [Access(t.buffer.name, t.cells, t.mode) for t in touched]  # type: ignore[arg-type]
+                return accesses, None, any(t.mode == "w" for t in touched)
+            return None
+        if not found:
             return None
         if reads:
             reads.extend(writes)
-            return reads
-        return writes or None
+            return reads, found, bool(writes)
+        return writes, found, True
 
-    def _host_op(self, label: str, found: Sequence[Touch], site: Site | None) -> Op:
-        now = float(self.runtime.env.now)
-        return self.device.recorder.op_at(
-            HOST,
-            "host",
-            now,
-            site,
-            label=label,
-            accesses=[Access(t.buffer.name, t.cells, t.mode) for t in found],  # type: ignore[arg-type]
-            start=now,
-            end=now,
-        )
+    def _host_op(self, label: str, accesses: list[Access], site: Site | None) -> Op:
+        return self.device.recorder.host_op(float(self.runtime.env.now), site, label, accesses)
 
     def _pinned(self, made: torch.Tensor, hint: str) -> torch.Tensor:
         """`made` copied into pinned memory (`HostAllocator.allocate`), its buffer's size declared
@@ -421,11 +454,15 @@ class Interceptor:
             raise RuntimeError(
                 "cannot pin 'torch.cuda.IntTensor' only dense CPU tensors can be pinned"
             )
-        found = touches(aten.clone.default, (t,), {}, self.locate, self.logical)
+        # (a fresh pageable tensor, as `torch.tensor(..., pin_memory=True)` makes, reads nothing
+        # traced: `touches` would find nothing)
+        located = self.memory.pinned_of(t) is not None
+        found = touches(aten.clone.default, (t,), {}, self.locate, self.logical) if located else []
         here, hint, site = origin()
         copy = self._pinned(t.clone(), hint)
         if found:
-            self._host_op(f"pin_memory @{here}", found, site)
+            accesses = [Access(t.buffer.name, t.cells, t.mode) for t in found]  # type: ignore[arg-type]
+            self._host_op(f"pin_memory @{here}", accesses, site)
         return copy
 
     def _scalar(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

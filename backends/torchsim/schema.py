@@ -55,6 +55,7 @@ class OpInfo:
     """One overload, as the interceptor and the footprints use it."""
 
     func: Any
+    call: Any  # `func`'s C++ entry (`OpOverload.__call__` is a Python frame that only calls it)
     packet: Any  # its overload packet (`aten.slice`)
     name: str  # the packet's name, for labels
     view: bool  # returns views of its arguments and writes none
@@ -92,6 +93,7 @@ def _read(func: Any) -> OpInfo:
     )
     return OpInfo(
         func=func,
+        call=getattr(func, "_op", func),
         packet=packet,
         name=packet.__name__,
         view=view,

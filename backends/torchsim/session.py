@@ -57,7 +57,22 @@ class SimulatedCuda:
         self.runtime = StreamRuntime(device, self.torch_device, tuple(stream_names))
         self.memory = Memory()
         self.interceptor = Interceptor(device, self.runtime, self.memory)
-        self._stack: contextlib.ExitStack | None = None
+        # What stands in while the block lasts, made once: a scheduler enters the block at every
+        # iteration, and ~30 context managers an entry were a few per cent of a run.
+        interceptor = self.interceptor
+
+        def record_stream(tensor: torch.Tensor, stream: Any) -> None:
+            interceptor.record_stream(tensor, stream)
+
+        self._patches: list[tuple[Any, str, Any]] = [
+            *((torch.cuda, name, value) for name, value in self._stand_ins().items()),
+            (torch.cuda.nvtx, "range", _no_range),
+            (torch.Tensor, "record_stream", record_stream),
+            (torch.Tensor, "copy_", _copy),
+        ]
+        # (owner, name, what it was) for each attribute set, in the order set; and the mode
+        self._undo: list[tuple[Any, str, Any]] | None = None
+        self._mode: DispatchMode | None = None
 
     # -- the block ------------------------------------------------------------------------------
 
@@ -65,28 +80,37 @@ class SimulatedCuda:
         # Device guards for "cuda" tensors become no-ops on a build without CUDA (as FakeTensor
         # does it); on a CUDA build they guard a real device, which is harmless.
         torch._C._ensureCUDADeviceGuardSet()
-        stack = contextlib.ExitStack()
-        for name, value in self._stand_ins().items():
-            stack.enter_context(_patched(torch.cuda, name, value))
-        stack.enter_context(_patched(torch.cuda.nvtx, "range", _no_range))
-        interceptor = self.interceptor
-
-        def record_stream(tensor: torch.Tensor, stream: Any) -> None:
-            interceptor.record_stream(tensor, stream)
-
-        stack.enter_context(_patched(torch.Tensor, "record_stream", record_stream))
-        stack.enter_context(_patched(torch.Tensor, "copy_", _copy))
-        stack.enter_context(_patched(torch.Tensor, "to", indexing_to(torch.Tensor.to)))
-        stack.enter_context(DispatchMode(self.interceptor))
-        for factory in ("tensor", "as_tensor"):
-            stack.enter_context(_patched(torch, factory, pinning(getattr(torch, factory))))
-        self._stack = stack
+        undo: list[tuple[Any, str, Any]] = []
+        self._undo = undo
+        try:
+            for owner, name, value in self._patches:
+                _set(owner, name, value, undo)
+            # (these wrap what is there at entry)
+            _set(torch.Tensor, "to", indexing_to(torch.Tensor.to), undo)
+            mode = DispatchMode(self.interceptor)
+            mode.__enter__()  # type: ignore[no-untyped-call]
+            self._mode = mode
+            for factory in ("tensor", "as_tensor"):
+                _set(torch, factory, pinning(getattr(torch, factory)), undo)
+        except BaseException:
+            self.__exit__()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
-        stack, self._stack = self._stack, None
-        if stack is not None:
-            stack.close()
+        undo, self._undo = self._undo, None
+        mode, self._mode = self._mode, None
+        if undo is None:
+            return
+        try:
+            # the factories first, then the mode, then the rest: the reverse of the entry
+            while undo and undo[-1][0] is torch:
+                _restore(*undo.pop())
+            if mode is not None:
+                mode.__exit__(None, None, None)  # type: ignore[no-untyped-call]
+        finally:
+            while undo:
+                _restore(*undo.pop())
 
     def _stand_ins(self) -> dict[str, Any]:
         runtime = self.runtime
@@ -200,22 +224,26 @@ class StreamContext:
         self.runtime.current = self._before.pop()
 
 
-@contextlib.contextmanager
-def _patched(owner: Any, name: str, value: Any) -> Iterator[None]:
-    missing = object()
+_MISSING = object()
+
+
+def _set(owner: Any, name: str, value: Any, undo: list[tuple[Any, str, Any]]) -> None:
+    """`owner.name = value`, noting what was there (a class's own attribute, not an inherited
+    one) in `undo`."""
     before = (
-        owner.__dict__.get(name, missing)
+        owner.__dict__.get(name, _MISSING)
         if isinstance(owner, type)
-        else getattr(owner, name, missing)
+        else getattr(owner, name, _MISSING)
     )
     setattr(owner, name, value)
-    try:
-        yield
-    finally:
-        if before is missing:
-            delattr(owner, name)
-        else:
-            setattr(owner, name, before)
+    undo.append((owner, name, before))
+
+
+def _restore(owner: Any, name: str, before: Any) -> None:
+    if before is _MISSING:
+        delattr(owner, name)
+    else:
+        setattr(owner, name, before)
 
 
 @contextlib.contextmanager

@@ -6,11 +6,19 @@ that loses one of them fails here, not in a user's hands."""
 from __future__ import annotations
 
 import json
-import os
-import tarfile
 from pathlib import Path
+from typing import Any
 
 import pytest
+from minisgl_trees import (
+    FIX_4_PR111,
+    PR111_FIXES,
+    PR111_SNAPSHOT,
+    SNAPSHOT,
+    shared_tree,
+    unpack,
+)
+from upstream_cli import run_cli
 
 from overlapcheck.formats.counterexample import load
 from overlapcheck.replay.sim import judge, replay_on_sim
@@ -18,11 +26,9 @@ from overlapcheck.replay.sim import judge, replay_on_sim
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 MINISGL = "overlapcheck.adapters.minisgl:make_scheduler"
-SNAPSHOT = Path(
-    os.environ.get("MINISGL_SNAPSHOT", ROOT.parent / "shared/upstream/mini-sglang-20fcd7f.tar.gz")
-)
-# mini-sglang's findings recorded on its tree as shipped (the others need a patched tree: the GPU
-# replay's fixed row and PR #111's, saved on the trees their searches ran on).
+PR111_FINDING = "findings/mini-sglang/pr111-abort-in-flight.json"
+# mini-sglang's findings recorded on its tree as shipped (the GPU replay's fixed row needs a
+# patched tree; PR #111's finding, its patched tree: below).
 MINISGL_SHIPPED = (
     "findings/mini-sglang/bug1-finished-early.json",
     "findings/mini-sglang/bug2-token-after-eos.json",
@@ -58,15 +64,11 @@ def test_the_reference_counterexamples_in_the_docs_reproduce(name: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def minisgl_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def minisgl_tree() -> Path:
     pytest.importorskip("torch")
     if not SNAPSHOT.is_file():
         pytest.skip(f"no mini-sglang snapshot at {SNAPSHOT}")
-    into = tmp_path_factory.mktemp("minisgl-findings")
-    with tarfile.open(SNAPSHOT) as tar:
-        tar.extractall(into, filter="data")
-    (root,) = into.iterdir()
-    return root
+    return shared_tree()
 
 
 @pytest.mark.parametrize("name", MINISGL_SHIPPED)
@@ -76,3 +78,40 @@ def test_the_mini_sglang_findings_in_the_docs_reproduce_on_its_tree_as_shipped(
     assert load(DOCS / name).scheduler.text == MINISGL
     monkeypatch.setenv("MINISGL_PATH", str(minisgl_tree))
     _reproduces(name)
+
+
+# PR #111's tree with the patches of bugs 6, 1, 2 and 3 (the search that found its abort ran on
+# it); mini-sglang runs in a subprocess there (one mini-sglang per process: this one has 20fcd7f).
+@pytest.fixture(scope="module")
+def pr111_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("torch")
+    if not PR111_SNAPSHOT.is_file():
+        pytest.skip(f"no mini-sglang PR #111 snapshot at {PR111_SNAPSHOT}")
+    return unpack(tmp_path_factory.mktemp("minisgl-pr111"), PR111_FIXES, PR111_SNAPSHOT)
+
+
+def _on(tree: Path, args: list[str], cwd: Path) -> Any:
+    done = run_cli("MINISGL_PATH", tree, [*args, "--json"], cwd)
+    assert done.returncode in (0, 1), done.stdout + done.stderr
+    return json.loads(done.stdout)
+
+
+def test_pr111_s_abort_in_flight_reproduces_on_its_patched_tree(
+    pr111_tree: Path, tmp_path: Path
+) -> None:
+    assert load(DOCS / PR111_FINDING).scheduler.text == MINISGL
+    report = _on(pr111_tree, ["replay", str(DOCS / PR111_FINDING)], tmp_path)
+    assert report["verdict"] == "reproduced" and report["invariant"] == "abort-silent", report
+    assert report["changed_files"] == []  # the tree the search ran on, byte for byte
+    assert report["same_trace_hash"] or report["changed"], report
+
+
+def test_pr111_s_tree_is_clean_of_the_double_free_and_fix_4_on_top_of_it_of_the_abort(
+    pr111_tree: Path, tmp_path: Path
+) -> None:
+    at_eos = ["run", "--scheduler", MINISGL, "--scenario"]
+    at_eos += [str(DOCS / "findings/mini-sglang/abort-at-eos.json"), "--skip", "abort-silent"]
+    assert _on(pr111_tree, at_eos, tmp_path)["violations"] == []
+    fixed = unpack(tmp_path / "fix-4", PR111_FIXES + FIX_4_PR111, PR111_SNAPSHOT)
+    report = _on(fixed, ["replay", str(DOCS / PR111_FINDING)], tmp_path)
+    assert report["verdict"] == "fixed" and report["violations"] == [], report

@@ -325,13 +325,14 @@ class RaceDetector:
         shadow.base(buffer, np.array([b - 1]), self.sizes.get(buffer))
         old, new = shadow.regions[source][0], shadow.regions[buffer][0]
         n, m = b - a, d - c
-        for row in (shadow.writer, *shadow.rows[: shadow.agents]):
-            was = row[old + c : old + d]
+        # the writers, then every agent's read clocks at once (rows of one 2-D view)
+        for rows in (shadow.writer[None, :], shadow.reads[: shadow.agents]):
+            was = rows[:, old + c : old + d]
             if n > m:  # a smaller dtype: each old cell is several new ones
-                was = np.repeat(was, n // m)
+                was = np.repeat(was, n // m, axis=1)
             elif n < m:  # a larger one: each new cell is several old ones
-                was = was.reshape(n, m // n).max(axis=1)
-            into = row[new + a : new + b]
+                was = was.reshape(len(rows), n, m // n).max(axis=2)
+            into = rows[:, new + a : new + b]
             np.maximum(into, was, out=into)
         marks = self.marks.get(source)
         if marks is not None:

@@ -178,9 +178,12 @@ class DeviceAllocator:
         self.segments = 0
         self.reused = 0  # allocations that got memory an earlier tensor had
 
-    def allocate(self, like: torch.Tensor, hint: str) -> tuple[Buffer, torch.Tensor]:
+    def allocate(
+        self, like: torch.Tensor, hint: str, site: Site | None = None
+    ) -> tuple[Buffer, torch.Tensor]:
         """Memory for `like`'s storage (dtype and size) on the current stream: its buffer, and
-        `like`'s geometry there as a view of the buffer's logical copy."""
+        `like`'s geometry there as a view of the buffer's logical copy. `site`: the scheduler's
+        frame that asked, when the caller found it already (else it is looked up on a reuse)."""
         self.collect()
         self._release()
         nbytes = like.untyped_storage().nbytes()
@@ -203,7 +206,7 @@ class DeviceAllocator:
             block.next, block.size = rest, size
             pool.add(rest)
         block.state = "live"
-        buffer, offset = self._owner(block, like.dtype, like.element_size(), hint, stream)
+        buffer, offset = self._owner(block, like.dtype, like.element_size(), hint, stream, site)
         buffer.on_free = self._freed
         self.blocks[id(buffer)] = block
         where = (tuple(like.size()), tuple(like.stride()), int(like.storage_offset()) + offset)
@@ -218,7 +221,13 @@ class DeviceAllocator:
         return block
 
     def _owner(
-        self, block: _Block, dtype: torch.dtype, esize: int, hint: str, stream: SimStream
+        self,
+        block: _Block,
+        dtype: torch.dtype,
+        esize: int,
+        hint: str,
+        stream: SimStream,
+        site: Site | None,
     ) -> tuple[Buffer, int]:
         """The buffer a new tensor of `dtype` in `block` is named by, and its element offset
         there; the block's bytes are its from now on."""
@@ -251,7 +260,7 @@ class DeviceAllocator:
             offset = 0
             piece = _Piece(start, end, start, buffer)
         if old:
-            self._reused(old, buffer, start, end, None if twin else esize, stream)
+            self._reused(old, buffer, start, end, None if twin else esize, stream, site)
         # the block's bytes are the new piece's; the old pieces keep what lies outside them
         kept = [p.cut(p.start, start) for p in old[:1] if p.start < start]
         kept.append(piece)
@@ -269,12 +278,14 @@ class DeviceAllocator:
         end: int,
         esize: int | None,
         stream: SimStream,
+        site: Site | None,
     ) -> None:
         """Trace the reuse of `old` pieces' bytes [start, end) by `buffer`; `esize`: the new
         buffer's element size when it is not the old one (its cells then map to theirs)."""
         self.reused += 1
         trace = self.runtime.device.trace
-        here, step, seq = caller(), self.runtime.device.recorder.step, len(trace.ops)
+        here = site if site is not None else caller()
+        step, seq = self.runtime.device.recorder.step, len(trace.ops)
         for piece in old:
             if esize is None:
                 trace.reuses.append(Reuse(buffer.name, seq, stream.name, *piece.freed, here, step))

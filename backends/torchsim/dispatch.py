@@ -20,7 +20,7 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from types import CodeType, FrameType
+from types import FrameType
 from typing import Any
 
 import numpy as np
@@ -79,17 +79,20 @@ def _program_file(path: str) -> str | None:
     return os.path.basename(path)
 
 
-# A program frame's label part and function name, by its code and instruction offset: the same
-# few call sites issue every op, and `f_lineno` decodes the line table at each read.
-_LABELS: dict[tuple[CodeType, int], tuple[str, str]] = {}
+# A program frame's label part, its function's name, and whether it is the scheduler's own frame
+# (then it is its own trace site: `core.sites.site_of` would stop at it), by its code and
+# instruction offset: the same few call sites issue every op, and `f_lineno` decodes the line
+# table at each read.
+_LABELS: dict[Site, tuple[str, str, bool]] = {}
 
 
-def _label(frame: FrameType, name: str) -> tuple[str, str]:
+def _label(frame: FrameType, name: str) -> tuple[str, str, bool]:
     key = (frame.f_code, frame.f_lasti)
     found = _LABELS.get(key)
     if found is None:
         code = frame.f_code
-        found = _LABELS[key] = (f"{name}:{frame.f_lineno} {code.co_name}", code.co_name)
+        here = f"{name}:{frame.f_lineno} {code.co_name}"
+        found = _LABELS[key] = (here, code.co_name, site_of(frame) == key)
     return found
 
 
@@ -100,7 +103,8 @@ def where() -> tuple[str, str]:
     while frame is not None:
         name = _program_file(frame.f_code.co_filename)
         if name is not None:
-            return _label(frame, name)
+            here, function, _ = _label(frame, name)
+            return here, function
         frame = frame.f_back
     return "?", "tensor"
 
@@ -113,8 +117,8 @@ def origin() -> tuple[str, str, Site | None]:
     while frame is not None:
         name = _program_file(frame.f_code.co_filename)
         if name is not None:
-            here, function = _label(frame, name)
-            return here, function, site_of(frame)
+            here, function, own = _label(frame, name)
+            return here, function, (frame.f_code, frame.f_lasti) if own else site_of(frame)
         frame = frame.f_back
     return "?", "tensor", None
 
@@ -567,7 +571,7 @@ class Interceptor:
             if not isinstance(value, torch.Tensor):
                 return value
             if out_device == "cuda":
-                buffer, placed = self.device_memory.allocate(value, name_hint)
+                buffer, placed = self.device_memory.allocate(value, name_hint, site)
                 self.device.trace.sizes[buffer.name] = buffer.numel
                 _copy_into(placed, value)
                 fresh.append((buffer, placed))
@@ -710,7 +714,7 @@ class Interceptor:
         here, hint, site = origin()
         if cuda_dst:  # host to device into a fresh buffer
             logical = self.logical(x).to(dtype)
-            buffer, placed = self.device_memory.allocate(logical, hint)
+            buffer, placed = self.device_memory.allocate(logical, hint, site)
             self.device.trace.sizes[buffer.name] = buffer.numel
             _copy_into(placed, logical)
             out = self.wrap(buffer, placed)

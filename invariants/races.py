@@ -72,7 +72,10 @@ class _Shadow:
             start = self._place(buffer, max(size, 1), None)
             self.fixed[buffer] = start
             return start
-        top = int(_max(cells))
+        return self.grown(buffer, int(_max(cells)))
+
+    def grown(self, buffer: str, top: int) -> int:
+        """`base` for a region already placed or of no declared size, given its largest cell."""
         region = self.regions.get(buffer)
         if region is not None and top < region[1]:
             return region[0]
@@ -321,8 +324,12 @@ class RaceDetector:
         if source is None or source not in shadow.regions or b <= a or d <= c:
             return  # never accessed: nothing to carry
         self._flush(source)
-        shadow.base(source, np.array([d - 1]), self.sizes.get(source))
-        shadow.base(buffer, np.array([b - 1]), self.sizes.get(buffer))
+        shadow.grown(source, d - 1)  # (placed: it was accessed)
+        size = self.sizes.get(buffer)
+        if size is not None and buffer not in shadow.regions:
+            shadow.base(buffer, np.array([b - 1]), size)  # placed at its declared size
+        else:
+            shadow.grown(buffer, b - 1)
         old, new = shadow.regions[source][0], shadow.regions[buffer][0]
         n, m = b - a, d - c
         # the writers, then every agent's read clocks at once (rows of one 2-D view)

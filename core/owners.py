@@ -42,6 +42,29 @@ def _library_folders() -> tuple[Path, ...]:
 LIBRARY_FOLDERS = _library_folders()
 
 
+def _own_parts() -> frozenset[str]:
+    """The names directly under the package that are overlapcheck's: its modules, its
+    subpackages, and the tests. In a checkout the package is the repository's root, where a
+    user may keep other code (an engine's tree unpacked beside ours, say): that is theirs."""
+    try:
+        entries = list(PACKAGE.iterdir())
+    except OSError:
+        return frozenset()
+    return frozenset(
+        {e.name for e in entries if e.suffix == ".py" or (e / "__init__.py").is_file()} | {"tests"}
+    )
+
+
+OWN_PARTS = _own_parts()
+
+
+def _ours(path: Path) -> bool:
+    if not path.is_relative_to(PACKAGE):
+        return False
+    parts = path.relative_to(PACKAGE).parts
+    return bool(parts) and parts[0] in OWN_PARTS
+
+
 @cache
 def owner(path: Path, code_roots: tuple[Path, ...] = ()) -> Owner:
     """Whose the (resolved) source file `path` is. `code_roots`: folders the scheduler declares
@@ -50,7 +73,7 @@ def owner(path: Path, code_roots: tuple[Path, ...] = ()) -> Owner:
         return "scheduler"
     # The package may live in a library folder (installed from a wheel) and a library folder may
     # live in the package (a virtual environment inside the checkout): the innermost counts.
-    if path.is_relative_to(PACKAGE) and not any(
+    if _ours(path) and not any(
         folder.is_relative_to(PACKAGE) and path.is_relative_to(folder) for folder in LIBRARY_FOLDERS
     ):
         return "shipped" if any(path.is_relative_to(f) for f in SHIPPED_FOLDERS) else "checker"

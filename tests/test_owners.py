@@ -48,3 +48,14 @@ def test_a_library_folder_inside_the_checkout_is_a_library(
     decide = owner.__wrapped__  # (not the cache: the folders changed)
     assert decide(venv / "numpy" / "core.py") == "library"
     assert decide(PACKAGE / "harness" / "runner.py") == "checker"
+
+
+def test_an_engine_tree_kept_inside_the_checkout_is_the_schedulers() -> None:
+    """In a checkout the package is the repository's root: an upstream tree unpacked there (a
+    hidden folder, say) is the user's code, so its findings name its lines."""
+    decide = owner.__wrapped__
+    engine = PACKAGE / ".upstream" / "mini-sglang" / "python" / "minisgl" / "scheduler.py"
+    assert decide(engine) == "scheduler"
+    assert decide(PACKAGE / "notes" / "engine.py") == "scheduler"
+    assert decide(PACKAGE / "tests" / "test_owners.py") == "checker"
+    assert decide(PACKAGE / "__main__.py") == "checker"

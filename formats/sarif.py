@@ -33,7 +33,8 @@ _OTHER_RULES = {
 def _rule(invariant: str) -> dict[str, Any]:
     made = INVARIANTS.get(invariant)
     doc = (made.__doc__ or "") if isinstance(made, type) else ""
-    text = doc.strip().splitlines()[0] if doc.strip() else _OTHER_RULES.get(invariant, invariant)
+    summary = " ".join(doc.strip().split("\n\n")[0].split())  # the docstring's first paragraph
+    text = summary or _OTHER_RULES.get(invariant, invariant)
     return {"id": invariant, "name": invariant, "shortDescription": {"text": text}}
 
 

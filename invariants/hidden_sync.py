@@ -19,6 +19,9 @@ _JUDGED = ("forward", "host_wait")
 
 
 class NoHiddenSync(TraceScanner):
+    """Under overlap, the host never blocks between launching forward N and N+1 on an event
+    that fires only after N finished."""
+
     id = "no-hidden-sync"
 
     def __init__(self) -> None:

@@ -85,6 +85,9 @@ class _Context:
 
 
 class KvProvenance(Invariant):
+    """Every KV cell a forward reads holds what a forward computed for exactly that token, position
+    and context."""
+
     id = "kv-provenance"
     deferrable = False  # reads the device's shadow as the run goes
     needs_kv_shadow = True

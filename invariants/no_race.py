@@ -20,6 +20,9 @@ _ROLES = {"RAW": ("write", "read"), "WAR": ("read", "write"), "WAW": ("write", "
 
 
 class NoRace(Invariant):
+    """No two accesses to the same cells, one a write, are unordered by happens-before (stream
+    order, host issue, event record -> wait, host waits)."""
+
     id = "no-race"
 
     def bind(self, run: RunContext) -> None:

@@ -10,6 +10,8 @@ from overlapcheck.invariants.context import Request
 
 
 class Oracle(Invariant):
+    """Every token equals the sequential reference's (the model run on the request alone)."""
+
     id = "oracle"
     # A routine token (`RequestLedger.routine`) is one the ledger found equal to the reference's
     # (it compares exact ones inline): only the others, a few a request, come here.

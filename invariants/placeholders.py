@@ -34,6 +34,9 @@ class PlaceholderLog(Protocol):
 
 
 class Placeholders(TraceScanner):
+    """A placeholder is resolved from the forward of the step that produced it for that request,
+    and never reaches a forward's input or a message."""
+
     id = "placeholder"
 
     def __init__(self) -> None:

@@ -34,6 +34,9 @@ def bound(config: SchedulerConfig) -> int:
 
 
 class Progress(Invariant):
+    """A preemption is followed by a token for some request within a bound of iterations while
+    work remains."""
+
     id = "progress"
     batched = True  # False: every sequence judged one by one (the same verdicts, for comparison)
 

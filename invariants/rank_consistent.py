@@ -25,6 +25,9 @@ _ABSENT = object()
 
 
 class RankConsistent(Invariant):
+    """Every rank launches what rank 0 launches, iteration by iteration, and makes the decisions it
+    declares alike."""
+
     id = "rank-consistent"
     deferrable = False  # it reads the other ranks' logs as they run
 

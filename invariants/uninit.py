@@ -31,7 +31,10 @@ _CLEAN = -1  # a cell's mark: written since its allocation (or never allocated b
 
 
 class NoUninitRead(TraceScanner):
-    """Per buffer with never-written cells: each cell's allocation (an index into the trace's
+    """No forward and no device-to-host copy reads device memory that nothing wrote since its
+    allocation (`empty*`, or a block the caching allocator reused).
+
+    Per buffer with never-written cells: each cell's allocation (an index into the trace's
     allocations), or `_CLEAN`. A buffer leaves `pending` once all its cells are written, so most
     ops cost one dictionary test."""
 

@@ -30,6 +30,9 @@ from overlapcheck.invariants.forwards import ForwardFeed
 
 
 class WorkBound(Invariant):
+    """No forward samples an output position past `max_tokens`, none after the finished message, no
+    context over the pages its prompt and output need."""
+
     id = "work-bound"
     batched = True  # False: every sequence judged one by one (the same verdicts, for comparison)
 

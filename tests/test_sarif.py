@@ -86,3 +86,14 @@ def test_an_unwritable_sarif_path_is_one_line_and_exit_2(
     assert main(["replay", str(found), "--sarif", str(tmp_path / "no" / "x.sarif")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "does not exist" in err[0]
+
+
+def test_every_rule_states_its_property() -> None:
+    """A code-scanning service shows a rule's short description beside each finding: every
+    invariant's is a sentence of what it checks, not its id again."""
+    from overlapcheck.formats.sarif import _rule
+    from overlapcheck.invariants.registry import INVARIANTS
+
+    for invariant in INVARIANTS:
+        text = _rule(invariant)["shortDescription"]["text"]
+        assert text != invariant and len(text.split()) >= 6 and text.endswith((".", ".)")), text

@@ -38,6 +38,8 @@ def _view(tensor: Any) -> np.ndarray:
 def _pages(cells: list[int], page_size: int) -> tuple[int, ...]:
     """The pages of these cells, sorted, once each (a set of a few dozen ints costs less than
     `np.unique`, which runs for every request at every step)."""
+    if page_size == 1:  # (a cell is its page: no division per cell)
+        return tuple(sorted(set(cells)))
     return tuple(sorted({c // page_size for c in cells}))
 
 

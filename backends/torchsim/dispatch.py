@@ -156,14 +156,15 @@ def _leaves(tree: Any) -> list[Any]:
 def _map(
     f: Callable[[Any], Any], args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """`f` over an op's argument values, one level of lists and tuples down (see `_leaves`)."""
-
-    def one(x: Any) -> Any:
-        if isinstance(x, list | tuple):
-            return type(x)(f(y) for y in x)
-        return f(x)
-
-    return tuple(one(x) for x in args), {k: one(v) for k, v in kwargs.items()}
+    """`f` over an op's argument values, one level of lists and tuples down (see `_leaves`).
+    Loops rather than generators: it runs several times for every stream op."""
+    out = [type(x)([f(y) for y in x]) if isinstance(x, _SEQUENCES) else f(x) for x in args]
+    if not kwargs:
+        return tuple(out), {}
+    return tuple(out), {
+        k: type(v)([f(y) for y in v]) if isinstance(v, _SEQUENCES) else f(v)
+        for k, v in kwargs.items()
+    }
 
 
 def _any_sim(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -334,7 +335,9 @@ class Interceptor:
         if found is not None:
             accesses, pinned, writes = found
             here, _, site = origin()
-            self._host_op(f"{info.name} @{here}", accesses, site)
+            self.device.recorder.host_op(
+                float(self.runtime.env.now), site, f"{info.name} @{here}", accesses
+            )
             if writes:  # keep the logical twins in step
                 self._host_twin(info, args, kwargs, pinned)
         return out

@@ -19,7 +19,10 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
+import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,11 +148,21 @@ def misaligned(plan: Plan, simulated: list[Name], on_gpu: list[Name]) -> str | N
     return None
 
 
-def simulated(cex: Counterexample) -> tuple[Plan, list[Name]]:
-    """The plan from the simulator's run of `cex` (graphs off) with the loaded checkout, and
-    that run's named device ops."""
+@dataclass
+class Simulated:
+    """The simulator's run of a counterexample with the loaded checkout: the plan it gives,
+    its named device ops, and every pair of points it found racing."""
+
+    plan: Plan
+    names: list[Name]
+    racing: set[tuple[Point, Point]]
+
+
+def simulated(cex: Counterexample) -> Simulated:
     sim = replay_on_sim(without_graphs(cex), keep_going=True)
-    return plan_from(sim.trace, sim.deliveries), named_ops(sim.trace)
+    ops = list(sim.trace.ops)
+    racing = {(_point(ops, a.seq), _point(ops, b.seq)) for a, b, _ in races(sim.trace)}
+    return Simulated(plan_from(sim.trace, sim.deliveries), named_ops(sim.trace), racing)
 
 
 def kept_plan(path: Path, fresh: Plan) -> tuple[Plan, str]:
@@ -168,16 +181,102 @@ class Repeat:
     differing: list[int]  # uids whose tokens differ from the reference
     gates: list[str]  # what each gate did, as said
     states: list[int]  # and as the spin reported it
+    crash: str | None = None  # the device's error when the run failed (an index out of bounds)
 
     @property
     def manifested(self) -> bool:
-        return bool(self.differing)
+        return bool(self.differing) or self.crash is not None
 
     def line(self) -> str:
-        what = (
-            f"tokens differ for {self.differing}" if self.differing else "tokens as the reference"
-        )
+        if self.crash is not None:
+            what = f"the GPU run failed: {self.crash}"
+        elif self.differing:
+            what = f"tokens differ for {self.differing}"
+        else:
+            what = "tokens as the reference"
         return f"repeat {self.index}: {what}; gates: {', '.join(self.gates) or 'none'}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "differing": self.differing,
+            "gates": self.gates,
+            "states": self.states,
+            "crash": self.crash,
+        }
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> Repeat:
+        return cls(
+            int(raw["index"]),
+            [int(u) for u in raw["differing"]],
+            [str(g) for g in raw["gates"]],
+            [int(s) for s in raw["states"]],
+            None if raw.get("crash") is None else str(raw["crash"]),
+        )
+
+
+def one_repeat(cex: Counterexample, plan: Plan, index: int) -> Repeat:
+    """One gated run on the GPU, judged against the reference. A run the device stops (a
+    device-side assert: the racy order put an index out of bounds) is the race, manifested;
+    the process's CUDA context is then unusable (`replay` runs the rest in fresh processes)."""
+    scenario = cex.scenario
+    expected = reference(scenario.config, scenario.requests)
+    run = CudaRun(scenario.config, scenario.requests, plan.deliveries, plan.gates)
+    _fresh_allocator()
+    try:
+        tokens = run.run()
+    except RuntimeError as err:  # torch.AcceleratorError is one
+        return Repeat(index, [], [], [], crash=_first_line(err))
+    differing = sorted(
+        uid
+        for uid, want in expected.items()
+        if tokens.get(uid, [])[: len(want)] != want[: len(tokens.get(uid, []))]
+    )
+    results = run.gate_results()
+    gates = [
+        f"{_STATES.get(state, 'not reached')} ({waited * 1e3:.2f} ms)" for state, waited in results
+    ]
+    return Repeat(index, differing, gates, [state for state, _ in results])
+
+
+def _fresh_allocator() -> None:
+    """The caching allocator as a new process has it: the simulator's run that made the plan
+    started from an empty one, and which freed block an allocation reuses is the race."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}"
+
+
+def _in_fresh_process(cex: Counterexample, plan: Plan, index: int) -> Repeat:
+    """One repeat in a new process (this one's CUDA context died with a device-side error)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cex_file, plan_file = Path(tmp, "cex.json"), Path(tmp, "plan.json")
+        cex_file.write_text(json.dumps(cex.data))
+        plan_file.write_text(json.dumps(plan.to_json()))
+        env = {**os.environ, "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED", "0")}
+        done = subprocess.run(
+            [sys.executable, "-m", __name__, str(cex_file), "--plan", str(plan_file)]
+            + ["--one", str(index)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
+        )
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return Repeat(index, [], [], [], crash=f"a fresh process for the repeat failed: {tail}")
+    return Repeat.from_json(json.loads(lines[-1]))
 
 
 def replay(
@@ -186,65 +285,65 @@ def replay(
     """`repeat` runs on the GPU after an unjudged warm-up without gates; the warm-up's named
     calls are checked against `expected_names` first (a misfit: no repeat runs)."""
     scenario = cex.scenario
-    expected = reference(scenario.config, scenario.requests)
     warm = CudaRun(
         scenario.config, scenario.requests, plan.deliveries, record_names=expected_names is not None
     )
-    warm.run()
+    _fresh_allocator()
+    try:
+        warm.run()
+    except RuntimeError as err:
+        return [], f"the warm-up without gates failed on the device ({_first_line(err)})"
     if expected_names is not None:
         misfit = misaligned(plan, expected_names, warm.mode.named or [])
         if misfit is not None:
-            return [], misfit
-    out = []
+            return [], (
+                f"the GPU run does not issue the plan's ops as the simulator's run of this "
+                f"checkout does: {misfit}; a gate would hold or open another op (a bug of "
+                f"overlapcheck's GPU runner)"
+            )
+    out: list[Repeat] = []
     for i in range(repeat):
-        run = CudaRun(scenario.config, scenario.requests, plan.deliveries, plan.gates)
-        tokens = run.run()
-        differing = sorted(
-            uid
-            for uid, want in expected.items()
-            if tokens.get(uid, [])[: len(want)] != want[: len(tokens.get(uid, []))]
-        )
-        gates = [
-            f"{_STATES.get(state, 'not reached')} ({waited * 1e3:.2f} ms)"
-            for state, waited in run.gate_results()
-        ]
-        out.append(Repeat(i, differing, gates, [state for state, _ in run.gate_results()]))
+        dead = any(r.crash is not None for r in out)  # a device error leaves the context dead
+        out.append(_in_fresh_process(cex, plan, i) if dead else one_repeat(cex, plan, i))
     return out, None
 
 
 def report(cex: Counterexample, path: Path, repeat: int) -> tuple[list[str], str]:
     """`replay FILE --backend cuda` of a mini-sglang counterexample: the lines it prints and
     the verdict (`reproduced`, `fixed`, or `differs` when the order could not be forced)."""
-    fresh, names = simulated(cex)
-    plan, said = kept_plan(path, fresh)
+    now = simulated(cex)
+    plan, said = kept_plan(path, now.plan)
     lines = [said]
     lines += [
         f"gate {i + 1}: step {g.held.step} {g.held.agent} `{g.held.label}` waits for step "
         f"{g.opener.step} {g.opener.agent} `{g.opener.label}` ({g.race})"
         for i, g in enumerate(plan.gates)
     ] or ["no race between the scheduler's own device ops: the repeats run without gates"]
-    repeats, misfit = replay(without_graphs(cex), plan, repeat, names)
+    repeats, misfit = replay(without_graphs(cex), plan, repeat, now.names)
     if misfit is not None:
-        lines.append(
-            f"NOT RUN: the GPU run does not issue the plan's ops as the simulator's run of this "
-            f"checkout does: {misfit}; a gate would hold or open another op (a bug of "
-            f"overlapcheck's GPU runner)"
-        )
+        lines.append(f"NOT RUN: {misfit}")
         return lines, "differs"
     lines += [r.line() for r in repeats]
     hit = sum(r.manifested for r in repeats)
     forced = sum(all(s == OPENED for s in r.states) and bool(r.states) for r in repeats)
     lines.append(
-        f"manifested {hit}/{len(repeats)} (a token unlike the reference's), "
+        f"manifested {hit}/{len(repeats)} (a token unlike the reference's, or the device "
+        f"stopped the run), "
         f"clean {len(repeats) - hit}/{len(repeats)}"
         + (f"; the racy order forced in {forced}/{len(repeats)}" if plan.gates else "")
     )
     if hit:
         return lines, "reproduced"
     waited = sum(bool(r.states) and all(s == TIMED_OUT for s in r.states) for r in repeats)
-    if plan.gates and forced:
+    apart = [g for g in plan.gates if (g.held, g.opener) not in now.racing]
+    if plan.gates and forced and len(apart) == len(plan.gates):
+        lines.append(
+            "the planned order ran and every token is right: with this code the two ops share "
+            "no memory (the simulator's run of it finds no race between them): the fix holds"
+        )
+    elif plan.gates and forced:
         # the order was forced and the tokens still right: the race does not reach an output
-        lines.append("the racy order ran and every token is right: it does not reach an output")
+        lines.append("the racy order ran and every token is right: it reaches no output here")
     elif plan.gates and waited == len(repeats):
         lines.append(
             "the racy order could not happen in any repeat (each gate waited out its bound: "
@@ -258,9 +357,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("counterexample")
     p.add_argument("--repeat", type=int, default=20)
     p.add_argument("--plan", help="the plan's JSON file (default: FILE.cuda-plan.json)")
+    p.add_argument("--one", type=int, help=argparse.SUPPRESS)  # one repeat, as JSON (replay's)
     args = p.parse_args(argv)
     cex = load_counterexample(args.counterexample)
     path = Path(args.plan or args.counterexample + PLAN_SUFFIX)
+    if args.one is not None:
+        plan = Plan.from_json(json.loads(path.read_text()))
+        print(json.dumps(one_repeat(without_graphs(cex), plan, args.one).to_json()), flush=True)
+        return 0
     lines, verdict = report(cex, path, args.repeat)
     for line in lines:
         print(line, flush=True)

@@ -219,7 +219,7 @@ class Repeat:
 def one_repeat(cex: Counterexample, plan: Plan, index: int) -> Repeat:
     """One gated run on the GPU, judged against the reference. A run the device stops (a
     device-side assert: the racy order put an index out of bounds) is the race, manifested;
-    the process's CUDA context is then unusable (`replay` runs the rest in fresh processes)."""
+    the process's CUDA context is then unusable (`gated_repeats` goes on in a new process)."""
     scenario = cex.scenario
     expected = reference(scenario.config, scenario.requests)
     run = CudaRun(scenario.config, scenario.requests, plan.deliveries, plan.gates)
@@ -257,33 +257,71 @@ def _first_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text[0] if text else ''}"
 
 
-def _in_fresh_process(cex: Counterexample, plan: Plan, index: int) -> Repeat:
-    """One repeat in a new process (this one's CUDA context died with a device-side error)."""
+# What a process's stderr says when the device stopped a run: a device-side assert (an index
+# out of bounds) or a fault; anything else that kills a repeat's process is not the race's doing.
+_DEVICE_ERRORS = ("device-side assert", "illegal memory access", "Assertion `", "CUDA error")
+
+
+def device_error(stderr: str) -> str | None:
+    """The line that says how the device stopped a run (the kernel's assertion first), or None
+    when the output shows no device error."""
+    lines = [line.strip() for line in stderr.splitlines()]
+    for marker in _DEVICE_ERRORS:
+        found = next((line for line in lines if marker in line), None)
+        if found is not None:
+            return found.split("/")[-1] if "Assertion `" in found else found
+    return None
+
+
+@dataclass
+class ChildRun:
+    """What a process running repeats `start`.. gave back: a JSON line per repeat it finished,
+    its exit status and its stderr."""
+
+    lines: list[str]
+    returncode: int
+    stderr: str
+
+
+def _child(cex_file: Path, plan_file: Path, start: int, repeat: int) -> ChildRun:
+    env = {**os.environ, "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED", "0")}
+    command = [sys.executable, "-m", __name__, str(cex_file), "--plan", str(plan_file)]
+    command += ["--from", str(start), "--repeat", str(repeat)]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    return ChildRun(lines, done.returncode, done.stderr)
+
+
+def gated_repeats(cex: Counterexample, plan: Plan, repeat: int) -> tuple[list[Repeat], str | None]:
+    """The gated repeats, in processes of their own: a device-side assert leaves a process's
+    CUDA context dead, and PyTorch may then abort the process outright (an event's destructor
+    throws), so the repeat it stopped is the race manifested and the next process goes on from
+    the repeat after it. A process that dies with no device error in its output is not the
+    race's doing: nothing is judged then (the second value says why)."""
+    out: list[Repeat] = []
     with tempfile.TemporaryDirectory() as tmp:
         cex_file, plan_file = Path(tmp, "cex.json"), Path(tmp, "plan.json")
         cex_file.write_text(json.dumps(cex.data))
         plan_file.write_text(json.dumps(plan.to_json()))
-        env = {**os.environ, "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED", "0")}
-        done = subprocess.run(
-            [sys.executable, "-m", __name__, str(cex_file), "--plan", str(plan_file)]
-            + ["--one", str(index)],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=600,
-        )
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return Repeat(index, [], [], [], crash=f"a fresh process for the repeat failed: {tail}")
-    return Repeat.from_json(json.loads(lines[-1]))
+        while len(out) < repeat:
+            child = _child(cex_file, plan_file, len(out), repeat)
+            out += [Repeat.from_json(json.loads(line)) for line in child.lines]
+            if len(out) >= repeat or (out and out[-1].crash is not None):
+                continue  # done, or it said which repeat the device stopped
+            said = device_error(child.stderr)
+            if said is None:
+                tail = (child.stderr.strip().splitlines() or [f"exit {child.returncode}"])[-1]
+                return out, f"a repeat's process failed without a device error ({tail})"
+            out.append(Repeat(len(out), [], [], [], crash=said))
+    return out, None
 
 
 def replay(
     cex: Counterexample, plan: Plan, repeat: int, expected_names: list[Name] | None = None
 ) -> tuple[list[Repeat], str | None]:
-    """`repeat` runs on the GPU after an unjudged warm-up without gates; the warm-up's named
-    calls are checked against `expected_names` first (a misfit: no repeat runs)."""
+    """`repeat` runs on the GPU after an unjudged warm-up without gates in this process; the
+    warm-up's named calls are checked against `expected_names` first (a misfit: no repeat
+    runs), then the gated repeats run in processes of their own (`gated_repeats`)."""
     scenario = cex.scenario
     warm = CudaRun(
         scenario.config, scenario.requests, plan.deliveries, record_names=expected_names is not None
@@ -301,11 +339,7 @@ def replay(
                 f"checkout does: {misfit}; a gate would hold or open another op (a bug of "
                 f"overlapcheck's GPU runner)"
             )
-    out: list[Repeat] = []
-    for i in range(repeat):
-        dead = any(r.crash is not None for r in out)  # a device error leaves the context dead
-        out.append(_in_fresh_process(cex, plan, i) if dead else one_repeat(cex, plan, i))
-    return out, None
+    return gated_repeats(cex, plan, repeat)
 
 
 def report(cex: Counterexample, path: Path, repeat: int) -> tuple[list[str], str]:
@@ -321,7 +355,7 @@ def report(cex: Counterexample, path: Path, repeat: int) -> tuple[list[str], str
     ] or ["no race between the scheduler's own device ops: the repeats run without gates"]
     repeats, misfit = replay(without_graphs(cex), plan, repeat, now.names)
     if misfit is not None:
-        lines.append(f"NOT RUN: {misfit}")
+        lines.append(f"NOT JUDGED: {misfit}")
         return lines, "differs"
     lines += [r.line() for r in repeats]
     hit = sum(r.manifested for r in repeats)
@@ -357,13 +391,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("counterexample")
     p.add_argument("--repeat", type=int, default=20)
     p.add_argument("--plan", help="the plan's JSON file (default: FILE.cuda-plan.json)")
-    p.add_argument("--one", type=int, help=argparse.SUPPRESS)  # one repeat, as JSON (replay's)
+    p.add_argument("--from", dest="start", type=int, help=argparse.SUPPRESS)  # gated_repeats
     args = p.parse_args(argv)
     cex = load_counterexample(args.counterexample)
     path = Path(args.plan or args.counterexample + PLAN_SUFFIX)
-    if args.one is not None:
+    if args.start is not None:  # gated_repeats' process: a JSON line per repeat
         plan = Plan.from_json(json.loads(path.read_text()))
-        print(json.dumps(one_repeat(without_graphs(cex), plan, args.one).to_json()), flush=True)
+        for index in range(args.start, args.repeat):
+            repeat = one_repeat(without_graphs(cex), plan, index)
+            print(json.dumps(repeat.to_json()), flush=True)
+            if repeat.crash is not None:
+                return 3  # the CUDA context is dead: the next process goes on
         return 0
     lines, verdict = report(cex, path, args.repeat)
     for line in lines:

@@ -1,10 +1,11 @@
 """How a GPU replay of a mini-sglang counterexample judges its repeats (`replay/minisgl_gpu.py`),
-with the GPU runs stood in for: a device error is the race manifested and the repeats after it
-run in fresh processes; a fix is told apart from a race that reached no output; a plan that does
+with the GPU runs stood in for: a device error is the race manifested and a new process goes on
+after it; a fix is told apart from a race that reached no output; a plan that does
 not line up runs nothing and says so."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -46,24 +47,45 @@ def stand_ins(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
     return calls
 
 
-def test_a_device_error_is_the_race_and_the_rest_run_in_fresh_processes(
+ASSERT = (
+    "/pytorch/aten/src/ATen/native/cuda/IndexKernel.cu:111: operator(): block: [0,0,0] "
+    'Assertion `-sizes[i] <= index && index < sizes[i] && "index out of bounds"` failed.\n'
+    "terminate called after throwing an instance of 'c10::AcceleratorError'\n"
+)
+
+
+def _line(i: int) -> str:
+    return json.dumps(Repeat(i, [], ["forced (1.00 ms)"], [OPENED]).to_json())
+
+
+def test_a_process_the_device_aborts_is_the_race_and_the_next_goes_on(
     stand_ins: list[tuple[str, int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def in_process(cex: Any, plan: Plan, i: int) -> Repeat:
-        stand_ins.append(("here", i))
-        return Repeat(i, [], [], [], crash="AcceleratorError: CUDA error: device-side assert")
+    """The first process finishes repeats 0 and 1, then the device's assert aborts it in repeat
+    2 (no line for it); a new process goes on from repeat 3."""
 
-    def fresh(cex: Any, plan: Plan, i: int) -> Repeat:
-        stand_ins.append(("fresh", i))
-        return Repeat(i, [0], ["forced (1.0 ms)"], [OPENED])
+    def child(cex_file: Path, plan_file: Path, start: int, repeat: int) -> minisgl_gpu.ChildRun:
+        stand_ins.append(("child", start))
+        if start == 0:
+            return minisgl_gpu.ChildRun([_line(0), _line(1)], -6, ASSERT)
+        return minisgl_gpu.ChildRun([_line(i) for i in range(start, repeat)], 0, "")
 
-    monkeypatch.setattr(minisgl_gpu, "one_repeat", in_process)
-    monkeypatch.setattr(minisgl_gpu, "_in_fresh_process", fresh)
-    repeats, misfit = minisgl_gpu.replay(_Cex(), PLAN, 3, NAMES)  # type: ignore[arg-type]
-    assert misfit is None
-    assert stand_ins == [("here", 0), ("fresh", 1), ("fresh", 2)]
-    assert all(r.manifested for r in repeats)
-    assert "the GPU run failed: AcceleratorError" in repeats[0].line()
+    monkeypatch.setattr(minisgl_gpu, "_child", child)
+    repeats, misfit = minisgl_gpu.replay(_Cex(), PLAN, 5, NAMES)  # type: ignore[arg-type]
+    assert misfit is None and stand_ins == [("child", 0), ("child", 3)]
+    assert [r.manifested for r in repeats] == [False, False, True, False, False]
+    assert "index out of bounds" in repeats[2].line() and repeats[2].index == 2
+
+
+def test_a_process_that_dies_without_a_device_error_is_not_judged(
+    stand_ins: list[tuple[str, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A repeat's process that fails for another reason (an import, a bug of ours) is never
+    counted as the race: a wrong 'reproduced' would blame the user."""
+    gone = minisgl_gpu.ChildRun([], 1, "ModuleNotFoundError: No module named 'minisgl'\n")
+    monkeypatch.setattr(minisgl_gpu, "_child", lambda *a: gone)
+    repeats, misfit = minisgl_gpu.replay(_Cex(), PLAN, 5, NAMES)  # type: ignore[arg-type]
+    assert repeats == [] and misfit is not None and "No module named" in misfit
 
 
 def test_a_plan_that_does_not_line_up_runs_no_repeat(stand_ins: list[tuple[str, int]]) -> None:

@@ -227,7 +227,10 @@ def one_repeat(cex: Counterexample, plan: Plan, index: int) -> Repeat:
     try:
         tokens = run.run()
     except RuntimeError as err:  # torch.AcceleratorError is one
-        return Repeat(index, [], [], [], crash=_first_line(err))
+        said = device_error(str(err))
+        if said is None:
+            raise  # not the device's doing: never counted as the race
+        return Repeat(index, [], [], [], crash=said)
     differing = sorted(
         uid
         for uid, want in expected.items()

@@ -131,3 +131,19 @@ def test_a_manifested_repeat_is_reproduced(monkeypatch: pytest.MonkeyPatch, tmp_
     lines, got = minisgl_gpu.report(_Cex(), tmp_path / "plan.json", 2)  # type: ignore[arg-type]
     assert got == "reproduced" and "manifested 1/2" in lines[-1]
     assert minisgl_gpu.VERDICT_EXIT[got] == 1
+
+
+def test_only_a_device_error_in_a_run_counts_as_the_race(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Failing(_Warm):
+        message = ""
+
+        def run(self) -> dict[int, list[int]]:
+            raise RuntimeError(self.message)
+
+    monkeypatch.setattr(minisgl_gpu, "_fresh_allocator", lambda: None)
+    monkeypatch.setattr(minisgl_gpu, "CudaRun", Failing)
+    Failing.message = "CUDA error: device-side assert triggered"
+    assert minisgl_gpu.one_repeat(_Cex(), PLAN, 0).crash == Failing.message  # type: ignore[arg-type]
+    Failing.message = "a bug of ours"
+    with pytest.raises(RuntimeError, match="a bug of ours"):
+        minisgl_gpu.one_repeat(_Cex(), PLAN, 0)  # type: ignore[arg-type]

@@ -112,11 +112,12 @@ def main(args: argparse.Namespace) -> int:
             raise UserError("--backend cuda needs a CUDA device: torch sees none here")
         from overlapcheck.replay.minisgl_gpu import PLAN_SUFFIX, VERDICT_EXIT, report
 
-        lines, gpu_verdict = report(
-            cex.with_scheduler(scheduler), Path(args.file + PLAN_SUFFIX), args.repeat
+        _, gpu_verdict = report(
+            cex.with_scheduler(scheduler),
+            Path(args.file + PLAN_SUFFIX),
+            args.repeat,
+            lambda line: print(line, flush=True),  # each repeat as it ends
         )
-        for line in lines:
-            print(line, flush=True)
         return VERDICT_EXIT[gpu_verdict]
     if args.backend != "sim":
         try:

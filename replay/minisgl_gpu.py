@@ -23,7 +23,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -262,7 +262,7 @@ def _first_line(err: BaseException) -> str:
 
 # What a process's stderr says when the device stopped a run: a device-side assert (an index
 # out of bounds) or a fault; anything else that kills a repeat's process is not the race's doing.
-_DEVICE_ERRORS = ("device-side assert", "illegal memory access", "Assertion `", "CUDA error")
+_DEVICE_ERRORS = ("Assertion `", "illegal memory access", "device-side assert", "CUDA error")
 
 
 def device_error(stderr: str) -> str | None:
@@ -286,41 +286,74 @@ class ChildRun:
     stderr: str
 
 
-def _child(cex_file: Path, plan_file: Path, start: int, repeat: int) -> ChildRun:
+def _child(
+    cex_file: Path, plan_file: Path, start: int, repeat: int, on_line: Callable[[str], None]
+) -> ChildRun:
+    """Repeats `start`.. in a new process, each repeat's JSON line handed to `on_line` as it
+    comes (a replay shows its progress; a cut run keeps what it had)."""
     env = {**os.environ, "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED", "0")}
     command = [sys.executable, "-m", __name__, str(cex_file), "--plan", str(plan_file)]
     command += ["--from", str(start), "--repeat", str(repeat)]
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    return ChildRun(lines, done.returncode, done.stderr)
+    lines, other = [], []  # a kernel's assertion is printed by the device on stdout
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    ) as proc:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            line = raw.rstrip("\n")
+            if line.startswith("{"):
+                lines.append(line)
+                on_line(line)
+            else:
+                other.append(line)
+    return ChildRun(lines, proc.returncode, "\n".join(other))
 
 
-def gated_repeats(cex: Counterexample, plan: Plan, repeat: int) -> tuple[list[Repeat], str | None]:
+def gated_repeats(
+    cex: Counterexample,
+    plan: Plan,
+    repeat: int,
+    on_repeat: Callable[[Repeat], None] = lambda repeat: None,
+) -> tuple[list[Repeat], str | None]:
     """The gated repeats, in processes of their own: a device-side assert leaves a process's
     CUDA context dead, and PyTorch may then abort the process outright (an event's destructor
     throws), so the repeat it stopped is the race manifested and the next process goes on from
     the repeat after it. A process that dies with no device error in its output is not the
     race's doing: nothing is judged then (the second value says why)."""
     out: list[Repeat] = []
+
+    def finished(repeat: Repeat) -> None:
+        out.append(repeat)
+        on_repeat(repeat)
+
     with tempfile.TemporaryDirectory() as tmp:
         cex_file, plan_file = Path(tmp, "cex.json"), Path(tmp, "plan.json")
         cex_file.write_text(json.dumps(cex.data))
         plan_file.write_text(json.dumps(plan.to_json()))
         while len(out) < repeat:
-            child = _child(cex_file, plan_file, len(out), repeat)
-            out += [Repeat.from_json(json.loads(line)) for line in child.lines]
+            child = _child(
+                cex_file,
+                plan_file,
+                len(out),
+                repeat,
+                lambda line: finished(Repeat.from_json(json.loads(line))),
+            )
             if len(out) >= repeat or (out and out[-1].crash is not None):
                 continue  # done, or it said which repeat the device stopped
             said = device_error(child.stderr)
             if said is None:
                 tail = (child.stderr.strip().splitlines() or [f"exit {child.returncode}"])[-1]
                 return out, f"a repeat's process failed without a device error ({tail})"
-            out.append(Repeat(len(out), [], [], [], crash=said))
+            finished(Repeat(len(out), [], [], [], crash=said))
     return out, None
 
 
 def replay(
-    cex: Counterexample, plan: Plan, repeat: int, expected_names: list[Name] | None = None
+    cex: Counterexample,
+    plan: Plan,
+    repeat: int,
+    expected_names: list[Name] | None = None,
+    on_repeat: Callable[[Repeat], None] = lambda repeat: None,
 ) -> tuple[list[Repeat], str | None]:
     """`repeat` runs on the GPU after an unjudged warm-up without gates in this process; the
     warm-up's named calls are checked against `expected_names` first (a misfit: no repeat
@@ -342,28 +375,37 @@ def replay(
                 f"checkout does: {misfit}; a gate would hold or open another op (a bug of "
                 f"overlapcheck's GPU runner)"
             )
-    return gated_repeats(cex, plan, repeat)
+    return gated_repeats(cex, plan, repeat, on_repeat)
 
 
-def report(cex: Counterexample, path: Path, repeat: int) -> tuple[list[str], str]:
-    """`replay FILE --backend cuda` of a mini-sglang counterexample: the lines it prints and
-    the verdict (`reproduced`, `fixed`, or `differs` when the order could not be forced)."""
+def report(
+    cex: Counterexample, path: Path, repeat: int, say: Callable[[str], None] = lambda line: None
+) -> tuple[list[str], str]:
+    """`replay FILE --backend cuda` of a mini-sglang counterexample: the lines it prints, each
+    also handed to `say` as soon as it is known, and the verdict (`reproduced`, `fixed`, or
+    `differs` when nothing could be judged)."""
+    lines: list[str] = []
+
+    def emit(line: str) -> None:
+        lines.append(line)
+        say(line)
+
     now = simulated(cex)
     plan, said = kept_plan(path, now.plan)
-    lines = [said]
-    lines += [
+    emit(said)
+    for line in [
         f"gate {i + 1}: step {g.held.step} {g.held.agent} `{g.held.label}` waits for step "
         f"{g.opener.step} {g.opener.agent} `{g.opener.label}` ({g.race})"
         for i, g in enumerate(plan.gates)
-    ] or ["no race between the scheduler's own device ops: the repeats run without gates"]
-    repeats, misfit = replay(without_graphs(cex), plan, repeat, now.names)
+    ] or ["no race between the scheduler's own device ops: the repeats run without gates"]:
+        emit(line)
+    repeats, misfit = replay(without_graphs(cex), plan, repeat, now.names, lambda r: emit(r.line()))
     if misfit is not None:
-        lines.append(f"NOT JUDGED: {misfit}")
+        emit(f"NOT JUDGED: {misfit}")
         return lines, "differs"
-    lines += [r.line() for r in repeats]
     hit = sum(r.manifested for r in repeats)
     forced = sum(all(s == OPENED for s in r.states) and bool(r.states) for r in repeats)
-    lines.append(
+    emit(
         f"manifested {hit}/{len(repeats)} (a token unlike the reference's, or the device "
         f"stopped the run), "
         f"clean {len(repeats) - hit}/{len(repeats)}"
@@ -374,15 +416,15 @@ def report(cex: Counterexample, path: Path, repeat: int) -> tuple[list[str], str
     waited = sum(bool(r.states) and all(s == TIMED_OUT for s in r.states) for r in repeats)
     apart = [g for g in plan.gates if (g.held, g.opener) not in now.racing]
     if plan.gates and forced and len(apart) == len(plan.gates):
-        lines.append(
+        emit(
             "the planned order ran and every token is right: with this code the two ops share "
             "no memory (the simulator's run of it finds no race between them): the fix holds"
         )
     elif plan.gates and forced:
         # the order was forced and the tokens still right: the race does not reach an output
-        lines.append("the racy order ran and every token is right: it reaches no output here")
+        emit("the racy order ran and every token is right: it reaches no output here")
     elif plan.gates and waited == len(repeats):
-        lines.append(
+        emit(
             "the racy order could not happen in any repeat (each gate waited out its bound: "
             "the opener comes after the held op): the fix holds"
         )
@@ -400,15 +442,16 @@ def main(argv: list[str] | None = None) -> int:
     path = Path(args.plan or args.counterexample + PLAN_SUFFIX)
     if args.start is not None:  # gated_repeats' process: a JSON line per repeat
         plan = Plan.from_json(json.loads(path.read_text()))
+        # unjudged, without gates: CUDA loads a kernel's module at its first launch, which
+        # would wait behind a held spin, so a process's first gated run could force nothing
+        CudaRun(cex.scenario.config, cex.scenario.requests, plan.deliveries).run()
         for index in range(args.start, args.repeat):
             repeat = one_repeat(without_graphs(cex), plan, index)
             print(json.dumps(repeat.to_json()), flush=True)
             if repeat.crash is not None:
                 return 3  # the CUDA context is dead: the next process goes on
         return 0
-    lines, verdict = report(cex, path, args.repeat)
-    for line in lines:
-        print(line, flush=True)
+    _, verdict = report(cex, path, args.repeat, lambda line: print(line, flush=True))
     return VERDICT_EXIT[verdict]
 
 

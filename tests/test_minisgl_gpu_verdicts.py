@@ -6,6 +6,7 @@ not line up runs nothing and says so."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,15 +65,26 @@ def test_a_process_the_device_aborts_is_the_race_and_the_next_goes_on(
     """The first process finishes repeats 0 and 1, then the device's assert aborts it in repeat
     2 (no line for it); a new process goes on from repeat 3."""
 
-    def child(cex_file: Path, plan_file: Path, start: int, repeat: int) -> minisgl_gpu.ChildRun:
+    def child(
+        cex_file: Path, plan_file: Path, start: int, repeat: int, on_line: Callable[[str], None]
+    ) -> minisgl_gpu.ChildRun:
         stand_ins.append(("child", start))
-        if start == 0:
-            return minisgl_gpu.ChildRun([_line(0), _line(1)], -6, ASSERT)
-        return minisgl_gpu.ChildRun([_line(i) for i in range(start, repeat)], 0, "")
+        lines = [_line(0), _line(1)] if start == 0 else [_line(i) for i in range(start, repeat)]
+        for line in lines:
+            on_line(line)
+        return minisgl_gpu.ChildRun(lines, -6 if start == 0 else 0, ASSERT if start == 0 else "")
 
     monkeypatch.setattr(minisgl_gpu, "_child", child)
-    repeats, misfit = minisgl_gpu.replay(_Cex(), PLAN, 5, NAMES)  # type: ignore[arg-type]
+    seen: list[int] = []
+    repeats, misfit = minisgl_gpu.replay(
+        _Cex(),  # type: ignore[arg-type]
+        PLAN,
+        5,
+        NAMES,
+        lambda r: seen.append(r.index),
+    )
     assert misfit is None and stand_ins == [("child", 0), ("child", 3)]
+    assert seen == [0, 1, 2, 3, 4]  # each repeat said as it ended
     assert [r.manifested for r in repeats] == [False, False, True, False, False]
     assert "index out of bounds" in repeats[2].line() and repeats[2].index == 2
 

@@ -176,26 +176,18 @@ FIXES = FIX_6 + FIX_1 + FIX_2 + FIX_3 + FIX_4
 
 # PR #111 defers an abort's free to `_free_pending_aborts`, called after `_process_last_data` at
 # the end of both loops: FIX_3's rows go back after it (the rows it frees included).
-FIX_3_PR111 = [
-    *FIX_3[:4],
-    (
-        """        self._free_pending_aborts(ongoing_data)
-        return ongoing_data""",
-        """        self._free_pending_aborts(ongoing_data)
-        if ongoing_data is None:
-            self._release_rows()
-        return ongoing_data""",
-    ),
-    (
-        """        self._free_pending_aborts(ongoing_data)
+FREE_PENDING = "self._free_pending_aborts(ongoing_data)"
 
-    @torch.inference_mode()""",
-        """        self._free_pending_aborts(ongoing_data)
-        self._release_rows()
 
-    @torch.inference_mode()""",
-    ),
-]
+def _after_pending_aborts(edit: tuple[str, str]) -> tuple[str, str]:
+    """One of FIX_3's loop-end hunks, anchored on the PR's call that now ends the loop."""
+    old, new = edit
+    for call in ("self._process_last_data(last_data)", "self._process_last_data(ongoing_data)"):
+        old, new = old.replace(call, FREE_PENDING), new.replace(call, FREE_PENDING)
+    return old, new
+
+
+FIX_3_PR111 = [*FIX_3[:4], *(_after_pending_aborts(edit) for edit in FIX_3[4:])]
 # FIX_4 on the PR: its abort frees at once and marks the request finished, wherever it is (the
 # PR's queue then stays empty).
 FIX_4_PR111 = [

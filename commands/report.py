@@ -72,6 +72,7 @@ def main(args: argparse.Namespace) -> int:
         vocabulary=_vocabulary(result),
         note=note,
         environment=_environment(violation.locations),
+        code=cex.code,
     )
     text = write(report, out)
     if out is None:

@@ -1,11 +1,17 @@
 """A counterexample as a Markdown bug report upstream can act on (`overlapcheck report`): what
 goes wrong in the engine's words, the lines (both sides), the minimal workload, the interleaving
-and its picture, the command that replays it, and a fix to try."""
+and its picture, the command that replays it, and a fix to try.
+
+The report travels to people without this machine: a source tree is named by its project, its
+commit and whether it had local changes (`harness/source_tree.py`), its files relative to its
+root, and no local folder of it appears (an environment variable naming it is shown as
+`/path/to/<its folder's name>`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -14,6 +20,8 @@ from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.scenario import Scenario
 from overlapcheck.core.sites import Location
 from overlapcheck.core.trace import HOST, Op, TraceView
+from overlapcheck.harness.fingerprint import CodeFingerprint
+from overlapcheck.harness.source_tree import describe
 from overlapcheck.invariants.base import Violation
 from overlapcheck.invariants.fixes import fix_to_try
 
@@ -37,6 +45,8 @@ class ReportInput:
     vocabulary: Mapping[str, str] = dataclasses.field(default_factory=dict)
     note: str = ""  # how the report was made, when not from a replay that reproduced the file
     environment: Mapping[str, str] = dataclasses.field(default_factory=dict)  # for the replay
+    code: CodeFingerprint | None = None  # what the file recorded of the scheduler's code
+    folder: str | None = None  # where the report is written (None: printed)
 
 
 def render(report: ReportInput) -> str:
@@ -54,18 +64,54 @@ def render(report: ReportInput) -> str:
     if v.uids:
         parts += ["", f"Requests involved: {', '.join(map(str, v.uids))}."]
     parts += ["", "## Where", ""]
-    parts += _where(v.locations) or ["The finding names no line of the scheduler's code."]
+    parts += _where(v.locations, report.code) or [
+        "The finding names no line of the scheduler's code."
+    ]
     parts += ["", "## Minimal workload", "", *_workload(report.scenario)]
     parts += ["", "## The interleaving", ""]
     if report.trace is not None:
         parts += _interleaving(report.trace, v)
     else:
         parts += ["(not replayed: see the counterexample file's `trace`)"]
+    roots = _roots(report)
     if report.picture:
-        parts += ["", f"Timeline: `{report.picture}` (one lane per stream; the violation marked)."]
-    parts += ["", "## Replay", "", "```bash", *_replay(report), "```"]
+        picture = _shown(report.picture, roots, report.folder)
+        parts += ["", f"Timeline: `{picture}` (one lane per stream; the violation marked)."]
+    parts += ["", "## Replay", "", "```bash", *_replay(report, roots), "```"]
     parts += ["", "## A fix to try", "", fix_to_try(v, report.vocabulary), ""]
-    return "\n".join(parts)
+    return _relative("\n".join(parts), roots)
+
+
+def _roots(report: ReportInput) -> list[str]:
+    """The local folders of the scheduler's code the report may meet: its locations' roots and
+    the recorded fingerprint's, innermost first."""
+    found = {loc.root for loc in report.violation.locations if loc.root}
+    if report.code is not None:
+        found.update(root.path for root in report.code.roots)
+    return sorted(found, key=lambda r: (-len(r), r))
+
+
+def _relative(text: str, roots: Sequence[str]) -> str:
+    """A local path under one of `roots` that reached the text (a message quoting a file, the
+    engine's own exception text) named relative to its root, as the report's tables are."""
+    for root in roots:
+        if root not in ("", "/"):
+            text = text.replace(root.rstrip("/") + "/", "")
+    return text
+
+
+def _shown(path: str, roots: Sequence[str], folder: str | None = None) -> str:
+    """A file the report names: relative to the current folder when under it (the commands are
+    run from there), else to the report's `folder`, else to the scheduler's tree holding it,
+    else as given."""
+    if not os.path.isabs(path):
+        return path
+    resolved = Path(path).resolve()
+    bases = [Path.cwd(), *([Path(folder)] if folder else []), *(Path(r) for r in roots if r)]
+    for base in (b.resolve() for b in bases):
+        if resolved.is_relative_to(base) and resolved != base:
+            return resolved.relative_to(base).as_posix()
+    return path
 
 
 def _headline(v: Violation) -> str:
@@ -91,7 +137,7 @@ def _words(text: str, vocabulary: Mapping[str, str]) -> str:
     return text
 
 
-def _where(locations: Sequence[Location]) -> list[str]:
+def _where(locations: Sequence[Location], code: CodeFingerprint | None) -> list[str]:
     if not locations:
         return []
     lines = [
@@ -106,7 +152,10 @@ def _where(locations: Sequence[Location]) -> list[str]:
             f"| {what} |"
         )
     roots = sorted({loc.root for loc in locations})
-    lines += ["", "Paths are relative to " + ", ".join(f"`{r}`" for r in roots) + "."]
+    trees = [
+        describe(r, [loc.file for loc in locations if loc.root == r], code).text() for r in roots
+    ]
+    lines += ["", "Paths are relative to " + "; and to ".join(trees) + "."]
     return lines
 
 
@@ -153,14 +202,20 @@ def _op_text(op: Op) -> str:
     return op.label or op.kind
 
 
-def _replay(report: ReportInput) -> list[str]:
-    env = " ".join(f"{k}={v}" for k, v in sorted(report.environment.items()))
-    command = f"overlapcheck replay {report.counterexample}"
+def _replay(report: ReportInput, roots: Sequence[str]) -> list[str]:
+    # (a variable naming the tree: the reader's own copy of the tree named under "Where")
+    env = " ".join(
+        f"{k}=/path/to/{Path(v).resolve().name}" if "/" in v else f"{k}={v}"
+        for k, v in sorted(report.environment.items())
+    )
+    command = f"overlapcheck replay {_shown(report.counterexample, roots)}"
     return [f"{env} {command}" if env else command]
 
 
 def write(report: ReportInput, out: str | Path | None) -> str:
     """The report's text; written to `out` when given (whole, then renamed)."""
+    if out is not None:
+        report = dataclasses.replace(report, folder=str(Path(out).parent))
     text = render(report)
     if out is not None:
         path = Path(out)

@@ -151,10 +151,11 @@ def _where(locations: Sequence[Location], code: CodeFingerprint | None) -> list[
             f"| {loc.role} | `{loc.file}:{loc.line}` | `{loc.function}` | {loc.agent} | {step} "
             f"| {what} |"
         )
-    roots = sorted({loc.root for loc in locations})
+    roots = sorted({loc.root for loc in locations if loc.root})  # (older files name none)
     trees = [
         describe(r, [loc.file for loc in locations if loc.root == r], code).text() for r in roots
     ]
+    trees = trees or ["the root of the scheduler's source tree (the file does not name it)"]
     lines += ["", "Paths are relative to " + "; and to ".join(trees) + "."]
     return lines
 

@@ -78,7 +78,7 @@ def describe(
     if not path.is_dir():
         return _recorded(path, recorded)
     commit, dirty = git_state(path)
-    if commit is not None:
+    if commit is not None and _tracked(path):
         top = _git_top(path) or path
         inner = "" if top == path else path.relative_to(top).as_posix()
         project, source = _metadata(path, files) or _metadata(top, ()) or ("", "")
@@ -103,18 +103,30 @@ def _recorded(path: Path, recorded: CodeFingerprint | None) -> SourceTree:
 
 @cache
 def _git_top(path: Path) -> Path | None:
+    top = _git(path, "rev-parse", "--show-toplevel")
+    return Path(top).resolve() if top else None
+
+
+@cache
+def _tracked(path: Path) -> bool:
+    """Whether the checkout holding `path` tracks files in it: a tree unpacked into an ignored
+    folder of another checkout is not that checkout's commit."""
+    return bool(_git(path, "ls-files", "--", "."))
+
+
+def _git(path: Path, *args: str) -> str:
+    """The output of a git command run in `path` ("" when it fails or there is no git)."""
     try:
         done = subprocess.run(
-            ["git", "-C", str(path), "rev-parse", "--show-toplevel"],
+            ["git", "-C", str(path), *args],
             capture_output=True,
             text=True,
             timeout=10,
             check=False,
         )
     except (OSError, subprocess.SubprocessError):
-        return None
-    top = done.stdout.strip()
-    return Path(top).resolve() if done.returncode == 0 and top else None
+        return ""
+    return done.stdout.strip() if done.returncode == 0 else ""
 
 
 def _metadata(folder: Path, files: Iterable[str]) -> tuple[str, str] | None:

@@ -171,6 +171,12 @@ def test_a_tree_that_is_no_checkout_is_named_by_its_metadata_and_folder_name(
     assert describe(str(site), ["engine/sched.py"]).text() == (
         "the site-packages folder holding engine 2.0 (its .dist-info), installed"
     )
+    if shutil.which("git") is not None:  # unpacked into an ignored folder of a checkout
+        _git(tmp_path, "init", "-q")
+        (tmp_path / ".gitignore").write_text("vllm-0.34.0/\n")
+        _git(tmp_path, "add", ".gitignore")
+        _git(tmp_path, "commit", "-q", "-m", "ignore")
+        assert "not a git checkout" in describe(str(sdist)).text()
     # not on this machine: what the counterexample's fingerprint recorded, never its path
     recorded = CodeFingerprint((CodeRoot(str(tmp_path / "gone"), {}, "0123abcd", True),))
     assert describe(str(tmp_path / "gone"), (), recorded).text() == (

@@ -65,7 +65,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, TypeVar, runtime_checkable
 
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.device import Device
@@ -85,7 +85,11 @@ MessageSink = Callable[[OutMsg], None]
 
 def wait_for_arrival(device: Device, source: MessageSource) -> bool:
     """An idle scheduler's wait (nothing held, nothing in flight): the host sleeps until the next
-    message arrives. False when nothing more will ever come: the run is over."""
+    message arrives. False when nothing more will ever come: the run is over. A source that
+    watches lifecycles (`idling`) hears of it first: nothing is in flight any more."""
+    idling = getattr(source, "idling", None)
+    if idling is not None:
+        idling()
     arrival = source.next_arrival()
     if arrival is None:
         return False
@@ -105,6 +109,30 @@ class SchedulerUnderTest(Protocol):
 SchedulerFactory = Callable[
     [SchedulerConfig, Device, MessageSource, MessageSink], SchedulerUnderTest
 ]
+
+# The smallest KV pool, in tokens, a scheduler is meant to serve on under a configuration (its
+# page size): below it the scheduler refuses or stalls by its own design (reserves it keeps
+# beyond any request's pages, limits it derives from the pool), which a search need not draw.
+PoolFloor = Callable[[SchedulerConfig], int]
+_POOL_FLOOR = "overlapcheck_pool_floor"
+SchedulerFactoryT = TypeVar("SchedulerFactoryT", bound=Callable[..., SchedulerUnderTest])
+
+
+def serves_pools_from(floor: PoolFloor) -> Callable[[SchedulerFactoryT], SchedulerFactoryT]:
+    """Declare on a factory the smallest pool its scheduler serves on (`PoolFloor`): generated
+    scenarios and their shrinking keep at least that many pages (`pool_floor`)."""
+
+    def declare(factory: SchedulerFactoryT) -> SchedulerFactoryT:
+        vars(factory)[_POOL_FLOOR] = floor
+        return factory
+
+    return declare
+
+
+def pool_floor(factory: object) -> PoolFloor | None:
+    """What `serves_pools_from` declared on `factory` (None: any pool)."""
+    floor = getattr(factory, _POOL_FLOOR, None)
+    return floor if callable(floor) else None
 
 
 class Holding(NamedTuple):

@@ -207,11 +207,13 @@ def reduce_failure(
     max_runs: int,
     on_smaller: Callable[[RunResult, dict[int, float]], None] | None = None,
     stop: Callable[[], bool] = lambda: False,
+    admissible: Callable[[Scenario], bool] = lambda _: True,
 ) -> Reduced:
     """Cut the failing `result` (run with `draws`) down while its first invariant still breaks:
     pass after pass over every candidate of the smallest failure so far, until a pass keeps
     none or `max_runs` candidates have run, or `stop` says so (polled before each run).
-    `on_smaller` sees each smaller failure."""
+    `on_smaller` sees each smaller failure; a candidate that is not `admissible` (a pool below
+    what the scheduler declares it serves on) is never run."""
     invariant = result.violations[0].invariant
     best, best_draws = result, draws
     best_size = size(result.scenario, draws)
@@ -229,6 +231,8 @@ def reduce_failure(
             k += 1
             key = (scenario, tuple(sorted(delays.items())))
             if key in tried or size(scenario, delays) >= best_size or not _valid(scenario):
+                continue
+            if not admissible(scenario):
                 continue
             if stop():
                 return Reduced(best, best_draws, runs, stopped=True)

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from hypothesis import HealthCheck, Phase, given, settings
@@ -26,6 +27,7 @@ from hypothesis.errors import Flaky
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.backends.sim.timing import Profile, Timing
 from overlapcheck.core.config import LoopKind, PolicyKind
+from overlapcheck.core.protocol import pool_floor
 from overlapcheck.core.scenario import Scenario
 from overlapcheck.explore.database import DATABASE_KEY, example_choices, open_database
 from overlapcheck.explore.reduce import reduce_failure, replay_runner
@@ -36,7 +38,13 @@ from overlapcheck.harness.watchdog import DeadlineReached
 from overlapcheck.invariants.registry import check_specs
 from overlapcheck.reference.faults import FAULTS
 from overlapcheck.scenarios.named import named_scenario
-from overlapcheck.scenarios.strategies import HypothesisDelay, scenarios, variations
+from overlapcheck.scenarios.strategies import (
+    HypothesisDelay,
+    floored,
+    is_floored,
+    scenarios,
+    variations,
+)
 
 _choice_order: Callable[[Any], tuple[Any, ...]] | None
 try:  # Hypothesis's own order on examples; internal, hence the fallback below
@@ -235,6 +243,9 @@ class SearchSpec:
             drawn = variations(base, self.faults)
         else:
             drawn = scenarios(self.scenario, self.faults, self.policy)
+        floor = pool_floor(self.scheduler.factory())
+        if floor is not None:  # pools the scheduler serves on, never below what it declares
+            drawn = drawn.map(lambda scenario: floored(scenario, floor))
         loop, ranks = self.loop, self.pinned_ranks
         if ranks is not None:
             drawn = drawn.map(lambda scenario: scenario.with_config(num_ranks=ranks))
@@ -551,6 +562,7 @@ class _Search:
             spec.reduce_runs,
             smaller,
             self._over_budget,
+            admissible=partial(is_floored, floor=pool_floor(spec.scheduler.factory())),
         )
         self.stats.reduce_runs = reduced.runs
         if reduced.result is found.result:

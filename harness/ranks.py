@@ -54,6 +54,11 @@ class Broadcast:
     def next_arrival(self) -> float | None:
         return self.inner.next_arrival()
 
+    def idling(self) -> None:
+        idling = getattr(self.inner, "idling", None)
+        if idling is not None:
+            idling()
+
     def observe(self, msg: OutMsg, now: float) -> None:
         self.inner.observe(msg, now)
 

@@ -224,6 +224,11 @@ class Harness:
     def next_arrival(self) -> float | None:
         return self.inner.next_arrival()
 
+    def idling(self) -> None:
+        idling = getattr(self.inner, "idling", None)
+        if idling is not None:
+            idling()
+
     # the sink the scheduler sends to
     def send(self, msg: OutMsg) -> None:
         ctx = self.ctx

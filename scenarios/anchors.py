@@ -119,6 +119,16 @@ class LifecycleWatch:
             if life.ended is None:
                 self._end(life, step)
 
+    def idle(self, step: int) -> None:
+        """The scheduler idles at the receive of iteration `step` (nothing held, nothing in
+        flight: it waits for an arrival): a request that ended has no cleanup deferred any more,
+        so its `extra-round` is now where the trace showed no read of its last forward (a
+        scheduler whose host reads outputs by a copy and a wait, not a `read_output` op)."""
+        self.scan()
+        for life in self.lives.values():
+            if life.ended is not None and life.extra_round is None:
+                life.extra_round = step
+
     def _end(self, life: _Life, moment: int) -> None:
         """The request ended: the points it can no longer reach fall back to this moment."""
         self.scan()

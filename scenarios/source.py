@@ -124,6 +124,11 @@ class WorkloadSource:
         times = [self._time(e) for e in self._pending if self._waits_done(e)]
         return min(times, default=None)
 
+    def idling(self) -> None:
+        """The scheduler idles (`core.protocol.wait_for_arrival`): see `LifecycleWatch.idle`."""
+        if self._watch is not None and self._replay is None:
+            self._watch.idle(self._step())
+
     def observe(self, msg: OutMsg, now: float) -> None:
         """A message the scheduler sent: what a follow-up turn will be built from."""
         if isinstance(msg, RejectMsg):

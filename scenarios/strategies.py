@@ -16,6 +16,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from overlapcheck.core.config import POLICIES, PolicyKind, SchedulerConfig
+from overlapcheck.core.protocol import PoolFloor
 from overlapcheck.core.scenario import RequestSpec, Scenario
 from overlapcheck.reference.faults import FAULTS
 from overlapcheck.scenarios.draws import EOS, US, often, rarely, tokens
@@ -267,6 +268,20 @@ def under_pressure(
     # A number of pages, not a share: deleting a request while shrinking keeps the pool as it
     # was (while it stays in bounds), so the rest of the run does not change under the shrinker.
     return replace(config, num_pages=draw(st.integers(low, high))), reqs
+
+
+def floored(scenario: Scenario, floor: PoolFloor) -> Scenario:
+    """The scenario with its pool raised to what `floor` says the scheduler serves on (the
+    scenario itself where it holds that already)."""
+    pages = scenario.config.pages_for(floor(scenario.config))
+    if scenario.config.num_pages >= pages:
+        return scenario
+    return scenario.with_config(num_pages=pages)
+
+
+def is_floored(scenario: Scenario, floor: PoolFloor | None) -> bool:
+    """Whether the scenario's pool holds what `floor` says the scheduler serves on."""
+    return floor is None or floored(scenario, floor) is scenario
 
 
 def tight_pool(config: SchedulerConfig, reqs: Sequence[RequestSpec], eighths: int) -> int:

@@ -112,6 +112,80 @@ def test_a_request_sglang_refuses_is_a_reject_for_exact_length_to_judge(
     assert "rejected (SGLang: Input length (7 tokens) exceeds" in found[0][1], found
 
 
+def test_a_request_sglang_finishes_without_output_is_a_reject(
+    snapshot: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prompt SGLang admits but whose output its clamp to the pool's headroom cuts to nothing
+    is finished with no token: the client gets that finish (a RejectMsg with SGLang's reason,
+    which `exact-length` judges), not silence (a clean tree's search reported `liveness`)."""
+    from dataclasses import replace
+
+    from overlapcheck.adapters.sglang import make_scheduler
+    from overlapcheck.backends.sim.backend import SimBackend
+    from overlapcheck.harness.runner import run_scenario
+    from overlapcheck.scenarios.named import named_scenario
+
+    monkeypatch.setenv(ENV, str(snapshot))
+    basic = named_scenario("basic")
+    request = replace(basic.requests[0], prompt=tuple(range(3, 24)), max_tokens=1)
+    scenario = replace(basic, requests=(request,)).with_config(
+        num_pages=7, page_size=4, cache="naive"
+    )
+    run = run_scenario(scenario, SimBackend(), scheduler=make_scheduler, keep_going=True)
+    found = [(v.invariant, v.message) for v in run.violations]
+    assert len(found) == 1 and found[0][0] == "exact-length", found
+    assert "SGLang: finished with no output" in found[0][1], found
+
+
+def test_slots_sglang_builds_no_row_for_are_free(
+    snapshot: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a pool of 12 tokens SGLang runs 6 requests at most (half the pool's tokens) and builds
+    6 rows of the 7 asked: the seventh slot is never used, so an idle SGLang has every slot free
+    (a clean tree's search reported the missing row as `liveness`)."""
+    from dataclasses import replace
+
+    from overlapcheck.adapters.sglang import make_scheduler
+    from overlapcheck.backends.sim.backend import SimBackend
+    from overlapcheck.harness.runner import run_scenario
+    from overlapcheck.scenarios.named import named_scenario
+
+    monkeypatch.setenv(ENV, str(snapshot))
+    basic = named_scenario("basic")
+    request = replace(basic.requests[0], prompt=(3,), max_tokens=1)
+    scenario = replace(basic, requests=(request,)).with_config(
+        num_slots=7, num_pages=3, page_size=4, cache="naive", loop="overlap"
+    )
+    run = run_scenario(scenario, SimBackend(), scheduler=make_scheduler, keep_going=True)
+    assert run.ok, [v.message for v in run.violations]
+
+
+@pytest.mark.parametrize("loop", ["normal", "overlap"])
+def test_an_abort_anchored_to_the_extra_round_comes_once_sglang_idles(
+    snapshot: Path, monkeypatch: pytest.MonkeyPatch, loop: str
+) -> None:
+    """SGLang's host reads a forward's output by a copy and a wait (no `read_output` op): the
+    `extra-round` of a request that finished is the moment SGLang idles, so an abort anchored
+    there is sent then, not held back while the workload waits forever (a clean tree's search
+    reported that as `liveness`: not idle after 81 iterations, no request left)."""
+    from overlapcheck.adapters.sglang import make_scheduler
+    from overlapcheck.backends.sim.backend import SimBackend
+    from overlapcheck.core.scenario import Anchor, RequestSpec, Scenario
+    from overlapcheck.harness.runner import run_scenario
+    from overlapcheck.scenarios.named import named_scenario
+
+    monkeypatch.setenv(ENV, str(snapshot))
+    request = RequestSpec(0, (3,), max_tokens=1, abort_after=Anchor(0, "extra-round"))
+    config = named_scenario("basic").config
+    scenario = Scenario("generated", config, (request,)).with_config(
+        num_slots=1, num_pages=3, page_size=4, cache="naive", loop=loop
+    )
+    run = run_scenario(scenario, SimBackend(), scheduler=make_scheduler, keep_going=True)
+    assert run.ok, [v.message for v in run.violations]
+    assert [m.uid for m in run.trace.received] == [0, 0]  # the request, then its abort
+    assert run.iterations < 10
+
+
 def test_an_unknown_device_switch_is_one_line(
     snapshot: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

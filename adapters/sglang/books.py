@@ -53,6 +53,10 @@ def read_books(sched: Any) -> Books:
     page_size = int(sched.page_size)
     free = {int(s) for s in sched.req_to_token_pool.free_slots}
     free_slots = tuple(int(s) - 1 for s in sched.req_to_token_pool.free_slots)
+    # SGLang builds fewer rows than asked on a small pool (its running requests capped at half
+    # the pool's tokens): the slots it has no row for are never used, hence free
+    unbuilt = range(int(sched.req_to_token_pool.size), int(sched.server_args.max_running_requests))
+    free_slots += tuple(unbuilt)
     table = _host(sched.req_to_token_pool.req_to_token)  # read once, not once a request
     seen: set[int] = set()
     live: list[Holding] = []

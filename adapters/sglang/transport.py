@@ -108,6 +108,13 @@ class Transport:
                 if self.front.is_live(uid):
                     self.front.reject(uid, f"SGLang: {reason.get('message') or 'aborted'}")
                 continue
+            if reason is not None and not tokens and uid not in self.answered:
+                # finished before any output: its clamp to the pool's headroom left it no token
+                # (finding 2 of docs/sglang.md at its extreme); the client gets the finish as an
+                # error, without which it would wait forever
+                if self.front.is_live(uid):
+                    self.front.reject(uid, f"SGLang: finished with no output ({reason})")
+                continue
             if tokens:
                 self.answered.add(uid)
             for i, token in enumerate(tokens):

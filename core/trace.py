@@ -83,6 +83,11 @@ class Op:
     # checks read them at every forward; a trace read from a file derives them from the
     # page-table read instead). Not part of the digest: the accesses already say it.
     shape: tuple[np.ndarray, np.ndarray] | None = None
+    # A forward's draft positions per sequence, where the recorder knows them: the last that
+    # many positions of each context end are drafts being verified, not inputs (`work-bound`
+    # judges an input's position; a scheduler may verify a full set of drafts by design). Not
+    # part of the digest, like `shape`.
+    drafts: np.ndarray | None = None
     # Where the scheduler's own code made the call (`core/sites.py`), for findings: not part of
     # the digest (a run's trace is the same wherever its code lives).
     site: Site | None = None

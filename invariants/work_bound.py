@@ -14,6 +14,13 @@ Judged from the forwards' uids and footprints, per request instance (`invariants
   went out: then the host knew.
 * pages: the KV pages of the context a forward reads for it (the host's page-table row) never
   number more than admission reserved, `config.pages_for(len(prompt) + max_output)`.
+* drafts: where a forward says which of a sequence's last positions are drafts being verified
+  (`Op.drafts`), both bounds are on its input's end, not on its drafts: a scheduler may verify a
+  full set of drafts by design (vLLM does), and what it sends is judged elsewhere. An input past
+  `max_tokens` is excused only right after a forward of the same request that verified drafts,
+  and by fewer positions than it verified: an overlapped scheduler launches the next step before
+  it learns how many were accepted. After
+  a forward without drafts the host knew how far its in-flight step gets.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ class WorkBound(Invariant):
         self.batch: tuple[Request | None, ...] = ()
         self.finishes = 0
         self.quiet: list[int] = []
+        self.drafted: dict[int, int] = {}  # request index -> drafts its last forward verified
 
     def on_receive(self, msg: InMsg, req: Request | None) -> None:
         self._check()
@@ -69,6 +77,8 @@ class WorkBound(Invariant):
         if len(ends) != len(reqs):
             return
         finishes = self.run.ledger.finishes
+        drafts = None if op.drafts is None else op.drafts.tolist()
+        before = self._drafted(reqs, drafts)
         # (requests compare by identity)
         if reqs == self.batch and finishes == self.finishes and all(map(lt, ends, self.quiet)):
             return  # the last forward's requests, none finished since, each below its bound
@@ -82,12 +92,18 @@ class WorkBound(Invariant):
                 prompt = len(req.msg.input_ids)
                 limits = self.limits[req.index] = (prompt, cfg.pages_for(prompt + req.max_output))
             prompt, reserved = limits
+            unknown = 0
+            if drafts is not None:
+                end -= drafts[i]  # the input's end: the drafts after it are verified
+                unknown = before[i] if before else 0
+                if unknown:  # pages for the positions an unknown acceptance may reach too
+                    reserved = cfg.pages_for(prompt + req.max_output + unknown)
             # (`_sampled`'s two findings, asked here: a call per sequence costs more)
             if end >= prompt and (
                 end - prompt >= req.max_output
                 or (req.finish_ops is not None and op.seq >= req.finish_ops)
             ):
-                self._sampled(op, req, end - prompt)
+                self._sampled(op, req, end - prompt, unknown)
             if end > reserved:  # fewer positions than reserved pages can never be too many pages
                 if context is None:
                     context = next(a.cells for a in op.accesses if a.buffer == KV and a.mode == "r")
@@ -104,6 +120,24 @@ class WorkBound(Invariant):
                     )
         self._quiet(reqs, finishes)
 
+    def _drafted(
+        self, reqs: tuple[Request | None, ...], drafts: list[int] | None
+    ) -> list[int] | None:
+        """For a forward that says its drafts: the drafts each sequence's request verified in
+        its previous forward (0: none, or none known); then this forward's are booked."""
+        if drafts is None:
+            return None
+        if len(drafts) != len(reqs):
+            return None
+        before = []
+        for req, count in zip(reqs, drafts, strict=True):
+            if req is None:
+                before.append(0)
+                continue
+            before.append(self.drafted.get(req.index, 0))
+            self.drafted[req.index] = count
+        return before
+
     def _quiet(self, reqs: tuple[Request | None, ...], finishes: int) -> None:
         """Keep the batch for the next forward when none of its requests has finished: a
         sequence is judged only from a context that reaches its output's end, or that has more
@@ -118,7 +152,10 @@ class WorkBound(Invariant):
             quiet.append(min(prompt + req.max_output, reserved + 1))
         self.batch, self.finishes, self.quiet = reqs, finishes, quiet
 
-    def _sampled(self, op: Op, req: Request, position: int) -> None:
+    def _sampled(self, op: Op, req: Request, position: int, unknown: int = 0) -> None:
+        """`unknown`: the drafts the request's previous forward verified: a scheduler that
+        launched this one before reading that one could not know how many were accepted, so
+        its input may be past `max_tokens` by fewer than that many positions."""
         finished = req.finish_ops  # the ledger's, booked as the message went out
         if finished is not None and op.seq >= finished:
             self.fail(
@@ -127,7 +164,7 @@ class WorkBound(Invariant):
                 (req.uid,),
                 position=position,
             )
-        if position >= req.max_output:
+        if position >= req.max_output + unknown:
             self.fail(
                 f"{op.label} (step {op.step}) samples request {req.uid}'s output position "
                 f"{position + 1}: max_tokens {req.max_output} needs only {req.max_output}",

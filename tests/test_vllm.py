@@ -17,6 +17,7 @@ import sys
 import tarfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from upstream_cli import run_cli
@@ -164,11 +165,12 @@ def test_the_connector_loads_on_the_transfer_stream_and_the_fence_keeps_it_clean
 @needs_snapshot
 @needs_deps
 def test_ngram_drafts_verify_on_the_worker_and_outputs_match(tree: Path) -> None:
-    from overlapcheck.invariants.registry import check_specs
-
-    checks = check_specs(["work-bound"], [])
-    result: object = _run("speculative", "make_ngram_scheduler", checks)
+    # every default check, work-bound too: a forward's drafts are judged by its input's end
+    result: object = _run("speculative", "make_ngram_scheduler")
     assert result.violations == [], result.violations  # type: ignore[attr-defined]
+    forwards = [op for op in result.trace.ops if op.kind == "forward"]  # type: ignore[attr-defined]
+    assert all(op.drafts is not None for op in forwards)
+    assert any(op.drafts.any() for op in forwards)
     # some step emitted more than one token for a request: a draft was accepted
     multi = [
         op
@@ -178,6 +180,26 @@ def test_ngram_drafts_verify_on_the_worker_and_outputs_match(tree: Path) -> None
         if a.buffer == "token_pool" and a.mode == "w" and len(a.cells) > len(op.uids)
     ]
     assert multi
+
+
+@needs_snapshot
+@needs_deps
+def test_work_bound_judges_every_position_of_a_forward_whose_drafts_are_not_said(
+    tree: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The same run with the forwards' drafts hidden: each position counts as an input, and
+    # vLLM's full draft sets verified one token from max_tokens are work past it.
+    from overlapcheck.backends.torchsim.session import SimulatedCuda
+
+    real = SimulatedCuda.launch
+
+    def hidden(self: SimulatedCuda, *args: Any, **kwargs: Any) -> None:
+        real(self, *args, **{**kwargs, "drafts": None})
+
+    monkeypatch.setattr(SimulatedCuda, "launch", hidden)
+    result: object = _run("speculative", "make_ngram_scheduler", ["work-bound"])
+    found = result.violations  # type: ignore[attr-defined]
+    assert found and found[0].invariant == "work-bound" and "needs only" in found[0].message
 
 
 @needs_snapshot
@@ -253,3 +275,35 @@ def test_the_same_trace_hash_in_two_processes(tmp_path: Path) -> None:
         assert done.returncode == 0, done.stdout + done.stderr
         hashes.append(re.findall(r"trace ([0-9a-f]{16})", done.stdout))
     assert hashes[0] and hashes[0] == hashes[1]
+
+
+# Upstream bugs the searches find (bench/upstream_mutants.py): each re-introduced into a copy of
+# the tree, found by its factory's search, and its counterexample `fixed` on the clean tree.
+FOUND_UPSTREAM = {
+    "max-tokens-extra-step": "work-bound",
+    "preempt-stale-output": "oracle",
+    "rejected-drafts-placeholders": "oracle",
+}
+
+
+@needs_snapshot
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(FOUND_UPSTREAM))
+def test_an_upstream_bug_re_introduced_is_found_and_its_fix_confirmed(
+    tmp_path: Path, name: str
+) -> None:
+    from overlapcheck.bench.upstream_mutants import BY_NAME, apply
+
+    clean = unpack(tmp_path / "clean")
+    mutant = BY_NAME[name]
+    out = tmp_path / "cx"
+    search = ["explore", "--scheduler", f"overlapcheck.adapters.vllm:{mutant.factory}"]
+    search += [*mutant.args, "--workers", "1", "--budget", "600", "--out", str(out)]
+    done = overlapcheck(search, apply(clean, mutant, tmp_path / "mutants"), tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    found = sorted(
+        p for p in out.glob(f"{FOUND_UPSTREAM[name]}-*.json") if "perfetto" not in p.name
+    )
+    assert found, done.stdout
+    replay = overlapcheck(["replay", str(found[0])], clean, tmp_path)
+    assert replay.returncode == 0 and "fixed" in replay.stdout, replay.stdout

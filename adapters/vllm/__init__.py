@@ -11,6 +11,7 @@
 | `make_sync_ngram_scheduler` | `Scheduler` with ngram drafts, k=3 (`--loop normal`) |
 | `make_connector_scheduler` | `AsyncScheduler` with a consumer KV connector (deferred frees) |
 | `make_unchunked_scheduler` | `AsyncScheduler` without chunked prefill |
+| `make_pipeline_scheduler` | `AsyncScheduler` with two pipeline stages: three steps in flight |
 
 The prefix cache follows the config's `cache` (`radix`: on). See docs/vllm.md.
 """
@@ -80,6 +81,15 @@ def make_connector_scheduler(
     return _make(Variant(connector=True, drafts=0), config, device, source, sink)
 
 
+def make_pipeline_scheduler(
+    config: SchedulerConfig, device: Device, source: MessageSource, sink: MessageSink
+) -> SchedulerUnderTest:
+    """`AsyncScheduler` as pipeline parallelism of two stages runs it: a batch queue of three
+    (a step scheduled while two are in flight) and a request's decodes two steps apart; drafts as
+    the config says. The stages themselves are the stand-in worker's one forward."""
+    return _make(Variant(pipeline=2), config, device, source, sink)
+
+
 def make_unchunked_scheduler(
     config: SchedulerConfig, device: Device, source: MessageSource, sink: MessageSink
 ) -> SchedulerUnderTest:
@@ -90,6 +100,7 @@ def make_unchunked_scheduler(
 __all__ = [
     "make_connector_scheduler",
     "make_ngram_scheduler",
+    "make_pipeline_scheduler",
     "make_scheduler",
     "make_sync_ngram_scheduler",
     "make_sync_scheduler",

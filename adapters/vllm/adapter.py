@@ -158,13 +158,16 @@ class VllmScheduler(UpstreamScheduler):
             )
 
     def _step_with_batch_queue(self) -> None:
-        """`EngineCore.step_with_batch_queue` with a queue of two (async scheduling)."""
+        """`EngineCore.step_with_batch_queue`: a queue of `max_concurrent_batches` steps (two
+        under async scheduling, one more per extra pipeline stage)."""
         sched, queue = self.sched, self.queue
         if sched.has_requests():
             out = self._schedule()
             launched = self._execute(out)
             queue.appendleft((out, launched))
-            if len(queue) < 2 and (launched is not None or sched.has_requests()):
+            if len(queue) < self.built.batch_queue and (
+                launched is not None or sched.has_requests()
+            ):
                 return
         elif not queue:
             return

@@ -5,7 +5,7 @@
 | `num_pages` | `num_gpu_blocks` = pages + 1: block 0 is the block pool's null block |
 | `page_size` | `block_size` |
 | `num_slots` | `max_num_seqs` (at most `max_extend_tokens`: vLLM demands a token per sequence) |
-| `max_extend_tokens` | `max_num_batched_tokens` |
+| `max_extend_tokens` | `max_num_batched_tokens` (at least 1 + drafts: see `build`) |
 | `max_seq_len` | `max_model_len`, at most what the pool holds (vLLM refuses to start otherwise) |
 | `cache` | `enable_prefix_caching` (`radix`: on) |
 | `draft_tokens` | ngram speculative decoding with that many tokens (the variant may pin it) |
@@ -44,12 +44,15 @@ class Variant:
 
     `drafts`: None takes `SchedulerConfig.draft_tokens`; a number pins it. `connector`: a
     consumer KV connector whose loads of external KV run on a transfer stream (see connector.py).
+    `pipeline`: vLLM's `pipeline_parallel_size`; the scheduler only sees what it changes for it
+    (`max_concurrent_batches`: more steps in flight, and `AsyncScheduler`'s decode stagger).
     """
 
     asynchronous: bool = True
     drafts: int | None = None
     chunked_prefill: bool = True
     connector: bool = False
+    pipeline: int = 1  # pipeline-parallel stages: the batch queue holds pipeline + 1 steps
 
     def draft_tokens(self, config: SchedulerConfig) -> int:
         return config.draft_tokens if self.drafts is None else self.drafts
@@ -65,6 +68,7 @@ class Built:
     num_blocks: int  # null block included
     max_num_seqs: int
     drafts: int
+    batch_queue: int  # EngineCore's batch queue size: vLLM's `max_concurrent_batches`
 
 
 def build(loaded: Loaded, config: SchedulerConfig, variant: Variant) -> Built:
@@ -77,6 +81,11 @@ def build(loaded: Loaded, config: SchedulerConfig, variant: Variant) -> Built:
     batched = config.max_extend_tokens
     if not variant.chunked_prefill:
         batched = max(batched, max_len)  # vLLM's rule without chunking
+    if drafts:
+        # vLLM accepts a budget below one token and its drafts (it warns), but then a waiting
+        # request one token from its prompt's end is padded to 1 + k and never fits: it waits
+        # forever. Deployments run far above that; so does the adapter (docs/vllm.md).
+        batched = max(batched, 1 + drafts)
     key = (
         config.vocab_size,
         max_len,
@@ -89,6 +98,7 @@ def build(loaded: Loaded, config: SchedulerConfig, variant: Variant) -> Built:
         variant.asynchronous,
         variant.chunked_prefill,
         variant.connector,
+        variant.pipeline,
     )
     built = _BUILT.get(key)
     if built is None:
@@ -101,7 +111,9 @@ _BUILT: dict[tuple[Any, ...], Built] = {}
 
 
 def _build(loaded: Loaded, key: tuple[Any, ...]) -> Built:
-    (vocab, max_len, block_size, pages, caching, seqs, batched, drafts, asyn, chunked, conn) = key
+    (vocab, max_len, block_size, pages, caching, seqs, batched, drafts, asyn, chunked, conn, pp) = (
+        key
+    )
     cfg = loaded["vllm.config"]
     kv = loaded["vllm.v1.kv_cache_interface"]
     torch = __import__("torch")
@@ -147,6 +159,7 @@ def _build(loaded: Loaded, key: tuple[Any, ...]) -> Built:
             device_config=cfg.DeviceConfig(device="cpu"),
             speculative_config=speculative,
             kv_transfer_config=transfer,
+            parallel_config=cfg.ParallelConfig(pipeline_parallel_size=pp),
         )
     except (ValueError, TypeError, AssertionError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
@@ -161,7 +174,8 @@ def _build(loaded: Loaded, key: tuple[Any, ...]) -> Built:
         kv_cache_groups=[kv.KVCacheGroupSpec(["layer"], spec)],
     )
     loaded["vllm.v1.core.single_type_kv_cache_manager"].register_all_kvcache_specs(vllm_config)
-    return Built(vllm_config, kv_cache_config, block_size, num_blocks, seqs, drafts)
+    queue = vllm_config.max_concurrent_batches
+    return Built(vllm_config, kv_cache_config, block_size, num_blocks, seqs, drafts, queue)
 
 
 def _model_folder(vocab: int) -> Path:

@@ -24,7 +24,7 @@ VLLM = Upstream(
     marker="vllm/v1/core/sched/scheduler.py",
     needed=(
         ("vllm.config", ("CacheConfig", "DeviceConfig", "ModelConfig", "SchedulerConfig")),
-        ("vllm.config", ("SpeculativeConfig", "KVTransferConfig", "VllmConfig")),
+        ("vllm.config", ("SpeculativeConfig", "KVTransferConfig", "VllmConfig", "ParallelConfig")),
         ("vllm.sampling_params", ("SamplingParams",)),
         ("vllm.v1.request", ("Request", "RequestStatus")),
         (SCHEDULER, ("Scheduler",)),

@@ -38,6 +38,7 @@ from overlapcheck.backends.sim.toy_model import DTYPE, ToyModel
 from overlapcheck.backends.torchsim.dispatch import plain
 from overlapcheck.backends.torchsim.session import SimulatedCuda
 from overlapcheck.backends.torchsim.tensor import SimTensor
+from overlapcheck.core.errors import InvariantError
 
 LOOKUP_MIN, LOOKUP_MAX = 1, 3  # the n-gram lengths the drafter matches (configs.py sets vLLM's)
 
@@ -231,6 +232,19 @@ class StandInWorker:
             drafts = min(len(spec.get(req_id, ())), self.k)
             start = int(computed[slot])
             inputs = n - drafts
+            if n <= 0 or start + n > self.max_model_len:
+                # vLLM's runner keeps each request's tokens in a row max_model_len wide (its
+                # `[max_num_reqs, max_model_len]` buffers) and repeats positions per scheduled
+                # token: a step past the row, or of no tokens, is one it cannot run.
+                raise InvariantError(
+                    "no-crash",
+                    f"vLLM scheduled {n} token(s) for request {req_id} from position {start} "
+                    f"(drafts {drafts}): past max_model_len {self.max_model_len}, out of its "
+                    "model runner's per-request buffers"
+                    if n > 0
+                    else f"vLLM scheduled {n} tokens for request {req_id}: its model runner "
+                    "cannot run a step of no tokens",
+                )
             samples = start + inputs >= self.prefill_len[req_id]
             seqs.append(Seq(req_id, self.uid_of[req_id], slot, start, inputs, drafts, samples))
         return seqs
@@ -291,8 +305,17 @@ class StandInWorker:
         uids = tuple(s.uid for s in seqs)
         ends = np.array([s.start + s.inputs + s.drafts for s in seqs], dtype=np.int64)
         shape = (np.array([s.index for s in seqs], dtype=np.int64), ends)
+        drafts = np.array([s.drafts for s in seqs], dtype=np.int64)
         cuda.launch(
-            "forward", label, accesses, cost, start, batch=self.batches, uids=uids, shape=shape
+            "forward",
+            label,
+            accesses,
+            cost,
+            start,
+            batch=self.batches,
+            uids=uids,
+            shape=shape,
+            drafts=drafts,
         )
 
     # -- the KV connector's loads ----------------------------------------------------------------

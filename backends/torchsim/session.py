@@ -180,12 +180,14 @@ class SimulatedCuda:
         uids: tuple[int, ...] = (),
         unit: Unit | None = None,
         shape: tuple[np.ndarray, np.ndarray] | None = None,
+        drafts: np.ndarray | None = None,
     ) -> None:
         """A kernel of the caller's own on the current stream: `accesses` are (tensor, cells of
         its buffer or None for the whole view, "r" | "w"); `start` runs when the kernel starts
         (read the physical copies there) and returns what to run when it ends (write them).
         `shape`: a forward's (slots, context lengths), for a forward whose block table is not
-        the contract's token-wide `page_table` (`Op.shape`)."""
+        the contract's token-wide `page_table` (`Op.shape`); `drafts`: how many of each
+        sequence's last positions are drafts being verified (`Op.drafts`)."""
         traced = []
         for tensor, cells, mode in accesses:
             found = self.interceptor.locate(tensor)
@@ -199,6 +201,7 @@ class SimulatedCuda:
         op.delay = cost.delay
         if shape is not None:
             op.shape = shape
+        op.drafts = drafts
         self.interceptor._enqueue(_Launch(op, unit or self.device.compute, cost.seconds, start))
 
     def drain(self) -> None:

@@ -307,3 +307,54 @@ def test_an_upstream_bug_re_introduced_is_found_and_its_fix_confirmed(
     assert found, done.stdout
     replay = overlapcheck(["replay", str(found[0])], clean, tmp_path)
     assert replay.returncode == 0 and "fixed" in replay.stdout, replay.stdout
+
+
+# A prompt sent twice at the end of its row (page size 1, prefix cache, k = 3): the second is
+# admitted one token from its end and padded to 1 + k (bench/upstream_mutants.py, #53962).
+ROW_END = """
+import json
+import overlapcheck.adapters.vllm as adapters
+from overlapcheck.backends.sim.backend import SimBackend
+from overlapcheck.core.config import SchedulerConfig
+from overlapcheck.core.scenario import RequestSpec, Scenario
+from overlapcheck.harness.runner import run_scenario
+
+config = SchedulerConfig(
+    page_size=1, max_seq_len=16, num_pages=64, num_slots=4, max_extend_tokens=32,
+    draft_tokens=3, cache="radix",
+)
+prompt = tuple(range(10, 24))
+requests = (
+    RequestSpec(0, prompt, max_tokens=1),
+    RequestSpec(1, prompt, max_tokens=2, arrival=0.01),
+)
+result = run_scenario(
+    Scenario("row-end", config, requests), SimBackend(),
+    scheduler=adapters.make_ngram_scheduler, keep_going=True,
+)
+print(json.dumps([[v.invariant, v.message] for v in result.violations]))
+"""
+
+
+@needs_snapshot
+@pytest.mark.slow
+def test_a_step_scheduled_past_max_model_len_is_a_finding(tmp_path: Path) -> None:
+    from overlapcheck.bench.upstream_mutants import BY_NAME, apply
+
+    clean = unpack(tmp_path / "clean")
+    mutant = apply(clean, BY_NAME["spec-pad-past-max-model-len"], tmp_path / "mutants")
+    seen: dict[str, list[list[str]]] = {}
+    for name, root in (("mutant", mutant), ("clean", clean)):
+        done = subprocess.run(
+            [sys.executable, "-c", ROW_END],
+            env={**os.environ, "VLLM_PATH": str(root)},
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            timeout=600,
+        )
+        assert done.returncode == 0, done.stderr
+        seen[name] = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["clean"] == []
+    [(invariant, message)] = seen["mutant"]
+    assert invariant == "no-crash" and "past max_model_len 16" in message, message

@@ -167,19 +167,11 @@ def _map(
     }
 
 
-def _any_sim(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-    """Whether a simulated device tensor is among the arguments (one level of lists down)."""
-    for x in args:
-        if isinstance(x, SimTensor):
-            return True
-        if isinstance(x, _SEQUENCES):
-            for y in x:
-                if isinstance(y, SimTensor):
-                    return True
-    return bool(kwargs) and _any_sim(tuple(kwargs.values()), {})
-
-
 _SEQUENCES = (list, tuple)
+# What `Interceptor._scan` finds besides pinned arguments: stream work; a host op whose pinned
+# cells `footprint.touches` finds (an index op, a list of tensors).
+_DEVICE = object()
+_GENERAL = object()
 
 
 def _tensors(tree: Any) -> list[torch.Tensor]:
@@ -291,11 +283,59 @@ class Interceptor:
         info, handler = route
         if handler is not None:
             return handler(func, args, kwargs)
-        if not _any_sim(args, kwargs) and not _is_cuda(kwargs.get("device")):
-            return self._host(func, args, kwargs, info)
-        if info.view:
-            return self._view(func, args, kwargs)
-        return self._kernel(func, args, kwargs)
+        found = self._scan(info, args, kwargs)
+        if found is _DEVICE:
+            if info.view:
+                return self._view(func, args, kwargs)
+            return self._kernel(func, args, kwargs)
+        return self._run_host(info, args, kwargs, found)
+
+    def _scan(self, info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """One pass over an op's arguments (one level of lists down): `_DEVICE` when it is stream
+        work (a simulated device tensor among them, or a `cuda` device); else what the host op
+        traces: None (no pinned memory), `_GENERAL` (an index op or a list of tensors, with
+        pinned memory about: `footprint.touches` finds its cells), or the pinned tensors given
+        as whole arguments, as (position or name, buffer, tensor, written)."""
+        pinned = self.memory.pinned
+        found: list[tuple[int | str, Buffer, torch.Tensor, bool]] = []
+        written = info.written
+        general = info.indexed
+        for i, x in enumerate(args):
+            if isinstance(x, torch.Tensor):
+                if isinstance(x, SimTensor):
+                    return _DEVICE
+                if pinned and x.is_cpu and i < len(written):
+                    buffer = pinned.get(x.untyped_storage().data_ptr())
+                    if buffer is not None:
+                        found.append((i, buffer, x, written[i]))
+            elif isinstance(x, _SEQUENCES):
+                for y in x:
+                    if isinstance(y, SimTensor):
+                        return _DEVICE
+                general = True
+        if kwargs:
+            if _is_cuda(kwargs.get("device")):
+                return _DEVICE
+            by_name = info.by_name
+            for name, x in kwargs.items():
+                if isinstance(x, torch.Tensor):
+                    if isinstance(x, SimTensor):
+                        return _DEVICE
+                    known = by_name.get(name)
+                    if pinned and x.is_cpu and known is not None:
+                        buffer = pinned.get(x.untyped_storage().data_ptr())
+                        if buffer is not None:
+                            found.append((name, buffer, x, known[1]))
+                elif isinstance(x, _SEQUENCES):
+                    for y in x:
+                        if isinstance(y, SimTensor):
+                            return _DEVICE
+                    general = True
+        if not pinned:
+            return None
+        if general:
+            return _GENERAL
+        return found or None
 
     def _allocated(
         self, buffer: Buffer, like: torch.Tensor, here: str, what: str, site: Site | None
@@ -319,27 +359,57 @@ class Interceptor:
     def _host(
         self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], info: OpInfo | None = None
     ) -> Any:
+        """`func` on host tensors, at once (its reads and writes of pinned memory traced)."""
         if info is None:
             info = op_info(func)
+        found = self._scan(info, args, kwargs)
+        if found is _DEVICE:  # (a handler's host op: no simulated tensor, but a device named)
+            found = _GENERAL if self.memory.pinned else None
+        return self._run_host(info, args, kwargs, found)
+
+    def _run_host(
+        self, info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any], found: Any
+    ) -> Any:
+        """A host op, with what `_scan` found of its pinned arguments."""
         pin = False
         if kwargs:
             pin = kwargs.get("pin_memory") is True
             if pin:
                 kwargs = {**kwargs, "pin_memory": False}
-        found = self._pinned_touches(info, args, kwargs) if self.memory.pinned else None
+        accesses: list[Access] | None = None
+        writes = False
+        if found is _GENERAL:
+            memory = self.memory
+            if memory.any_pinned(args) or (kwargs and memory.any_pinned(kwargs.values())):
+                touched = touches(info.func, args, kwargs, self.locate, self.logical)
+                if touched:
+                    accesses = [Access(t.buffer.name, t.cells, t.mode) for t in touched]  # type: ignore[arg-type]
+                    writes = any(t.mode == "w" for t in touched)
+            found = None
+        elif found is not None:
+            # the reads first, then the writes, each in argument order
+            accesses = []
+            for _, buffer, x, w in found:
+                if w:
+                    writes = True
+                else:
+                    accesses.append(Access(buffer.name, view_cells(buffer, x), "r"))
+            if writes:
+                for _, buffer, x, w in found:
+                    if w:
+                        accesses.append(Access(buffer.name, view_cells(buffer, x), "w"))
         out = info.call(*args, **kwargs)
         if info.empty and isinstance(out, torch.Tensor):
             out.fill_(poison(out.dtype))
         if pin and isinstance(out, torch.Tensor):
             out = self._pinned(out, where()[1])
-        if found is not None:
-            accesses, pinned, writes = found
+        if accesses is not None:
             here, _, site = origin()
             self.device.recorder.host_op(
                 float(self.runtime.env.now), site, f"{info.name} @{here}", accesses
             )
             if writes:  # keep the logical twins in step
-                self._host_twin(info, args, kwargs, pinned)
+                self._host_twin(info, args, kwargs, found)
         return out
 
     def _host_twin(
@@ -347,25 +417,22 @@ class Interceptor:
         info: OpInfo,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        pinned: list[tuple[int | str, Buffer]] | None,
+        pinned: list[tuple[int | str, Buffer, torch.Tensor, bool]] | None,
     ) -> None:
         """A host op that wrote pinned memory, again on the logical copies: each pinned argument
-        (`pinned`: by position or name, as `_pinned_touches` found them; None: look them up,
-        one level of lists down) as the same view of its buffer's logical copy."""
+        (`pinned`: by position or name, as `_scan` found them; None: look them up, one level of
+        lists down) as the same view of its buffer's logical copy."""
         if pinned is not None:
             largs = list(args)
             lkwargs = kwargs
-            for key, buffer in pinned:
+            for key, buffer, x, _ in pinned:
+                view = buffer.logical.as_strided(x.size(), x.stride(), x.storage_offset())
                 if isinstance(key, int):
-                    x = largs[key]
-                    largs[key] = buffer.logical.as_strided(x.size(), x.stride(), x.storage_offset())
+                    largs[key] = view
                 else:
-                    x = kwargs[key]
                     if lkwargs is kwargs:
                         lkwargs = dict(kwargs)
-                    lkwargs[key] = buffer.logical.as_strided(
-                        x.size(), x.stride(), x.storage_offset()
-                    )
+                    lkwargs[key] = view
             info.call(*largs, **lkwargs)
             return
         pinned_of = self.memory.pinned
@@ -380,63 +447,6 @@ class Interceptor:
             return x
 
         info.call(*[swap(x) for x in args], **{k: swap(v) for k, v in kwargs.items()})
-
-    def _pinned_touches(
-        self, info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[list[Access], list[tuple[int | str, Buffer]] | None, bool] | None:
-        """A host op's footprint on pinned buffers (`footprint.touches`), None when it touches
-        none: its accesses (reads first), the pinned arguments by position or name (None: one in
-        a list), whether it writes. Most host ops take plain tensors, or pinned ones as whole
-        arguments: those are read off here in one pass; index ops and lists of tensors go to
-        `touches`."""
-        pinned = self.memory.pinned
-        reads: list[Access] = []
-        writes: list[Access] = []
-        found: list[tuple[int | str, Buffer]] = []
-        written = info.written
-        general = info.indexed
-        for i, x in enumerate(args):
-            if isinstance(x, torch.Tensor):
-                if x.is_cpu and i < len(written):
-                    buffer = pinned.get(x.untyped_storage().data_ptr())
-                    if buffer is not None:
-                        found.append((i, buffer))
-                        if written[i]:
-                            writes.append(Access(buffer.name, view_cells(buffer, x), "w"))
-                        else:
-                            reads.append(Access(buffer.name, view_cells(buffer, x), "r"))
-            elif isinstance(x, _SEQUENCES):
-                general = True
-        if kwargs:
-            by_name = info.by_name
-            for name, x in kwargs.items():
-                if isinstance(x, torch.Tensor):
-                    known = by_name.get(name)
-                    if x.is_cpu and known is not None:
-                        buffer = pinned.get(x.untyped_storage().data_ptr())
-                        if buffer is not None:
-                            found.append((name, buffer))
-                            if known[1]:
-                                writes.append(Access(buffer.name, view_cells(buffer, x), "w"))
-                            else:
-                                reads.append(Access(buffer.name, view_cells(buffer, x), "r"))
-                elif isinstance(x, _SEQUENCES):
-                    general = True
-        if general:
-            memory = self.memory
-            if memory.any_pinned(args) or (kwargs and memory.any_pinned(kwargs.values())):
-                touched = touches(info.func, args, kwargs, self.locate, self.logical)
-                if not touched:
-                    return None
-                accesses = [Access(t.buffer.name, t.cells, t.mode) for t in touched]  # type: ignore[arg-type]
-                return accesses, None, any(t.mode == "w" for t in touched)
-            return None
-        if not found:
-            return None
-        if reads:
-            reads.extend(writes)
-            return reads, found, bool(writes)
-        return writes, found, True
 
     def _host_op(self, label: str, accesses: list[Access], site: Site | None) -> Op:
         return self.device.recorder.host_op(float(self.runtime.env.now), site, label, accesses)

@@ -436,6 +436,11 @@ class HostAllocator:
             block.markers = {}
             self.free.remove(block)
             self.reused += 1
+            old = block.buffer
+            if old.logical is not old.physical and torch.equal(old.logical, old.physical):
+                # no copy on it is in flight (its events fired): copies that agree are one
+                # tensor again, and the host's ops on it run once (`Buffer.split`)
+                old.logical = old.physical
             if block.buffer.physical.dtype != dtype:
                 self._retype(block, dtype, hint)
         else:
@@ -447,7 +452,8 @@ class HostAllocator:
         self.live.append(block)
         tensor = self.memory.pinned_tensor(block.buffer, where)
         _copy_into(tensor, made)
-        _copy_into(same_geometry(block.buffer.logical, tensor), made)
+        if block.buffer.logical is not block.buffer.physical:
+            _copy_into(same_geometry(block.buffer.logical, tensor), made)
         return tensor
 
     def _retype(self, block: _PinnedBlock, dtype: torch.dtype, hint: str) -> None:

@@ -398,6 +398,11 @@ class Interceptor:
                 for _, buffer, x, w in found:
                     if w:
                         accesses.append(Access(buffer.name, view_cells(buffer, x), "w"))
+        if writes:
+            # Pinned buffers whose copies are still one tensor are written once, by the op; if
+            # any it touches has a logical copy of its own, the op runs again on the logical
+            # copies, into logical copies of their own.
+            writes = self._twin_needed(args, kwargs, found)
         out = info.call(*args, **kwargs)
         if info.empty and isinstance(out, torch.Tensor):
             out.fill_(poison(out.dtype))
@@ -411,6 +416,33 @@ class Interceptor:
             if writes:  # keep the logical twins in step
                 self._host_twin(info, args, kwargs, found)
         return out
+
+    def _twin_needed(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        pinned: list[tuple[int | str, Buffer, torch.Tensor, bool]] | None,
+    ) -> bool:
+        """Whether a host op that writes pinned memory must run again on the logical copies:
+        when a pinned buffer among its arguments (`pinned`, as `_scan` found them; None: looked
+        up one level of lists down) has a logical copy of its own. Then the buffers it writes
+        get theirs too, before it runs (it computes their logical copies from the others')."""
+        if pinned is None:
+            buffers: list[tuple[Buffer, bool]] = []
+            pinned_of = self.memory.pinned_of
+            for x in _leaves((args, kwargs)):
+                if isinstance(x, torch.Tensor):
+                    buffer = pinned_of(x)
+                    if buffer is not None:
+                        buffers.append((buffer, True))  # (written or not: split them all)
+        else:
+            buffers = [(buffer, written) for _, buffer, _, written in pinned]
+        if all(buffer.logical is buffer.physical for buffer, _ in buffers):
+            return False
+        for buffer, written in buffers:
+            if written:
+                buffer.split()
+        return True
 
     def _host_twin(
         self,
@@ -558,6 +590,9 @@ class Interceptor:
         found = touches(func, reading[0], reading[1], self.locate, self.logical)
         if info.like:
             found = [t for t in found if t.mode == "w"]
+        for t in found:  # pinned memory it writes: the logical copy now, the physical one later
+            if t.mode == "w" and t.buffer.pinned:
+                t.buffer.split()
         # pageable host sources are staged at the call
         staged = {
             id(t): t.clone()
@@ -822,6 +857,7 @@ class Interceptor:
         found = [Touch(src.buffer, view_cells(src.buffer, src.logic), "r")]
         if dst_buffer is not None:
             found.append(Touch(dst_buffer, view_cells(dst_buffer, dst), "w"))
+            dst_buffer.split()  # the logical copy now, the physical one when the copy runs
             with plain():
                 _copy_into(same_geometry(dst_buffer.logical, dst), src.logic)
         op = runtime.op_at(

@@ -8,6 +8,10 @@ Every buffer is a flat CPU tensor twice over:
   the cells an index op touches, and the books of a scheduler are read from it: it is what the
   program means, where `physical` is what the hardware did (the two differ only after a race).
 
+A pinned buffer's two copies are one tensor until a stream op is issued that writes it (a copy
+to the host, a kernel): the host's own ops write both copies at once, so until then they cannot
+differ, and a host op on them needs no second run on the logical copy (`Buffer.split`).
+
 A buffer is memory of PyTorch's caching allocators (`allocators.py`): freed, it may be handed to a
 later allocation of the same dtype, which then uses the same cells under the same name (a twin
 buffer: the same copies, its own holders), so the race checker sees a use of the old tensor and a
@@ -73,6 +77,13 @@ class Buffer:
     def numel(self) -> int:
         return int(self.physical.numel())
 
+    def split(self) -> None:
+        """The logical copy in storage of its own (a pinned buffer's two copies start as one
+        tensor): a stream op about to write one copy at issue and the other when it runs, or a
+        host op about to compute the logical copy from other copies than the physical one's."""
+        if self.logical is self.physical:
+            self.logical = self.physical.clone()
+
     def cell_ids(self) -> torch.Tensor:
         """Each element's cell number (its offset in the buffer), as int64."""
         if self._ids is None:
@@ -125,10 +136,11 @@ class Memory:
         return self._add(Buffer(self._name(hint), False, flat, flat.clone()))
 
     def new_pinned(self, numel: int, dtype: torch.dtype, hint: str) -> Buffer:
-        """A pinned host buffer of `numel` elements, filled with poison on both copies. Its
-        physical copy is the memory the program's tensors on it use (`pinned_tensor`)."""
+        """A pinned host buffer of `numel` elements, filled with poison, its two copies one tensor
+        until `Buffer.split`. Its physical copy is the memory the program's tensors on it use
+        (`pinned_tensor`)."""
         flat = torch.full((numel,), poison(dtype), dtype=dtype)
-        buffer = self._add(Buffer(HOST_PREFIX + self._name(hint), True, flat, flat.clone()))
+        buffer = self._add(Buffer(HOST_PREFIX + self._name(hint), True, flat, flat))
         self.pinned[flat.untyped_storage().data_ptr()] = buffer
         return buffer
 
@@ -138,7 +150,10 @@ class Memory:
         storage = buffer.physical.untyped_storage()
         numel = storage.nbytes() // torch.empty(0, dtype=dtype).element_size()
         flat = torch.empty(0, dtype=dtype).set_(storage, 0, (numel,), (1,))
-        logical = buffer.logical.view(torch.uint8).view(dtype).clone()
+        if buffer.logical is buffer.physical:  # (still one: the new buffer's are too)
+            logical = flat
+        else:
+            logical = buffer.logical.view(torch.uint8).view(dtype).clone()
         made = self._add(Buffer(HOST_PREFIX + self._name(hint), True, flat, logical))
         self.pinned[storage.data_ptr()] = made
         return made

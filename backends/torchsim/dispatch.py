@@ -20,7 +20,7 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from types import FrameType
+from types import CodeType, FrameType
 from typing import Any
 
 import numpy as np
@@ -40,6 +40,7 @@ from overlapcheck.backends.torchsim.memory import (
     geometry,
     poison,
     same_geometry,
+    span,
     view_cells,
 )
 from overlapcheck.backends.torchsim.schema import OpInfo, op_info
@@ -79,20 +80,21 @@ def _program_file(path: str) -> str | None:
     return os.path.basename(path)
 
 
-# A program frame's label part, its function's name, and whether it is the scheduler's own frame
-# (then it is its own trace site: `core.sites.site_of` would stop at it), by its code and
-# instruction offset: the same few call sites issue every op, and `f_lineno` decodes the line
-# table at each read.
-_LABELS: dict[Site, tuple[str, str, bool]] = {}
+# A program frame's label part, its function's name, whether it is the scheduler's own frame
+# (then it is its own trace site: `core.sites.site_of` would stop at it), and its code, by the
+# code's identity and the instruction offset: the same few call sites issue every op, `f_lineno`
+# decodes the line table at each read, and a code object's hash hashes its constants again at
+# every call (the code kept in the entry tells a reused identity apart).
+_LABELS: dict[tuple[int, int], tuple[str, str, bool, CodeType]] = {}
 
 
-def _label(frame: FrameType, name: str) -> tuple[str, str, bool]:
-    key = (frame.f_code, frame.f_lasti)
-    found = _LABELS.get(key)
-    if found is None:
-        code = frame.f_code
+def _label(frame: FrameType, name: str) -> tuple[str, str, bool, CodeType]:
+    code = frame.f_code
+    found = _LABELS.get((id(code), frame.f_lasti))
+    if found is None or found[3] is not code:
         here = f"{name}:{frame.f_lineno} {code.co_name}"
-        found = _LABELS[key] = (here, code.co_name, site_of(frame) == key)
+        own = site_of(frame) == (code, frame.f_lasti)
+        found = _LABELS[id(code), frame.f_lasti] = (here, code.co_name, own, code)
     return found
 
 
@@ -103,7 +105,7 @@ def where() -> tuple[str, str]:
     while frame is not None:
         name = _program_file(frame.f_code.co_filename)
         if name is not None:
-            here, function, _ = _label(frame, name)
+            here, function, _, _ = _label(frame, name)
             return here, function
         frame = frame.f_back
     return "?", "tensor"
@@ -117,8 +119,8 @@ def origin() -> tuple[str, str, Site | None]:
     while frame is not None:
         name = _program_file(frame.f_code.co_filename)
         if name is not None:
-            here, function, own = _label(frame, name)
-            return here, function, (frame.f_code, frame.f_lasti) if own else site_of(frame)
+            here, function, own, code = _label(frame, name)
+            return here, function, (code, frame.f_lasti) if own else site_of(frame)
         frame = frame.f_back
     return "?", "tensor", None
 
@@ -389,7 +391,10 @@ class Interceptor:
         elif found is not None:
             # the reads first, then the writes, each in argument order
             accesses = []
+            one = True  # every buffer's two copies still one tensor
             for _, buffer, x, w in found:
+                if buffer.logical is not buffer.physical:
+                    one = False
                 if w:
                     writes = True
                 else:
@@ -398,6 +403,8 @@ class Interceptor:
                 for _, buffer, x, w in found:
                     if w:
                         accesses.append(Access(buffer.name, view_cells(buffer, x), "w"))
+                if one:
+                    writes = False  # (written once, by the op itself)
         if writes:
             # Pinned buffers whose copies are still one tensor are written once, by the op; if
             # any it touches has a logical copy of its own, the op runs again on the logical
@@ -679,8 +686,15 @@ class Interceptor:
                 with plain():
                     for w in written.values():
                         assert w.clone is not None
-                        cells = torch.from_numpy(w.cells)
-                        w.buffer.physical[cells] = w.clone[cells]
+                        n = len(w.cells)
+                        first = int(w.cells[0]) if n else 0
+                        if n and w.cells is span(first, n):  # (a view's cells: a slice's copy)
+                            _copy_into(
+                                w.buffer.physical[first : first + n], w.clone[first : first + n]
+                            )
+                        else:
+                            cells = torch.from_numpy(w.cells)
+                            w.buffer.physical[cells] = w.clone[cells]
                     fresh_outs = [
                         o
                         for o, a in zip(_as_list(pout), aliases or (None,), strict=False)

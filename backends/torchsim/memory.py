@@ -106,18 +106,19 @@ def at(base: torch.Tensor, where: Geometry) -> torch.Tensor:
 
 
 @lru_cache(maxsize=4096)
-def _span(start: int, count: int) -> np.ndarray:
+def span(start: int, count: int) -> np.ndarray:
     """Cells `start` to `start + count - 1`, one array per span: the same few spans (a row, a
     staging slice) recur at every iteration. Shared, as a strided view's cells share the
     buffer's `cell_ids`: footprints are never written to (torch would warn at every index
-    made of a read-only array, so it is not marked so)."""
+    made of a read-only array, so it is not marked so). Cells that are this very array are
+    a span (a copy of them can be a slice's)."""
     return np.arange(start, start + count, dtype=np.int64)
 
 
 def view_cells(buffer: Buffer, view: torch.Tensor) -> np.ndarray:
     """The cells of `buffer` that `view` (a view of it, same dtype) covers, in the view's order."""
     if view.is_contiguous():
-        return _span(view.storage_offset(), view.numel())
+        return span(view.storage_offset(), view.numel())
     ids: np.ndarray = same_geometry(buffer.cell_ids(), view).reshape(-1).numpy()
     return ids
 

@@ -295,13 +295,13 @@ class Interceptor:
     def _scan(self, info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """One pass over an op's arguments (one level of lists down): `_DEVICE` when it is stream
         work (a simulated device tensor among them, or a `cuda` device); else what the host op
-        traces: None (no pinned memory), `_GENERAL` (an index op or a list of tensors, with
-        pinned memory about: `footprint.touches` finds its cells), or the pinned tensors given
-        as whole arguments, as (position or name, buffer, tensor, written)."""
+        traces: None (no pinned memory), `_GENERAL` (an index op with pinned memory about:
+        `footprint.touches` finds the cells its indices pick), or its pinned tensors, as
+        (position or name, None in a list; buffer; tensor; written), in argument order (the
+        order `footprint.touches` finds them in)."""
         pinned = self.memory.pinned
-        found: list[tuple[int | str, Buffer, torch.Tensor, bool]] = []
+        found: list[tuple[int | str | None, Buffer, torch.Tensor, bool]] = []
         written = info.written
-        general = info.indexed
         for i, x in enumerate(args):
             if isinstance(x, torch.Tensor):
                 if isinstance(x, SimTensor):
@@ -312,9 +312,13 @@ class Interceptor:
                         found.append((i, buffer, x, written[i]))
             elif isinstance(x, _SEQUENCES):
                 for y in x:
-                    if isinstance(y, SimTensor):
-                        return _DEVICE
-                general = True
+                    if isinstance(y, torch.Tensor):
+                        if isinstance(y, SimTensor):
+                            return _DEVICE
+                        if pinned and y.is_cpu and i < len(written):
+                            buffer = pinned.get(y.untyped_storage().data_ptr())
+                            if buffer is not None:
+                                found.append((None, buffer, y, written[i]))
         if kwargs:
             if _is_cuda(kwargs.get("device")):
                 return _DEVICE
@@ -329,13 +333,18 @@ class Interceptor:
                         if buffer is not None:
                             found.append((name, buffer, x, known[1]))
                 elif isinstance(x, _SEQUENCES):
+                    known = by_name.get(name)
                     for y in x:
-                        if isinstance(y, SimTensor):
-                            return _DEVICE
-                    general = True
+                        if isinstance(y, torch.Tensor):
+                            if isinstance(y, SimTensor):
+                                return _DEVICE
+                            if pinned and y.is_cpu and known is not None:
+                                buffer = pinned.get(y.untyped_storage().data_ptr())
+                                if buffer is not None:
+                                    found.append((None, buffer, y, known[1]))
         if not pinned:
             return None
-        if general:
+        if info.indexed:
             return _GENERAL
         return found or None
 
@@ -421,14 +430,15 @@ class Interceptor:
                 float(self.runtime.env.now), site, f"{info.name} @{here}", accesses
             )
             if writes:  # keep the logical twins in step
-                self._host_twin(info, args, kwargs, found)
+                listed = found is None or any(key is None for key, _, _, _ in found)
+                self._host_twin(info, args, kwargs, None if listed else found)
         return out
 
     def _twin_needed(
         self,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        pinned: list[tuple[int | str, Buffer, torch.Tensor, bool]] | None,
+        pinned: list[tuple[int | str | None, Buffer, torch.Tensor, bool]] | None,
     ) -> bool:
         """Whether a host op that writes pinned memory must run again on the logical copies:
         when a pinned buffer among its arguments (`pinned`, as `_scan` found them; None: looked
@@ -456,7 +466,7 @@ class Interceptor:
         info: OpInfo,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        pinned: list[tuple[int | str, Buffer, torch.Tensor, bool]] | None,
+        pinned: list[tuple[int | str | None, Buffer, torch.Tensor, bool]] | None,
     ) -> None:
         """A host op that wrote pinned memory, again on the logical copies: each pinned argument
         (`pinned`: by position or name, as `_scan` found them; None: look them up, one level of
@@ -466,6 +476,8 @@ class Interceptor:
             lkwargs = kwargs
             for key, buffer, x, _ in pinned:
                 view = buffer.logical.as_strided(x.size(), x.stride(), x.storage_offset())
+                if key is None:
+                    raise AssertionError("a pinned tensor in a list is looked up again")
                 if isinstance(key, int):
                     largs[key] = view
                 else:

@@ -53,6 +53,12 @@ checks that need it (`pages-conserved`, the books half of `slot-not-in-flight` a
 when it is there and are skipped with one notice when it is not; everything else is judged from
 the trace, the footprints and the messages.
 
+Optional, on the factory: `fit_scenario(scenario) -> Scenario`, the nearest workload the
+scheduler can serve to a drawn one (an engine's older version with one page size only, or
+without request cancellation, say). A search maps every drawn workload through it, so that it
+never reports a workload the scheduler cannot take; given one it cannot serve, the factory (or
+the adapter, at the request) raises UserError (one line). `ScenarioFitting` below.
+
 Optional capability, `code_roots()`: folders whose imported modules are the scheduler's code even
 where they are installed as a library (site-packages), such as an upstream engine an adapter
 drives. A counterexample fingerprints every file of the scheduler's code (the modules it brought
@@ -70,6 +76,7 @@ from typing import NamedTuple, Protocol, TypeVar, runtime_checkable
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.device import Device
 from overlapcheck.core.messages import InMsg, OutMsg
+from overlapcheck.core.scenario import Scenario
 
 
 class MessageSource(Protocol):
@@ -133,6 +140,12 @@ def pool_floor(factory: object) -> PoolFloor | None:
     """What `serves_pools_from` declared on `factory` (None: any pool)."""
     floor = getattr(factory, _POOL_FLOOR, None)
     return floor if callable(floor) else None
+
+
+class ScenarioFitting(Protocol):
+    """The optional capability of a factory (see above): the nearest workload it serves."""
+
+    def fit_scenario(self, scenario: Scenario) -> Scenario: ...
 
 
 class Holding(NamedTuple):

@@ -247,6 +247,8 @@ class SearchSpec:
         if floor is not None:  # pools the scheduler serves on, never below what it declares
             drawn = drawn.map(lambda scenario: floored(scenario, floor))
         loop, ranks = self.loop, self.pinned_ranks
+        if getattr(self.scheduler.factory(), "fit_scenario", None) is not None:
+            drawn = drawn.map(self.scheduler.fit)  # (only what the scheduler can run)
         if ranks is not None:
             drawn = drawn.map(lambda scenario: scenario.with_config(num_ranks=ranks))
         if loop is None:
@@ -338,7 +340,7 @@ def probe_scheduler(spec: SearchSpec) -> list[str]:
     in every stream, and the checks it cannot have (no `books()`) are named once."""
     if spec.scheduler.is_reference:
         return []
-    basic = named_scenario("basic")
+    basic = spec.scheduler.fit(named_scenario("basic"))
     if spec.loop is not None:  # a scheduler with only a normal loop is searched with it pinned
         basic = basic.with_config(loop=spec.loop)
     result = run_example(basic, SimBackend(), spec.checks, spec.scheduler, spec.hang_timeout)

@@ -87,6 +87,15 @@ class SchedulerSpec:
             return self.given
         return _load(self.text)
 
+    def fit(self, scenario: Scenario) -> Scenario:
+        """The workload nearest to `scenario` that the scheduler can serve (the factory's
+        `fit_scenario`, `core/protocol.py`); `scenario` itself when the factory has none."""
+        fit = getattr(self.factory(), "fit_scenario", None)
+        if fit is None:
+            return scenario
+        fitted: Scenario = fit(scenario)
+        return scenario if fitted == scenario else fitted
+
     def build(
         self,
         config: SchedulerConfig,

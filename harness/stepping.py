@@ -9,7 +9,7 @@ from collections.abc import Callable
 from contextlib import suppress
 from typing import Any, Literal, NamedTuple, Protocol
 
-from overlapcheck.core.errors import InvariantError
+from overlapcheck.core.errors import InvariantError, UserError
 from overlapcheck.core.expected import Expected
 from overlapcheck.core.messages import AbortMsg, InMsg, OutMsg, TokenMsg, UserMsg
 from overlapcheck.core.protocol import MessageSource, SchedulerUnderTest
@@ -331,8 +331,8 @@ def _steps(
         record_quietly(
             checks, Violation(err.invariant, ctx.step, ctx.now(), (), err.detail, locations=at)
         )
-    except (CheckerBug, RankProcessDied):
-        raise
+    except (CheckerBug, RankProcessDied, UserError):  # (UserError: a request the adapter
+        raise  # cannot hand its engine, a one-line refusal, never the scheduler's crash)
     except Exception as err:
         if dog.hung:  # the scheduler turned the watchdog's exception into one of its own
             raise StepHung from err

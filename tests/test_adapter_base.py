@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -241,3 +242,19 @@ def test_a_stand_in_module_answers_a_later_probe_and_refuses_to_run(
     finally:
         for name in ("overlapcheck_absent_ffi.cpp", "overlapcheck_absent_ffi"):
             sys.modules.pop(name, None)
+
+
+def test_a_module_renamed_in_the_engines_history_is_found_under_either_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = _engine(tmp_path, monkeypatch)
+    pkg = tmp_path / "src" / fake.package
+    (pkg / "old_name.py").write_text("import time\n")
+    renamed = ((f"{fake.package}.new_name", f"{fake.package}.old_name"), ("time",))
+    loaded = load(replace(fake, needed=(renamed,)))
+    assert loaded[f"{fake.package}.new_name"].__name__ == f"{fake.package}.old_name"
+    # a module that is there but fails its own import is an unusable tree, not a rename
+    (pkg / "new_name.py").write_text("import ocfake_not_installed\n")
+    with pytest.raises(UserError, match=r"not usable: importing .*new_name failed") as err:
+        load(replace(fake, needed=(renamed,)))
+    assert "ocfake_not_installed" in _one_line(err)

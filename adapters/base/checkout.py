@@ -35,7 +35,9 @@ class Upstream:
     env: str  # the environment variable naming a source tree
     marker: str  # a file under the tree's root that proves it is one
     import_root: str = ""  # the folder under the root that goes on sys.path
-    needed: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (module, names) the adapter uses
+    # (module, names) the adapter uses; a module given as a tuple is the first of those names
+    # that the tree has (one renamed in its history), read back under the first name
+    needed: tuple[tuple[str | tuple[str, ...], tuple[str, ...]], ...] = ()
     stand_ins: tuple[str, ...] = ()  # modules stood in for when not installed
     known_api: str = ""  # the version or commit whose API the adapter knows
 
@@ -85,24 +87,40 @@ def load(upstream: Upstream) -> Loaded:
     install_stand_ins(upstream.stand_ins, upstream.name)
     where = str(root) if root is not None else upstream.package
     modules: dict[str, ModuleType] = {}
-    for name, attrs in upstream.needed:
-        try:
-            module = importlib.import_module(name)
-        except Exception as err:  # any import failure of theirs is an unusable tree
-            raise UserError(
-                f"{upstream.name} at {where} is not usable: importing {name} failed: "
-                f"{type(err).__name__}: {err}"
-            ) from None
+    for names, attrs in upstream.needed:
+        name, module = _import_first(upstream, where, names)
         missing = [a for a in attrs if not hasattr(module, a)]
         if missing:
             raise upstream.incompatible(where, f"{name} has no {', '.join(missing)}")
-        modules[name] = module
+        modules[names if isinstance(names, str) else names[0]] = module
     tree = None
     if root is None:
         root = _imported_from(upstream)
     else:
         tree = Path(os.environ[upstream.env]).expanduser().resolve()
     return Loaded(upstream, modules, root, tree)
+
+
+def _import_first(
+    upstream: Upstream, where: str, names: str | tuple[str, ...]
+) -> tuple[str, ModuleType]:
+    """The first of `names` the tree has, imported: (its name, the module). A module that is not
+    there moves on to the next name; any other failure of its import is an unusable tree."""
+    choices = (names,) if isinstance(names, str) else names
+    for i, name in enumerate(choices):
+        try:
+            return name, importlib.import_module(name)
+        except ModuleNotFoundError as err:
+            if i + 1 < len(choices) and err.name is not None and name.startswith(err.name):
+                continue  # (that module itself is absent: a renamed one, try the next name)
+            failed: Exception = err
+        except Exception as err:  # any import failure of theirs is an unusable tree
+            failed = err
+        raise UserError(
+            f"{upstream.name} at {where} is not usable: importing {name} failed: "
+            f"{type(failed).__name__}: {failed}"
+        ) from None
+    raise AssertionError("unreachable: `needed` names at least one module")
 
 
 def _put_on_path(upstream: Upstream) -> Path | None:

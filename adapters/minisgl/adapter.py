@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from overlapcheck.adapters.base import Loaded, UpstreamScheduler
 from overlapcheck.adapters.minisgl.books import read_books
-from overlapcheck.adapters.minisgl.checkout import RANK
+from overlapcheck.adapters.minisgl.checkout import RANK, features
 from overlapcheck.adapters.minisgl.checkout import load as load_checkout
-from overlapcheck.adapters.minisgl.engine import EngineParts, make_engine_class
+from overlapcheck.adapters.minisgl.engine import EngineParts, construct, make_engine_class
 from overlapcheck.backends.sim.device import SimDevice
 from overlapcheck.backends.torchsim.dispatch import plain
 from overlapcheck.backends.torchsim.session import SimulatedCuda
@@ -31,6 +32,7 @@ from overlapcheck.core.device import Device
 from overlapcheck.core.errors import UserError
 from overlapcheck.core.messages import AbortMsg, UserMsg
 from overlapcheck.core.protocol import Books, MessageSink, MessageSource
+from overlapcheck.core.scenario import RequestSpec, Scenario
 from overlapcheck.core.trace import HOST
 
 
@@ -100,7 +102,7 @@ def building(up: Loaded, rank: int, ranks: int, engine: Any, eos: int) -> Iterat
     """While mini-sglang's `Scheduler(config)` is built (here, and on the GPU by
     `adapters/minisgl/cuda.py`): rank `rank` of `ranks`, `engine` as its `Engine` class, and a
     tokenizer that knows the EOS token (there is no model to load one from)."""
-    scheduler_module = __import__("minisgl.scheduler.scheduler", fromlist=["load_tokenizer"])
+    scheduler_module = __import__("minisgl.scheduler.scheduler", fromlist=["Scheduler"])
     core: Any = up["minisgl.core"]
     # One Scheduler per run (per rank): upstream sets its context and TP info once per
     # process. Both are read only while the Scheduler is built (the radix cache's page size,
@@ -111,9 +113,20 @@ def building(up: Loaded, rank: int, ranks: int, engine: Any, eos: int) -> Iterat
     info.set_tp_info(rank=rank, size=ranks)
     with (
         patched(up["minisgl.engine"], "Engine", engine),
-        patched(scheduler_module, "load_tokenizer", lambda path: _Tokenizer(eos)),
+        _tokenizer_patched(scheduler_module, _Tokenizer(eos)),
     ):
         yield
+
+
+def _tokenizer_patched(
+    module: Any, tokenizer: _Tokenizer
+) -> contextlib.AbstractContextManager[None]:
+    """The scheduler's module loads its tokenizer with `load_tokenizer(path)` (since cd46915) or,
+    before, `AutoTokenizer.from_pretrained(path)`: either gives `tokenizer`."""
+    if hasattr(module, "load_tokenizer"):
+        return patched(module, "load_tokenizer", lambda path: tokenizer)
+    loader = type("AutoTokenizer", (), {"from_pretrained": staticmethod(lambda path: tokenizer)})
+    return patched(module, "AutoTokenizer", loader)
 
 
 class MiniSglScheduler(UpstreamScheduler):
@@ -131,6 +144,7 @@ class MiniSglScheduler(UpstreamScheduler):
         self.data: Any = None
         self.clock = _Clock(device)
         self.normal_started = False
+        self.can = features(self.up)
         with self._block(), self._building():
             self.sched = self._make()
             self.cuda.name(self.sched.token_pool, "token_pool")
@@ -180,7 +194,7 @@ class MiniSglScheduler(UpstreamScheduler):
             def offline_receive_msg(self, blocking: bool = False) -> list[Any]:
                 return adapter._receive(self, blocking)
 
-            def offline_send_result(self, reply: list[Any]) -> None:
+            def offline_send_result(self, reply: Any) -> None:
                 adapter._send(reply)
 
             def _schedule_next_batch(self) -> Any:
@@ -190,18 +204,20 @@ class MiniSglScheduler(UpstreamScheduler):
                 ):
                     return super()._schedule_next_batch()
 
-            def _forward(self, forward_input: Any) -> Any:
+            # (the signatures are upstream's, whatever its version: the batch in flight too,
+            # `_process_last_data(last_data, ongoing_data)`, before 1961602)
+            def _forward(self, forward_input: Any, *more: Any) -> Any:
                 with adapter.device.span("launch", len(forward_input.batch.reqs)):
-                    return super()._forward(forward_input)
+                    return super()._forward(forward_input, *more)
 
-            def _process_last_data(self, last_data: Any) -> None:
+            def _process_last_data(self, last_data: Any, *more: Any) -> None:
                 if last_data is None:
-                    super()._process_last_data(last_data)
+                    super()._process_last_data(last_data, *more)
                     return
                 batch = last_data[0].batch
                 with adapter.device.span("process", len(batch.reqs)):
                     adapter._read_output(batch)
-                    super()._process_last_data(last_data)
+                    super()._process_last_data(last_data, *more)
 
         try:
             config = upstream_config(up, cfg, cfg.rank, cfg.num_ranks, cfg.cuda_graph_bs)
@@ -258,7 +274,8 @@ class MiniSglScheduler(UpstreamScheduler):
         return {"slot": "table_idx"}
 
     def books(self) -> Books:
-        return read_books(self.sched, self.data, self.config, self.up)
+        defers = self.can.defers_frees
+        return read_books(self.sched, self.data, self.config, self.up, defers)
 
     # -- offline I/O --------------------------------------------------------------------------
 
@@ -277,28 +294,37 @@ class MiniSglScheduler(UpstreamScheduler):
         out: list[Any] = []
         for msg in msgs:
             if isinstance(msg, AbortMsg):
+                if not self.can.cancels:  # (a search draws none for it: `fit_scenario`)
+                    raise UserError(
+                        "this mini-sglang checkout cannot cancel a request (AbortBackendMsg came"
+                        " in 578df98); the scenario aborts one"
+                    )
                 self.front.abort(msg.uid)
                 out.append(up["minisgl.message"].AbortBackendMsg(uid=msg.uid))
                 continue
-            if not self.front.admit(msg):
-                continue
-            sp = msg.sampling_params
-            params = up["minisgl.core"].SamplingParams(
-                temperature=sp.temperature,
-                top_k=sp.top_k,
-                top_p=sp.top_p,
-                ignore_eos=sp.ignore_eos,
-                max_tokens=sp.max_tokens,
-            )
-            with plain():
-                ids = torch.tensor(msg.input_ids, dtype=torch.int32)
-            out.append(
-                up["minisgl.message"].UserMsg(uid=msg.uid, input_ids=ids, sampling_params=params)
-            )
+            if self.front.admit(msg):
+                out.append(self._request(msg))
         return out
 
-    def _send(self, reply: list[Any]) -> None:
-        for msg in reply:
+    def _request(self, msg: UserMsg) -> Any:
+        up = self.up
+        sp = msg.sampling_params
+        params = construct(  # (top_k and top_p since b4a817c: the toy model's logits give
+            # one token whatever they are)
+            up["minisgl.core"].SamplingParams,
+            temperature=sp.temperature,
+            top_k=sp.top_k,
+            top_p=sp.top_p,
+            ignore_eos=sp.ignore_eos,
+            max_tokens=sp.max_tokens,
+        )
+        with plain():
+            ids = torch.tensor(msg.input_ids, dtype=torch.int32)
+        return up["minisgl.message"].UserMsg(uid=msg.uid, input_ids=ids, sampling_params=params)
+
+    def _send(self, reply: Any) -> None:
+        # a list of DetokenizeMsg, or (before ef4367f) a BatchTokenizerMsg holding them
+        for msg in getattr(reply, "data", reply):
             self.front.token(int(msg.uid), int(msg.next_token), bool(msg.finished))
 
 
@@ -308,4 +334,48 @@ def make_scheduler(
     """`--scheduler overlapcheck.adapters.minisgl:make_scheduler` (runs on the simulator)."""
     if not isinstance(device, SimDevice):
         raise UserError("the mini-sglang adapter runs on the simulator only (--backend sim)")
+    fitted = fit_config(config)
+    if fitted != config:
+        raise UserError(f"this mini-sglang checkout cannot run {_unlike(config, fitted)}")
     return MiniSglScheduler(config, device, source, sink)
+
+
+def fit_scenario(scenario: Scenario) -> Scenario:
+    """The nearest workload the checkout serves (`core.protocol.ScenarioFitting`): an older
+    mini-sglang cannot cancel a request (its workloads have no aborts), pages one token at a
+    time (the pool keeps its tokens), has no CUDA graphs the adapter can capture."""
+    fitted = replace(scenario, config=fit_config(scenario.config))
+    if not features(load_checkout()).cancels:
+        fitted = replace(fitted, requests=tuple(_no_abort(r) for r in fitted.requests))
+    return scenario if fitted == scenario else fitted
+
+
+def _no_abort(request: RequestSpec) -> RequestSpec:
+    # (an anchor at a request's abort falls back to its end when it gets none: `Anchor`)
+    return replace(request, abort_at=None, abort_iteration=None, abort_after=None)
+
+
+def fit_config(config: SchedulerConfig) -> SchedulerConfig:
+    """The nearest configuration the checkout runs (see `fit_scenario`)."""
+    can = features(load_checkout())
+    fitted = config
+    if config.page_size > 1 and not can.paged:
+        fitted = replace(fitted, page_size=1, num_pages=config.num_pages * config.page_size)
+    if config.cuda_graph_bs and not can.graphs:
+        fitted = replace(fitted, cuda_graph_bs=())
+    return fitted
+
+
+def _unlike(config: SchedulerConfig, fitted: SchedulerConfig) -> str:
+    why = {
+        "page_size": "pages of more than one token (they came in 5e52ef3)",
+        "cuda_graph_bs": "CUDA graphs (before 1961602 the adapter cannot capture them)",
+    }
+    return "; ".join(
+        f"{name}={getattr(config, name)!r}: {reason}"
+        for name, reason in why.items()
+        if getattr(config, name) != getattr(fitted, name)
+    )
+
+
+make_scheduler.fit_scenario = fit_scenario  # type: ignore[attr-defined]

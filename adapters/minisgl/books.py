@@ -35,6 +35,15 @@ def _view(tensor: Any) -> np.ndarray:
     return np.asarray(tensor)
 
 
+def _attr(owner: Any, *names: str) -> Any:
+    """The first of `names` that `owner` has: mini-sglang renamed its managers' fields over its
+    history (c7f800d: `_free_slots` -> `free_slots`, `manager` -> `prefix_cache`)."""
+    for name in names:
+        if hasattr(owner, name):
+            return getattr(owner, name)
+    raise AttributeError(f"{type(owner).__name__} has none of {', '.join(names)}")
+
+
 def _pages(cells: list[int], page_size: int) -> tuple[int, ...]:
     """The pages of these cells, sorted, once each (a set of a few dozen ints costs less than
     `np.unique`, which runs for every request at every step)."""
@@ -43,7 +52,11 @@ def _pages(cells: list[int], page_size: int) -> tuple[int, ...]:
     return tuple(sorted({c // page_size for c in cells}))
 
 
-def read_books(sched: Any, data: Any, config: SchedulerConfig, up: Loaded) -> Books:
+def read_books(
+    sched: Any, data: Any, config: SchedulerConfig, up: Loaded, defers_frees: bool = False
+) -> Books:
+    """The books between iterations. `defers_frees`: the checkout keeps a finished request's row
+    and pages until no batch in flight holds it (`checkout.Features`)."""
     chunked_cls = up["minisgl.scheduler.prefill"].ChunkedReq
     table = _view(sched.engine.page_table)
     page_size = config.page_size
@@ -72,17 +85,18 @@ def read_books(sched: Any, data: Any, config: SchedulerConfig, up: Loaded) -> Bo
         free = set(free_slots)
         for req in data[0].batch.reqs:
             uid = int(req.uid)
-            if uid in seen or isinstance(req, chunked_cls) or req in sched.finished_reqs:
+            given_back = req in sched.finished_reqs and not defers_frees
+            if uid in seen or isinstance(req, chunked_cls) or given_back:
                 continue
             if int(req.table_idx) in free:
                 continue
             seen.add(uid)
             live.append(Holding(uid, int(req.table_idx), pages(req)))
     cache = sched.cache_manager
-    free_pages = tuple((_values(cache.free_slots) // page_size).tolist())
+    free_pages = tuple((_values(_attr(cache, "free_slots", "_free_slots")) // page_size).tolist())
     cached: list[int] = []
     locked: list[int] = []
-    root = getattr(cache.prefix_cache, "root_node", None)
+    root = getattr(_attr(cache, "prefix_cache", "manager"), "root_node", None)
     stack = [] if root is None else list(root.children.values())
     while stack:
         node = stack.pop()

@@ -8,8 +8,10 @@ edited.
 
 from __future__ import annotations
 
+import importlib
+import inspect
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, NamedTuple
 
 from overlapcheck.adapters.base import Loaded, Upstream
 from overlapcheck.adapters.base import load as load_upstream
@@ -25,12 +27,16 @@ MINISGL = Upstream(
         ("minisgl.scheduler", ("Scheduler", "SchedulerConfig")),
         ("minisgl.scheduler.prefill", ("ChunkedReq",)),
         ("minisgl.core", ("SamplingParams", "Req", "Context", "Batch")),
-        ("minisgl.message", ("UserMsg", "AbortBackendMsg", "DetokenizeMsg")),
+        # (AbortBackendMsg: request cancellation, since 578df98; without it the front end
+        # cancels, `adapter.py`)
+        ("minisgl.message", ("UserMsg", "DetokenizeMsg")),
         ("minisgl.engine", ("ForwardOutput", "Engine")),
         ("minisgl.engine.sample", ("Sampler",)),
-        ("minisgl.engine.graph", ("GraphRunner", "GraphCaptureBuffer")),
+        # (GraphCaptureBuffer, since 1961602: without it CUDA graphs stay off, `engine.py`)
+        ("minisgl.engine.graph", ("GraphRunner",)),
         ("minisgl.distributed", ("DistributedInfo",)),
-        ("minisgl.kvcache.radix_cache", ("RadixPrefixCache",)),
+        # the radix cache's module: `radix_manager` before c7f800d (its clock is read from `time`)
+        (("minisgl.kvcache.radix_cache", "minisgl.kvcache.radix_manager"), ("time",)),
     ),
     # Imported at module level by code the scheduler imports, used only by what the adapter
     # replaces.
@@ -50,6 +56,30 @@ METHODS = (
     "_forward",
     "_process_last_data",
 )
+
+
+class Features(NamedTuple):
+    """What a mini-sglang checkout can do that it could not always (found in its code, so any
+    commit of its history is judged by what it has)."""
+
+    paged: bool  # pages of more than one token (5e52ef3: `CacheManager` takes a page size)
+    graphs: bool  # CUDA graphs the adapter's stand-in capture fills (1961602's capture buffer)
+    cancels: bool  # request cancellation (578df98: `AbortBackendMsg`)
+    # A finished request keeps its row and pages until no batch in flight holds it (before
+    # 1961602: `_process_last_data(last_data, ongoing_data)`, `finished_reqs` are those not yet
+    # given back); since, it gives them back when it finishes (`finished_reqs`: given back).
+    defers_frees: bool
+
+
+def features(loaded: Loaded) -> Features:
+    cache = importlib.import_module("minisgl.scheduler.cache").CacheManager
+    process = loaded["minisgl.scheduler"].Scheduler._process_last_data
+    return Features(
+        paged="page_size" in inspect.signature(cache).parameters,
+        graphs=hasattr(loaded["minisgl.engine.graph"], "GraphCaptureBuffer"),
+        cancels=hasattr(loaded["minisgl.message"], "AbortBackendMsg"),
+        defers_frees="ongoing_data" in inspect.signature(process).parameters,
+    )
 
 
 def load() -> Loaded:

@@ -15,6 +15,7 @@ of the samples to pinned host memory, and `copy_done` recorded on the engine str
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
@@ -52,6 +53,10 @@ class StandInAttention:
 
     def prepare_metadata(self, batch: Any) -> None:
         reqs = batch.padded_reqs
+        if getattr(batch, "positions", None) is None:
+            # (before 1961602 the scheduler left positions to the attention backend, which
+            # staged them through pinned memory on the current stream: so does the stand-in)
+            batch.positions = _positions(reqs, self.device)
         cu = [0]
         for req in reqs:
             cu.append(cu[-1] + req.extend_len)
@@ -80,6 +85,16 @@ class StandInAttention:
         bs = batch.padded_size
         self.capture.cu_seqlens_q[: bs + 1].copy_(batch.attn_metadata.cu_seqlens_q)
         self.capture.seq_lens[:bs].copy_(batch.attn_metadata.seq_lens)
+
+
+def _positions(reqs: list[Any], device: torch.device) -> torch.Tensor:
+    """Each request's new positions, `cached_len` to `device_len`, one after another."""
+    host = torch.empty(sum(r.extend_len for r in reqs), dtype=torch.int32, pin_memory=True)
+    offset = 0
+    for req in reqs:
+        torch.arange(req.cached_len, req.device_len, out=host[offset : offset + req.extend_len])
+        offset += req.extend_len
+    return host.to(device, non_blocking=True)
 
 
 class NoGraphs:
@@ -124,8 +139,6 @@ def make_engine_class(parts: EngineParts) -> Callable[[Any], Any]:
             self.stream = torch.cuda.Stream()
             torch.cuda.set_stream(self.stream)
             self.dtype = torch.int32
-            self.ctx = up["minisgl.core"].Context(cfg.page_size)
-            up["minisgl.core"].set_global_ctx(self.ctx)
             self.tp_cpu_group = None
             self.num_pages = cfg.num_pages
             self.max_seq_len = cfg.max_seq_len
@@ -134,14 +147,25 @@ def make_engine_class(parts: EngineParts) -> Callable[[Any], Any]:
                 (num_tokens + cfg.page_size,), -1, dtype=torch.int32, device=self.device
             )
             parts.cuda.name(self.kv, "kv")
-            self.ctx.page_table = self.page_table = torch.zeros(
+            self.page_table = torch.zeros(
                 (config.max_running_req + 1, cfg.max_seq_len),
                 dtype=torch.int32,
                 device=self.device,
             )
             parts.cuda.name(self.page_table, "page_table")
-            self.ctx.attn_backend = self.attn_backend = StandInAttention(self.device)
-            self.sampler = up["minisgl.engine.sample"].Sampler(self.device, cfg.vocab_size)
+            self.attn_backend = StandInAttention(self.device)
+            self.ctx = construct(
+                up["minisgl.core"].Context,
+                page_size=cfg.page_size,
+                attn_backend=self.attn_backend,
+                kv_cache=self.kv,
+                page_table=self.page_table,
+            )
+            self.ctx.page_table, self.ctx.attn_backend = self.page_table, self.attn_backend
+            up["minisgl.core"].set_global_ctx(self.ctx)
+            self.sampler = construct(
+                up["minisgl.engine.sample"].Sampler, device=self.device, vocab_size=cfg.vocab_size
+            )
             self.dummy_req = up["minisgl.core"].Req(
                 input_ids=torch.tensor([0], dtype=torch.int32, device="cpu"),
                 table_idx=config.max_running_req,
@@ -152,6 +176,7 @@ def make_engine_class(parts: EngineParts) -> Callable[[Any], Any]:
                 cache_handle=None,
             )
             self.page_table[self.dummy_req.table_idx].fill_(num_tokens)
+            self.dummy_page = num_tokens  # (what a padded batch's rows pointed at before 1961602)
             # upstream's sizes rule: the config's list when given (empty: graphs off)
             sizes = list(config.cuda_graph_bs or [])
             self.graph_runner: Any = make_graph_runner(parts, self, sizes) if sizes else NoGraphs()
@@ -188,6 +213,15 @@ def make_engine_class(parts: EngineParts) -> Callable[[Any], Any]:
             return None
 
     return StandInEngine
+
+
+def construct(upstream_class: Any, **offered: Any) -> Any:
+    """`upstream_class(...)` with those of `offered` its signature takes, by name: the
+    parameters of mini-sglang's `Context` and `Sampler` changed over its history (an older
+    `Context` also takes `attn_backend`, `kv_cache` and `page_table`, set on it after here; an
+    older `Sampler` no `vocab_size`)."""
+    accepted = inspect.signature(upstream_class).parameters
+    return upstream_class(**{k: v for k, v in offered.items() if k in accepted})
 
 
 def _launch_forward(

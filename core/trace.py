@@ -41,6 +41,15 @@ def host_output_buffer(batch_id: int) -> str:
     return f"host:out{batch_id}"
 
 
+class Move(NamedTuple):
+    """`dst[dst_cells[i]] = src[src_cells[i]]` for every i (flat cell indices)."""
+
+    src: str
+    src_cells: np.ndarray
+    dst: str
+    dst_cells: np.ndarray
+
+
 @dataclass(slots=True)
 class Access:
     """A read or write of a set of cells of one buffer (flat indices; may repeat)."""
@@ -91,6 +100,11 @@ class Op:
     # Where the scheduler's own code made the call (`core/sites.py`), for findings: not part of
     # the digest (a run's trace is the same wherever its code lives).
     site: Site | None = None
+    # A data-moving kernel's element-wise copies (a gather, a copy, a clone): which cell of
+    # which buffer each written cell took its value from, as the backend knew it (the
+    # simulated CUDA), for `no-uninit-read` to follow never-written values through. Not part
+    # of the digest (the accesses say which cells; this, which went where).
+    moves: tuple[Move, ...] = ()
 
     @property
     def done(self) -> bool:

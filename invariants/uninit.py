@@ -13,8 +13,10 @@ device-to-host copy (`.to("cpu")`, `.item()`, `.tolist()`: what the host learns)
 may read never-written cells whose values never reach either (a padded row's lanes, a scratch
 buffer), so their reads are not judged: a read that could be harmless is never an alarm. A
 forward's reads of cells the same forward writes (the new KV it stores before attending) are
-not judged either. What this misses: garbage that another kernel carries into a written buffer
-which a forward then reads (values are not tracked through arithmetic, only writes).
+not judged either. A never-written value that a data-moving kernel copies (a gather, an index
+select, `copy_`, a clone: `Op.moves`, from the simulated CUDA) stays never-written where it
+lands, so the forward that reads the copy is judged as if it read the original. What this
+misses: garbage carried through arithmetic (values are tracked through copies, not sums).
 """
 
 from __future__ import annotations
@@ -65,20 +67,12 @@ class NoUninitRead(TraceScanner):
         self.seen, self.allocated = n, k
 
     def _allocate(self, allocation: Allocation, index: int) -> None:
-        cells = allocation.cells
-        if not len(cells):
-            return
-        size = max(self.run.trace.sizes.get(allocation.buffer, 0), int(cells.max()) + 1)
-        marks = self.pending.get(allocation.buffer)
-        if marks is None:
-            marks = np.full(size, _CLEAN, dtype=np.int64)
-        elif len(marks) < size:
-            marks = np.concatenate([marks, np.full(size - len(marks), _CLEAN, dtype=np.int64)])
-        marks[cells] = index
-        self.pending[allocation.buffer] = marks
+        if len(allocation.cells):
+            self._mark(allocation.buffer, allocation.cells, index)
 
     def _op(self, op: Op) -> None:
         pending = self.pending
+        carried = self._carried(op) if op.moves else ()
         if op.kind in _JUDGED:
             for access in op.accesses:
                 marks = pending.get(access.buffer)
@@ -100,6 +94,36 @@ class NoUninitRead(TraceScanner):
             marks[cells] = _CLEAN
             if not (marks != _CLEAN).any():
                 del pending[access.buffer]
+        for buffer, cells, origins in carried:
+            self._mark(buffer, cells, origins)
+
+    def _carried(self, op: Op) -> list[tuple[str, np.ndarray, np.ndarray]]:
+        """The never-written values a data-moving kernel copies (`Op.moves`): each destination
+        cell whose source cell is unwritten, with that cell's allocation (read before the op's
+        writes clear anything)."""
+        out = []
+        for move in op.moves:
+            marks = self.pending.get(move.src)
+            if marks is None:
+                continue
+            inside = move.src_cells < len(marks)
+            origins = np.full(len(move.src_cells), _CLEAN, dtype=np.int64)
+            origins[inside] = marks[move.src_cells[inside]]
+            dirty = origins != _CLEAN
+            if dirty.any():
+                out.append((move.dst, move.dst_cells[dirty], origins[dirty]))
+        return out
+
+    def _mark(self, buffer: str, cells: np.ndarray, origins: np.ndarray | int) -> None:
+        """`cells` of `buffer` unwritten, each since allocation `origins` (one, or per cell)."""
+        size = max(self.run.trace.sizes.get(buffer, 0), int(cells.max()) + 1)
+        marks = self.pending.get(buffer)
+        if marks is None:
+            marks = np.full(size, _CLEAN, dtype=np.int64)
+        elif len(marks) < size:
+            marks = np.concatenate([marks, np.full(size - len(marks), _CLEAN, dtype=np.int64)])
+        marks[cells] = origins
+        self.pending[buffer] = marks
 
     @staticmethod
     def _own_writes(op: Op, buffer: str) -> np.ndarray:
@@ -111,6 +135,11 @@ class NoUninitRead(TraceScanner):
         file, line, function = _site(allocation.site)
         what = "forward" if op.kind == "forward" else "device-to-host copy"
         span = f"{int(cells[0])}..{int(cells[-1])}" if len(cells) > 1 else f"{int(cells[0])}"
+        held = (  # (a value a gather or copy carried over from never-written memory)
+            ""
+            if allocation.buffer == buffer
+            else f", values copied from {allocation.buffer}, which was"
+        )
         found = [
             Location.of("allocated", allocation.origin, "", allocation.step, allocation.what)
             if allocation.origin is not None
@@ -119,7 +148,7 @@ class NoUninitRead(TraceScanner):
         ]
         self.fail(
             f"read of never-written device memory: {what} `{op.label}` (step {op.step}, "
-            f"{op.agent} stream) reads {buffer}[{span}] ({len(cells)} cells), allocated by "
+            f"{op.agent} stream) reads {buffer}[{span}] ({len(cells)} cells){held} allocated by "
             f"`{allocation.what} @{allocation.site}` (step {allocation.step}) and not written "
             "since: on a GPU it reads whatever the memory held before",
             op.uids,

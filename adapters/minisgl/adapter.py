@@ -342,8 +342,8 @@ def make_scheduler(
 
 def fit_scenario(scenario: Scenario) -> Scenario:
     """The nearest workload the checkout serves (`core.protocol.ScenarioFitting`): an older
-    mini-sglang cannot cancel a request (its workloads have no aborts), pages one token at a
-    time (the pool keeps its tokens), has no CUDA graphs the adapter can capture."""
+    mini-sglang cannot cancel a request (its workloads have no aborts), or pages one token at a
+    time (the pool keeps its tokens)."""
     fitted = replace(scenario, config=fit_config(scenario.config))
     if not features(load_checkout()).cancels:
         fitted = replace(fitted, requests=tuple(_no_abort(r) for r in fitted.requests))
@@ -361,15 +361,12 @@ def fit_config(config: SchedulerConfig) -> SchedulerConfig:
     fitted = config
     if config.page_size > 1 and not can.paged:
         fitted = replace(fitted, page_size=1, num_pages=config.num_pages * config.page_size)
-    if config.cuda_graph_bs and not can.graphs:
-        fitted = replace(fitted, cuda_graph_bs=())
     return fitted
 
 
 def _unlike(config: SchedulerConfig, fitted: SchedulerConfig) -> str:
     why = {
         "page_size": "pages of more than one token (they came in 5e52ef3)",
-        "cuda_graph_bs": "CUDA graphs (before 1961602 the adapter cannot capture them)",
     }
     return "; ".join(
         f"{name}={getattr(config, name)!r}: {reason}"

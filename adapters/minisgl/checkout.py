@@ -32,7 +32,8 @@ MINISGL = Upstream(
         ("minisgl.message", ("UserMsg", "DetokenizeMsg")),
         ("minisgl.engine", ("ForwardOutput", "Engine")),
         ("minisgl.engine.sample", ("Sampler",)),
-        # (GraphCaptureBuffer, since 1961602: without it CUDA graphs stay off, `engine.py`)
+        # (GraphCaptureBuffer since 1961602: before, the attention backend's capture held the
+        # batch's inputs, `engine.py`)
         ("minisgl.engine.graph", ("GraphRunner",)),
         ("minisgl.distributed", ("DistributedInfo",)),
         # the radix cache's module: `radix_manager` before c7f800d (its clock is read from `time`)
@@ -63,7 +64,6 @@ class Features(NamedTuple):
     commit of its history is judged by what it has)."""
 
     paged: bool  # pages of more than one token (5e52ef3: `CacheManager` takes a page size)
-    graphs: bool  # CUDA graphs the adapter's stand-in capture fills (1961602's capture buffer)
     cancels: bool  # request cancellation (578df98: `AbortBackendMsg`)
     # A finished request keeps its row and pages until no batch in flight holds it (before
     # 1961602: `_process_last_data(last_data, ongoing_data)`, `finished_reqs` are those not yet
@@ -76,7 +76,6 @@ def features(loaded: Loaded) -> Features:
     process = loaded["minisgl.scheduler"].Scheduler._process_last_data
     return Features(
         paged="page_size" in inspect.signature(cache).parameters,
-        graphs=hasattr(loaded["minisgl.engine.graph"], "GraphCaptureBuffer"),
         cancels=hasattr(loaded["minisgl.message"], "AbortBackendMsg"),
         defers_frees="ongoing_data" in inspect.signature(process).parameters,
     )

@@ -45,11 +45,21 @@ class StandInAttention:
     """Prepares metadata as a paged-attention backend would (host lists -> pinned -> H2D on the
     current stream). With CUDA graphs, the capture gets fixed metadata buffers of the largest
     captured size, and a replay first copies the batch's metadata into them on the engine stream,
-    as upstream's backends do."""
+    as upstream's backends do. `holds_inputs`: the capture holds the batch's input ids, KV
+    locations and positions too, as upstream's backends did before 1961602 moved them into the
+    graph runner's `GraphCaptureBuffer`."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(
+        self,
+        device: torch.device,
+        holds_inputs: bool = False,
+        name: Callable[[torch.Tensor, str], None] | None = None,
+    ) -> None:
         self.device = device
         self.capture: StandInMetadata | None = None
+        self.holds_inputs = holds_inputs
+        self.name = name  # names the capture's buffers in findings
+        self.inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     def prepare_metadata(self, batch: Any) -> None:
         reqs = batch.padded_reqs
@@ -72,6 +82,13 @@ class StandInAttention:
             torch.zeros(most + 1, dtype=torch.int32, device=self.device),
             torch.zeros(most, dtype=torch.int32, device=self.device),
         )
+        if self.holds_inputs:  # (input ids, KV locations, positions: zeros, as upstream's)
+            made = []
+            for what in ("input_ids", "out_loc", "positions"):
+                made.append(torch.zeros(most, dtype=torch.int32, device=self.device))
+                if self.name is not None:
+                    self.name(made[-1], f"capture.{what}")
+            self.inputs = (made[0], made[1], made[2])
 
     def prepare_for_capture(self, batch: Any) -> None:
         assert self.capture is not None
@@ -79,10 +96,16 @@ class StandInAttention:
         batch.attn_metadata = StandInMetadata(
             self.capture.cu_seqlens_q[: bs + 1], self.capture.seq_lens[:bs]
         )
+        if self.inputs is not None:
+            batch.input_ids, batch.out_loc, batch.positions = (t[:bs] for t in self.inputs)
 
     def prepare_for_replay(self, batch: Any) -> None:
         assert self.capture is not None
         bs = batch.padded_size
+        if self.inputs is not None:
+            given_now = (batch.input_ids, batch.out_loc, batch.positions)
+            for held, given in zip(self.inputs, given_now, strict=True):
+                held[:bs].copy_(given)
         self.capture.cu_seqlens_q[: bs + 1].copy_(batch.attn_metadata.cu_seqlens_q)
         self.capture.seq_lens[:bs].copy_(batch.attn_metadata.seq_lens)
 
@@ -153,7 +176,9 @@ def make_engine_class(parts: EngineParts) -> Callable[[Any], Any]:
                 device=self.device,
             )
             parts.cuda.name(self.page_table, "page_table")
-            self.attn_backend = StandInAttention(self.device)
+            graph_module = up["minisgl.engine.graph"]
+            holds = not hasattr(graph_module, "GraphCaptureBuffer")
+            self.attn_backend = StandInAttention(self.device, holds, parts.cuda.name)
             self.ctx = construct(
                 up["minisgl.core"].Context,
                 page_size=cfg.page_size,
@@ -407,27 +432,40 @@ class StandInGraph:
 def make_graph_runner(parts: EngineParts, engine: Any, sizes: list[int]) -> Any:
     """mini-sglang's own `GraphRunner` (its sizes, `pad_batch`, `can_use_cuda_graph`, `replay`),
     capturing stand-in graphs: the same capture buffers and per-size batches as upstream's
-    `_capture_graphs`, without running a model (there is none to capture)."""
+    `_capture_graphs`, without running a model (there is none to capture). Before 1961602 the
+    attention backend's capture held the batch's inputs and the runner only its logits (an
+    `empty` tensor), and `_capture_graphs` returned the graphs rather than keeping them."""
     up = parts.upstream
-    base = up["minisgl.engine.graph"].GraphRunner
+    graph_module = up["minisgl.engine.graph"]
+    base = graph_module.GraphRunner
+    buffered = hasattr(graph_module, "GraphCaptureBuffer")
 
     class StandInGraphRunner(base):  # type: ignore[misc, valid-type]
-        def _capture_graphs(self, max_seq_len: int, vocab_size: int, model: Any) -> None:
+        def _capture_graphs(
+            self, max_seq_len: int, vocab_size: int, model: Any
+        ) -> dict[int, StandInGraph]:
             self.graph_map: dict[int, StandInGraph] = {}
             if self.max_graph_bs == 0:
-                return
+                return self.graph_map
+            if not buffered:
+                shape = (self.max_graph_bs, vocab_size)
+                self.logits = torch.empty(shape, dtype=torch.float32, device=self.device)
             self.attn_backend.init_capture_graph(
                 max_seq_len=max_seq_len, bs_list=self.graph_bs_list
             )
-            self.buffer = up["minisgl.engine.graph"].GraphCaptureBuffer.init(
-                self.max_graph_bs, vocab_size, self.device
-            )
+            if buffered:
+                self.buffer = graph_module.GraphCaptureBuffer.init(
+                    self.max_graph_bs, vocab_size, self.device
+                )
             for bs in sorted(self.graph_bs_list, reverse=True):
                 batch = up["minisgl.core"].Batch(reqs=[self.dummy_req] * bs, phase="decode")
                 batch.padded_reqs = batch.reqs
                 self.attn_backend.prepare_for_capture(batch)
-                self.buffer.set_batch(batch)
-                self.graph_map[bs] = StandInGraph(parts, engine, batch, self.buffer.logits[:bs])
+                logits = self.buffer.logits if buffered else self.logits
+                if buffered:
+                    self.buffer.set_batch(batch)
+                self.graph_map[bs] = StandInGraph(parts, engine, batch, logits[:bs])
+            return self.graph_map
 
     return StandInGraphRunner(
         stream=engine.stream,

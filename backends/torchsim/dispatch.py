@@ -30,7 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from overlapcheck.backends.sim.device import SimDevice, Unit
 from overlapcheck.backends.torchsim.allocators import DeviceAllocator, HostAllocator
-from overlapcheck.backends.torchsim.footprint import Touch, arguments, touches
+from overlapcheck.backends.torchsim.footprint import Touch, arguments, moves, touches
 from overlapcheck.backends.torchsim.guards import plain as plain  # (re-exported: its home was here)
 from overlapcheck.backends.torchsim.memory import (
     Buffer,
@@ -89,11 +89,14 @@ _LABELS: dict[tuple[int, int], tuple[str, str, bool, CodeType]] = {}
 
 
 def _label(frame: FrameType, name: str) -> tuple[str, str, bool, CodeType]:
+    """`file:line function` for the scheduler's own frame; for an adapter's stand-in (a frame
+    of overlapcheck's that the program's calls run through), `file function`: its lines move
+    with every edit of ours, and the trace (its digest) must not."""
     code = frame.f_code
     found = _LABELS.get((id(code), frame.f_lasti))
     if found is None or found[3] is not code:
-        here = f"{name}:{frame.f_lineno} {code.co_name}"
         own = site_of(frame) == (code, frame.f_lasti)
+        here = f"{name}:{frame.f_lineno} {code.co_name}" if own else f"{name} {code.co_name}"
         found = _LABELS[id(code), frame.f_lasti] = (here, code.co_name, own, code)
     return found
 
@@ -663,6 +666,7 @@ class Interceptor:
             label=f"{info.name} @{here}",
             accesses=[Access(t.buffer.name, t.cells, t.mode) for t in found],  # type: ignore[arg-type]
         )
+        op.moves = moves(func, found)
         timing = self.device.timing
         duration, op.delay = timing.cost("kernel", KERNEL)
 

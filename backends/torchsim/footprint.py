@@ -22,6 +22,7 @@ import torch
 
 from overlapcheck.backends.torchsim.memory import Buffer, same_geometry, view_cells
 from overlapcheck.backends.torchsim.schema import op_info
+from overlapcheck.core.trace import Move
 
 aten = torch.ops.aten
 # A tensor's buffer, and a tensor with the view's sizes, strides and offset in it (the tensor
@@ -165,3 +166,29 @@ def _picked(
     if also_read:
         out.insert(0, (Touch(found[0], found[1], "r"), arg))
     return out
+
+
+# Kernels whose output's elements are copies of elements of their first tensor argument, in
+# the order the footprint lists them (a gather's precise read, a clone's view): `moves`.
+_GATHERS = frozenset(
+    [aten.index, aten.index_select, aten.gather, aten.embedding, aten.clone, aten._to_copy]
+)
+
+
+def moves(func: Any, found: Sequence[Touch]) -> tuple[Move, ...]:
+    """Which cell each written cell of a data-moving kernel took its value from: a gather's or
+    clone's output from its source (the first read: an index op's precise cells), `copy_`'s
+    destination from its source. Only where the two lists match one to one (a broadcasting
+    copy does not); () for any other kernel."""
+    packet = op_info(func).packet
+    reads = [t for t in found if t.mode == "r"]
+    writes = [t for t in found if t.mode == "w"]
+    if packet in _GATHERS and reads and writes:
+        src, dst = reads[0], writes[-1]  # (the fresh output's write comes last)
+    elif packet is aten.copy_ and len(reads) == 1 and len(writes) == 1:
+        src, dst = reads[0], writes[0]
+    else:
+        return ()
+    if len(src.cells) != len(dst.cells) or src.buffer is dst.buffer:
+        return ()
+    return (Move(src.buffer.name, src.cells, dst.buffer.name, dst.cells),)

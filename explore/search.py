@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from functools import partial
 from typing import Any
 
 from hypothesis import HealthCheck, Phase, given, settings
@@ -27,7 +26,6 @@ from hypothesis.errors import Flaky
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.backends.sim.timing import Profile, Timing
 from overlapcheck.core.config import LoopKind, PolicyKind
-from overlapcheck.core.protocol import pool_floor
 from overlapcheck.core.scenario import Scenario
 from overlapcheck.explore.database import DATABASE_KEY, example_choices, open_database
 from overlapcheck.explore.reduce import reduce_failure, replay_runner
@@ -40,8 +38,6 @@ from overlapcheck.reference.faults import FAULTS
 from overlapcheck.scenarios.named import named_scenario
 from overlapcheck.scenarios.strategies import (
     HypothesisDelay,
-    floored,
-    is_floored,
     scenarios,
     variations,
 )
@@ -243,12 +239,9 @@ class SearchSpec:
             drawn = variations(base, self.faults)
         else:
             drawn = scenarios(self.scenario, self.faults, self.policy)
-        floor = pool_floor(self.scheduler.factory())
-        if floor is not None:  # pools the scheduler serves on, never below what it declares
-            drawn = drawn.map(lambda scenario: floored(scenario, floor))
         loop, ranks = self.loop, self.pinned_ranks
-        if getattr(self.scheduler.factory(), "fit_scenario", None) is not None:
-            drawn = drawn.map(self.scheduler.fit)  # (only what the scheduler can run)
+        if self.scheduler.fits:  # only what the scheduler serves (its pool floor, ...)
+            drawn = drawn.map(self.scheduler.fit)
         if ranks is not None:
             drawn = drawn.map(lambda scenario: scenario.with_config(num_ranks=ranks))
         if loop is None:
@@ -564,7 +557,7 @@ class _Search:
             spec.reduce_runs,
             smaller,
             self._over_budget,
-            admissible=partial(is_floored, floor=pool_floor(spec.scheduler.factory())),
+            admissible=spec.scheduler.serves,
         )
         self.stats.reduce_runs = reduced.runs
         if reduced.result is found.result:

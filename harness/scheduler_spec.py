@@ -32,10 +32,12 @@ from overlapcheck.core.protocol import (
     MessageSource,
     SchedulerFactory,
     SchedulerUnderTest,
+    pool_floor,
 )
 from overlapcheck.core.scenario import Scenario
 from overlapcheck.harness.crash import CheckerBug
 from overlapcheck.harness.fingerprint import CodeFingerprint, fingerprint
+from overlapcheck.scenarios.strategies import floored
 
 REFERENCE = "reference"
 
@@ -87,14 +89,30 @@ class SchedulerSpec:
             return self.given
         return _load(self.text)
 
+    @property
+    def fits(self) -> bool:
+        """Whether the factory says what it serves (`fit` may change a scenario)."""
+        factory = self.factory()
+        return pool_floor(factory) is not None or hasattr(factory, "fit_scenario")
+
     def fit(self, scenario: Scenario) -> Scenario:
-        """The workload nearest to `scenario` that the scheduler can serve (the factory's
-        `fit_scenario`, `core/protocol.py`); `scenario` itself when the factory has none."""
-        fit = getattr(self.factory(), "fit_scenario", None)
-        if fit is None:
-            return scenario
-        fitted: Scenario = fit(scenario)
+        """The workload nearest to `scenario` that the scheduler serves, by what its factory
+        declares (`core/protocol.py`): a pool at least its floor (`serves_pools_from`), then
+        its `fit_scenario`; `scenario` itself where nothing changes (or nothing is declared).
+        A search draws and shrinks only such workloads."""
+        factory = self.factory()
+        fitted = scenario
+        floor = pool_floor(factory)
+        if floor is not None:
+            fitted = floored(fitted, floor)
+        fit = getattr(factory, "fit_scenario", None)
+        if fit is not None:
+            fitted = fit(fitted)
         return scenario if fitted == scenario else fitted
+
+    def serves(self, scenario: Scenario) -> bool:
+        """Whether `scenario` is one the scheduler serves as it is (`fit` leaves it)."""
+        return self.fit(scenario) is scenario
 
     def build(
         self,

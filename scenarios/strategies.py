@@ -279,11 +279,6 @@ def floored(scenario: Scenario, floor: PoolFloor) -> Scenario:
     return scenario.with_config(num_pages=pages)
 
 
-def is_floored(scenario: Scenario, floor: PoolFloor | None) -> bool:
-    """Whether the scenario's pool holds what `floor` says the scheduler serves on."""
-    return floor is None or floored(scenario, floor) is scenario
-
-
 def tight_pool(config: SchedulerConfig, reqs: Sequence[RequestSpec], eighths: int) -> int:
     """A KV pool (in pages) of `eighths` eighths of the pages the requests need in all (each its
     longest prompt plus its output), never less than the largest one needs: every request can

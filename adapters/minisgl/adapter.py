@@ -13,6 +13,7 @@ for pages it can never have).
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -21,7 +22,7 @@ import torch
 
 from overlapcheck.adapters.base import Loaded, UpstreamScheduler
 from overlapcheck.adapters.minisgl.books import read_books
-from overlapcheck.adapters.minisgl.checkout import RANK, features
+from overlapcheck.adapters.minisgl.checkout import RANK, Features, features
 from overlapcheck.adapters.minisgl.checkout import load as load_checkout
 from overlapcheck.adapters.minisgl.engine import EngineParts, construct, make_engine_class
 from overlapcheck.backends.sim.device import SimDevice
@@ -345,7 +346,7 @@ def fit_scenario(scenario: Scenario) -> Scenario:
     mini-sglang cannot cancel a request (its workloads have no aborts), or pages one token at a
     time (the pool keeps its tokens)."""
     fitted = replace(scenario, config=fit_config(scenario.config))
-    if not features(load_checkout()).cancels:
+    if not _checkout_features().cancels:
         fitted = replace(fitted, requests=tuple(_no_abort(r) for r in fitted.requests))
     return scenario if fitted == scenario else fitted
 
@@ -357,11 +358,17 @@ def _no_abort(request: RequestSpec) -> RequestSpec:
 
 def fit_config(config: SchedulerConfig) -> SchedulerConfig:
     """The nearest configuration the checkout runs (see `fit_scenario`)."""
-    can = features(load_checkout())
+    can = _checkout_features()
     fitted = config
     if config.page_size > 1 and not can.paged:
         fitted = replace(fitted, page_size=1, num_pages=config.num_pages * config.page_size)
     return fitted
+
+
+@functools.cache
+def _checkout_features() -> Features:
+    """This process's checkout's `Features` (one checkout per process: `checkout.load`)."""
+    return features(load_checkout())
 
 
 def _unlike(config: SchedulerConfig, fitted: SchedulerConfig) -> str:

@@ -85,6 +85,11 @@ def main() -> int:
     parser.add_argument(
         "--scheduler", default="reference", help="the scheduler under test (as `run` takes it)"
     )
+    parser.add_argument(
+        "--verdicts-only",
+        action="store_true",
+        help="compare the violation lines only (a change that renames trace labels on purpose)",
+    )
     args = parser.parse_args()
     jobs = generate(args.examples, args.seed, with_faults=args.scheduler == "reference")
     with tempfile.TemporaryDirectory(prefix="overlapcheck-verdicts-") as tmp:
@@ -93,11 +98,14 @@ def main() -> int:
         with revision_tree(args.rev) as other:
             ours = verdicts(ROOT, jobs_file, args.scheduler)
             theirs = verdicts(other, jobs_file, args.scheduler)
-    differ = [i for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) if a != b]
+    part = (lambda v: v[1]) if args.verdicts_only else (lambda v: v)
+    pairs = enumerate(zip(ours, theirs, strict=True))
+    differ = [i for i, (a, b) in pairs if part(a) != part(b)]
     violating = sum(bool(v[1]) for v in ours)
     print(
         f"{len(jobs)} generated examples ({violating} with a violation): "
         f"{len(jobs) - len(differ)} identical to {args.rev}, {len(differ)} differ"
+        + (" (violations compared, not trace hashes)" if args.verdicts_only else "")
     )
     for i in differ[:10]:
         print(f"  example {i} ({jobs[i]['faults']}): {ours[i]} vs {theirs[i]}")

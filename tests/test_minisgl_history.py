@@ -70,15 +70,16 @@ def test_an_older_checkout_runs_the_nearest_configuration_and_refuses_others(
     from overlapcheck.scenarios.named import named_scenario
 
     monkeypatch.setenv("MINISGL_PATH", str(shared_tree()))
-    older = Features(paged=False, cancels=True, defers_frees=False)
+    older = Features(paged=False, cancels=True, graphs=False, defers_frees=False)
     monkeypatch.setattr(adapter, "_checkout_features", lambda: older)
     paged = named_scenario("basic").with_config(page_size=4, num_pages=8, cuda_graph_bs=(1, 2))
     fitted = adapter.fit_scenario(paged).config
-    assert (fitted.page_size, fitted.num_pages, fitted.cuda_graph_bs) == (1, 32, (1, 2))
+    assert (fitted.page_size, fitted.num_pages, fitted.cuda_graph_bs) == (1, 32, ())
     with pytest.raises(UserError) as err:
         run_scenario(paged, SimBackend(), scheduler=adapter.make_scheduler)
     line = str(err.value)
     assert "\n" not in line and "page_size=4" in line and "5e52ef3" in line
-    current = Features(paged=True, cancels=True, defers_frees=False)
+    assert "cuda_graph_bs" in line and "f074873" in line
+    current = Features(paged=True, cancels=True, graphs=True, defers_frees=False)
     monkeypatch.setattr(adapter, "_checkout_features", lambda: current)
     assert adapter.fit_scenario(paged) is paged

@@ -343,8 +343,9 @@ def make_scheduler(
 
 def fit_scenario(scenario: Scenario) -> Scenario:
     """The nearest workload the checkout serves (`core.protocol.ScenarioFitting`): an older
-    mini-sglang cannot cancel a request (its workloads have no aborts), or pages one token at a
-    time (the pool keeps its tokens)."""
+    mini-sglang cannot cancel a request (its workloads have no aborts), pages one token at a
+    time (the pool keeps its tokens), or captures CUDA graphs where the adapter cannot stand
+    in for the capture (no graphs)."""
     fitted = replace(scenario, config=fit_config(scenario.config))
     if not _checkout_features().cancels:
         fitted = replace(fitted, requests=tuple(_no_abort(r) for r in fitted.requests))
@@ -362,6 +363,8 @@ def fit_config(config: SchedulerConfig) -> SchedulerConfig:
     fitted = config
     if config.page_size > 1 and not can.paged:
         fitted = replace(fitted, page_size=1, num_pages=config.num_pages * config.page_size)
+    if config.cuda_graph_bs and not can.graphs:
+        fitted = replace(fitted, cuda_graph_bs=())
     return fitted
 
 
@@ -374,6 +377,7 @@ def _checkout_features() -> Features:
 def _unlike(config: SchedulerConfig, fitted: SchedulerConfig) -> str:
     why = {
         "page_size": "pages of more than one token (they came in 5e52ef3)",
+        "cuda_graph_bs": "CUDA graphs (captured inside GraphRunner.__init__ before f074873)",
     }
     return "; ".join(
         f"{name}={getattr(config, name)!r}: {reason}"

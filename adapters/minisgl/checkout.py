@@ -65,6 +65,9 @@ class Features(NamedTuple):
 
     paged: bool  # pages of more than one token (5e52ef3: `CacheManager` takes a page size)
     cancels: bool  # request cancellation (578df98: `AbortBackendMsg`)
+    # CUDA graphs the adapter can capture: `GraphRunner._capture_graphs` to stand in for (before
+    # f074873 the capture ran inline in its `__init__`)
+    graphs: bool
     # A finished request keeps its row and pages until no batch in flight holds it (before
     # 1961602: `_process_last_data(last_data, ongoing_data)`, `finished_reqs` are those not yet
     # given back); since, it gives them back when it finishes (`finished_reqs`: given back).
@@ -77,6 +80,7 @@ def features(loaded: Loaded) -> Features:
     return Features(
         paged="page_size" in inspect.signature(cache).parameters,
         cancels=hasattr(loaded["minisgl.message"], "AbortBackendMsg"),
+        graphs=hasattr(loaded["minisgl.engine.graph"].GraphRunner, "_capture_graphs"),
         defers_frees="ongoing_data" in inspect.signature(process).parameters,
     )
 

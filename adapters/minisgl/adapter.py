@@ -145,7 +145,7 @@ class MiniSglScheduler(UpstreamScheduler):
         self.data: Any = None
         self.clock = _Clock(device)
         self.normal_started = False
-        self.can = features(self.up)
+        self.can = _checkout_features()
         with self._block(), self._building():
             self.sched = self._make()
             self.cuda.name(self.sched.token_pool, "token_pool")

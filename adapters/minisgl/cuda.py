@@ -32,7 +32,7 @@ from overlapcheck.adapters.minisgl.adapter import (
     upstream_config,
 )
 from overlapcheck.adapters.minisgl.checkout import load as load_checkout
-from overlapcheck.adapters.minisgl.engine import EngineParts, make_engine_class
+from overlapcheck.adapters.minisgl.engine import EngineParts, construct, make_engine_class
 from overlapcheck.backends.torchsim.dispatch import _program_file
 from overlapcheck.core.config import SchedulerConfig
 from overlapcheck.core.scenario import RequestSpec
@@ -297,7 +297,7 @@ class CudaRun:
                 return run._receive(self, blocking)
 
             def offline_send_result(self, reply: list[Any]) -> None:
-                for msg in reply:
+                for msg in getattr(reply, "data", reply):  # (as `adapter._send`)
                     run.outputs.setdefault(int(msg.uid), []).append(int(msg.next_token))
                     if msg.finished:
                         run.finished.add(int(msg.uid))
@@ -319,7 +319,8 @@ class CudaRun:
                 msgs.append(up["minisgl.message"].AbortBackendMsg(uid=uid))
                 continue
             spec = by_uid[uid]
-            params = up["minisgl.core"].SamplingParams(
+            params = construct(  # (its parameters over mini-sglang's history: `construct`)
+                up["minisgl.core"].SamplingParams,
                 temperature=0.0,
                 top_k=-1,
                 top_p=1.0,

@@ -59,6 +59,12 @@ HISTORY = (
         (*KNOWN, "work-bound"),
         (DIRTY_RADIX_FIX,),
     ),
+    Fix(
+        "8827b0f",
+        "Missing lock/unlock of current node in RadixCacheManager when using lock_handle",
+        (*KNOWN, "work-bound", "no-uninit-read"),
+        (DIRTY_RADIX_FIX,),
+    ),
 )
 
 _FOUND = re.compile(

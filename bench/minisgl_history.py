@@ -26,6 +26,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from overlapcheck.bench.text_edits import Edit, apply_edits
+
 SPEC = "overlapcheck.adapters.minisgl:make_scheduler"
 # mini-sglang's known bugs of its overlap loop, present from December 2025 to 20fcd7f
 # (docs/minisgl.md, bugs 6, 1, 2, 3): a search of any commit then finds them first.
@@ -46,7 +48,7 @@ class Fix:
     commit: str
     title: str
     skip: tuple[str, ...] = KNOWN
-    edits: tuple[tuple[str, str, str], ...] = ()  # (file, old, new) in both trees
+    edits: tuple[Edit, ...] = ()  # in both trees
 
 
 HISTORY = (
@@ -82,7 +84,7 @@ class Outcome:
     replay: str  # the first line of the replay on the fix
 
 
-def tree(repo: Path, commit: str, into: Path, edits: tuple[tuple[str, str, str], ...]) -> Path:
+def tree(repo: Path, commit: str, into: Path, edits: tuple[Edit, ...]) -> Path:
     """`commit` of `repo` unpacked into `into`, with `edits` applied."""
     data = subprocess.run(
         ["git", "-C", str(repo), "archive", "--format=tar", commit],
@@ -91,13 +93,7 @@ def tree(repo: Path, commit: str, into: Path, edits: tuple[tuple[str, str, str],
     ).stdout
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         tar.extractall(into, filter="data")
-    for file, old, new in edits:
-        path = into / file
-        text = path.read_text()
-        if text.count(old) != 1:
-            raise SystemExit(f"{commit}: the edit of {file} does not apply")
-        path.write_text(text.replace(old, new))
-    return into
+    return apply_edits(into, edits, commit)
 
 
 def overlapcheck(args: list[str], checkout: Path, cwd: Path) -> str:

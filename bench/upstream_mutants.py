@@ -29,11 +29,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from overlapcheck.bench.text_edits import Edit, apply_edits
+
 SCHEDULER = "vllm/v1/core/sched/scheduler.py"
 KV_MANAGER = "vllm/v1/core/kv_cache_manager.py"
 ADAPTER = "overlapcheck.adapters.vllm"
 
-Edit = tuple[str, str, str]  # (file relative to the tree's root, old text, new text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,13 +147,7 @@ def apply(tree: Path, mutant: Mutant, into: Path) -> Path:
         shutil.rmtree(root)
     root.mkdir(parents=True)
     shutil.copytree(tree / "vllm", root / "vllm", ignore=shutil.ignore_patterns("__pycache__"))
-    for name, old, new in mutant.edits:
-        path = root / name
-        text = path.read_text()
-        if text.count(old) != 1:
-            raise SystemExit(f"{mutant.name}: the anchor in {name} is not found exactly once")
-        path.write_text(text.replace(old, new))
-    return root
+    return apply_edits(root, mutant.edits, mutant.name)
 
 
 @dataclass(slots=True)

@@ -127,8 +127,8 @@ def measure(repo: Path, fix: Fix, budget: int, seed: int) -> Outcome:
             return Outcome(fix, f"not found: {last}", seconds, "", "")
         replay = overlapcheck(["replay", str(files[0])], after, work).strip().splitlines()
         described = (
-            f"{shape[1]} examples, {shape[2]} iterations; {shape[4]} request(s), "
-            f"{shape[5]} iterations"
+            f"found in {shape[3]} s, {shape[1]} examples, {shape[2]} iterations; shrunk to "
+            f"{shape[4]} request(s), {shape[5]} iterations"
             if shape
             else ""
         )
@@ -147,7 +147,7 @@ def main() -> int:
         print(f"minisgl_history: {args.repo} is not a git clone of mini-sglang", file=sys.stderr)
         return 2
     chosen = [f for f in HISTORY if not args.only or f.commit in args.only]
-    print("| fix | bug | found on its parent | search | shrunk | replayed on the fix |")
+    print("| fix | bug | found on its parent | wall (import, shrink) | search | on the fix |")
     print("| --- | --- | --- | --- | --- | --- |")
     for fix in chosen:
         o = measure(args.repo, fix, args.budget, args.seed)

@@ -53,7 +53,7 @@ def test_a_factory_declares_its_floor_and_others_have_none() -> None:
         assert floor(SchedulerConfig(num_pages=6, page_size=2)) <= 12
 
 
-def _smallest_pool(factory: object) -> int:
+def _pools(factory: object) -> list[int]:
     spec = SearchSpec(budget=3600, seed=5, scheduler=SchedulerSpec.of(factory))
     seen: list[int] = []
 
@@ -69,7 +69,11 @@ def _smallest_pool(factory: object) -> int:
         seen.append(scenario.config.num_pages)
 
     draw()
-    return min(seen)
+    return seen
+
+
+def _smallest_pool(factory: object) -> int:
+    return min(_pools(factory))
 
 
 def test_a_search_draws_no_pool_below_the_declared_floor() -> None:

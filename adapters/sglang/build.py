@@ -60,6 +60,11 @@ def server_args(loaded: Loaded, config: SchedulerConfig, device: str, simulated:
         disable_radix_cache=config.cache == "naive",
         disable_overlap_schedule=config.loop == "normal",
         schedule_policy=policy,
+        # pages on demand (admission on the prompt, preemption when decoding runs out): SGLang's
+        # admission counts the running requests' remaining output at `new_token_ratio` (0.7 x
+        # this); at 1 it hardly ever outgrows the pool in a run of generated length (one example
+        # in 150 retracted), at 0.1 it does, and retracts as its users who lower it see
+        schedule_conservativeness=0.1 if config.page_alloc == "on-demand" else 1.0,
         random_seed=config.seed,
     )
 

@@ -62,6 +62,10 @@ class Transport:
                 continue
             if not self.front.admit(msg):
                 continue
+            # a uid is used again once its request ended: what was said of that one is not of
+            # this one (its refusal must not read as output after an answer)
+            self.aborted.discard(msg.uid)
+            self.answered.discard(msg.uid)
             out.append(self._request(msg))
         return out
 

@@ -40,6 +40,32 @@ DIRTY_RADIX_FIX = (
     "new_node.set_key_value(input_ids[prefix_len:], indices[prefix_len:].clone())",
 )
 
+# 8827b0f: `lock_handle` moved to the parent before counting a node, so the matched node itself
+# was never locked (nor unlocked); anchored around the unlock's assertion, which 5e1318b changed
+_UP = "                node = node.parent\n"
+_UNLOCKED = "                    self.protected_size -= node.length\n"
+_LOCK = """                if node.ref_count == 0:
+                    self.evictable_size -= node.length
+                    self.protected_size += node.length
+                node.ref_count += 1
+"""
+_COUNT_DOWN = "                node.ref_count -= 1\n"
+LOCK_FIX = (
+    (RADIX, _UP + _COUNT_DOWN, _COUNT_DOWN),
+    (RADIX, _UNLOCKED, _UNLOCKED + _UP),
+    (RADIX, _UP + _LOCK, _LOCK + _UP),
+)
+# 61acfdc: the handle `match_prefix` returned named the root, not the matched node
+_MATCHED = "        return RadixCacheHandle(prefix_len, node), torch.cat(value_list)"
+MATCHED_FIX = (
+    (
+        RADIX,
+        "        value_list: List[torch.Tensor] = []\n",
+        "        value_list: List[torch.Tensor] = []\n        matched_node = node\n",
+    ),
+    (RADIX, _MATCHED, _MATCHED.replace("prefix_len, node)", "prefix_len, matched_node)")),
+)
+
 
 @dataclass(frozen=True)
 class Fix:
@@ -66,6 +92,18 @@ HISTORY = (
         "Missing lock/unlock of current node in RadixCacheManager when using lock_handle",
         (*KNOWN, "work-bound", "no-uninit-read"),
         (DIRTY_RADIX_FIX,),
+    ),
+    Fix(
+        "61acfdc",
+        "Preserve matched_node in match_prefix before parent traversal (#46)",
+        (*KNOWN, "work-bound", "no-uninit-read"),
+        (DIRTY_RADIX_FIX, *LOCK_FIX),
+    ),
+    Fix(
+        "5e1318b",
+        "Fix wrong ref_count assertion in RadixCacheManager (#44)",
+        (*KNOWN, "work-bound", "no-uninit-read"),
+        (DIRTY_RADIX_FIX, *LOCK_FIX, *MATCHED_FIX),
     ),
 )
 

@@ -148,7 +148,10 @@ class MiniSglScheduler(UpstreamScheduler):
         self.can = _checkout_features()
         with self._block(), self._building():
             self.sched = self._make()
-            self.cuda.name(self.sched.token_pool, "token_pool")
+            pool = getattr(self.sched, "token_pool", None)  # (once on its table manager only)
+            self.cuda.name(
+                pool if pool is not None else self.sched.table_manager.token_pool, "token_pool"
+            )
         self._note_frees(self.sched.table_manager)
 
     def _note_frees(self, table: Any) -> None:

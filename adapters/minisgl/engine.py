@@ -128,8 +128,9 @@ class NoGraphs:
     def can_use_cuda_graph(self, batch: Any) -> bool:
         return False
 
-    def pad_batch(self, batch: Any) -> None:
+    def pad_batch(self, batch: Any) -> int:
         batch.padded_reqs = batch.reqs
+        return 0  # the padding added (older schedulers pad `out_loc` by it)
 
     def destroy_cuda_graphs(self) -> None:
         return None

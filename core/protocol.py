@@ -57,7 +57,10 @@ Optional, on the factory: `fit_scenario(scenario) -> Scenario`, the nearest work
 scheduler can serve to a drawn one (an engine's older version with one page size only, or
 without request cancellation, say). A search maps every drawn workload through it, so that it
 never reports a workload the scheduler cannot take; given one it cannot serve, the factory (or
-the adapter, at the request) raises UserError (one line). `ScenarioFitting` below.
+the adapter, at the request) raises UserError (one line). `ScenarioFitting` below. The
+smallest pool a scheduler serves on has a declaration of its own (`serves_pools_from`); both are
+applied by one path, `harness.scheduler_spec.SchedulerSpec.fit`, and a search shrinks only to
+workloads it leaves unchanged.
 
 Optional capability, `code_roots()`: folders whose imported modules are the scheduler's code even
 where they are installed as a library (site-packages), such as an upstream engine an adapter

@@ -40,7 +40,7 @@ def _without_cancellation(root: Path) -> Path:
     return root
 
 
-def test_without_upstream_cancellation_no_abort_is_drawn_and_one_asked_for_is_refused(
+def test_without_upstream_cancellation_an_abort_asked_for_is_refused_in_one_line(
     tmp_path: Path,
 ) -> None:
     tree = _without_cancellation(unpack(tmp_path, FIXES))
@@ -51,12 +51,28 @@ def test_without_upstream_cancellation_no_abort_is_drawn_and_one_asked_for_is_re
     assert done.returncode == 2, done.stdout + done.stderr
     (line,) = done.stderr.strip().splitlines()
     assert "cannot cancel a request" in line and "578df98" in line
-    # a search of the same checkout never draws an abort, and its workloads run clean (but for
-    # bug 5, which the patches leave: pages-conserved and oracle, docs/minisgl.md)
-    search = ["explore", "--scheduler", SPEC, "--budget", "60", "--max-examples", "6"]
-    search += ["--skip", "pages-conserved", "--skip", "oracle"]
-    done = run_cli("MINISGL_PATH", tree, [*search, "--seed", "3"], tmp_path, timeout=300)
-    assert done.returncode == 0 and "no violation found" in done.stdout, done.stdout + done.stderr
+
+
+def test_a_search_of_a_checkout_without_cancellation_draws_no_abort(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What a search draws goes through `SchedulerSpec.fit` (tests/test_scenario_fitting.py):
+    for such a checkout, the workload without its aborts, the rest as drawn."""
+    from overlapcheck.adapters.minisgl import adapter
+    from overlapcheck.adapters.minisgl.checkout import Features
+    from overlapcheck.harness.scheduler_spec import SchedulerSpec
+    from overlapcheck.scenarios.loader import scenario_from_dict
+
+    monkeypatch.setenv("MINISGL_PATH", str(shared_tree()))
+    older = Features(paged=True, cancels=False, graphs=True, defers_frees=False)
+    monkeypatch.setattr(adapter, "_checkout_features", lambda: older)
+    drawn = scenario_from_dict(ABORT_AND_REUSE)
+    assert any(r.abort_iteration is not None for r in drawn.requests)
+    fitted = SchedulerSpec.of(adapter.make_scheduler).fit(drawn)
+    aborts = [(r.abort_at, r.abort_iteration, r.abort_after) for r in fitted.requests]
+    assert aborts == [(None, None, None)] * len(drawn.requests)
+    assert [r.prompt for r in fitted.requests] == [r.prompt for r in drawn.requests]
+    assert fitted.config == drawn.config
 
 
 def test_an_older_checkout_runs_the_nearest_configuration_and_refuses_others(

@@ -7,6 +7,7 @@ buffer of its CUDA graphs (1961602)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -99,3 +100,21 @@ def test_an_older_checkout_runs_the_nearest_configuration_and_refuses_others(
     current = Features(paged=True, cancels=True, graphs=True, defers_frees=False)
     monkeypatch.setattr(adapter, "_checkout_features", lambda: current)
     assert adapter.fit_scenario(paged) is paged
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not os.environ.get("MINISGL_REPO"), reason="MINISGL_REPO names no git clone of mini-sglang"
+)
+@pytest.mark.parametrize("commit", ["ef4367f", "0e5f1e7"])
+def test_a_fix_of_mini_sglangs_history_is_found_on_its_parent_and_replays_fixed(
+    commit: str,
+) -> None:
+    """`bench/minisgl_history.py` for one fix: the race in chunked prefill (ef4367f) and the
+    token pool read under CUDA-graph padding (0e5f1e7), from a real clone of mini-sglang."""
+    from overlapcheck.bench.minisgl_history import HISTORY, measure
+
+    (fix,) = [f for f in HISTORY if f.commit == commit]
+    outcome = measure(Path(os.environ["MINISGL_REPO"]), fix, budget=200, seed=0)
+    assert outcome.found.startswith("VIOLATION"), outcome.found
+    assert outcome.replay.startswith("fixed:"), outcome.replay

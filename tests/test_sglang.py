@@ -87,12 +87,9 @@ def test_without_its_war_barrier_no_race_names_sglangs_lines(
     assert "read at eager_runner.py:" in message and "(forward, step" in message, message
 
 
-def test_a_request_sglang_refuses_is_a_reject_for_exact_length_to_judge(
-    snapshot: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """SGLang refuses a prompt within 5 tokens of its pool (`validate_input_length`) that the
-    rules admit: its error reply is a RejectMsg (not a hang, not its one-token stand-in's
-    token), which `exact-length` reads as SGLang's stricter headroom."""
+def _one_prompt(prompt_len: int, num_pages: int) -> list[tuple[str, str]]:
+    """The violations of one request of `prompt_len` tokens and one output token, on a naive
+    cache of `num_pages` pages of 4 tokens (each invariant once)."""
     from dataclasses import replace
 
     from overlapcheck.adapters.sglang import make_scheduler
@@ -100,14 +97,24 @@ def test_a_request_sglang_refuses_is_a_reject_for_exact_length_to_judge(
     from overlapcheck.harness.runner import run_scenario
     from overlapcheck.scenarios.named import named_scenario
 
-    monkeypatch.setenv(ENV, str(snapshot))
     basic = named_scenario("basic")
-    request = replace(basic.requests[0], prompt=tuple(range(3, 10)), max_tokens=1)
+    prompt = tuple(range(3, 3 + prompt_len))
+    request = replace(basic.requests[0], prompt=prompt, max_tokens=1)
     scenario = replace(basic, requests=(request,)).with_config(
-        num_pages=3, page_size=4, cache="naive"
+        num_pages=num_pages, page_size=4, cache="naive"
     )
     run = run_scenario(scenario, SimBackend(), scheduler=make_scheduler, keep_going=True)
-    found = [(v.invariant, v.message) for v in run.violations]
+    return [(v.invariant, v.message) for v in run.violations]
+
+
+def test_a_request_sglang_refuses_is_a_reject_for_exact_length_to_judge(
+    snapshot: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SGLang refuses a prompt within 5 tokens of its pool (`validate_input_length`) that the
+    rules admit: its error reply is a RejectMsg (not a hang, not its one-token stand-in's
+    token), which `exact-length` reads as SGLang's stricter headroom."""
+    monkeypatch.setenv(ENV, str(snapshot))
+    found = _one_prompt(prompt_len=7, num_pages=3)
     assert len(found) == 1 and found[0][0] == "exact-length", found
     assert "rejected (SGLang: Input length (7 tokens) exceeds" in found[0][1], found
 
@@ -118,21 +125,8 @@ def test_a_request_sglang_finishes_without_output_is_a_reject(
     """A prompt SGLang admits but whose output its clamp to the pool's headroom cuts to nothing
     is finished with no token: the client gets that finish (a RejectMsg with SGLang's reason,
     which `exact-length` judges), not silence (a clean tree's search reported `liveness`)."""
-    from dataclasses import replace
-
-    from overlapcheck.adapters.sglang import make_scheduler
-    from overlapcheck.backends.sim.backend import SimBackend
-    from overlapcheck.harness.runner import run_scenario
-    from overlapcheck.scenarios.named import named_scenario
-
     monkeypatch.setenv(ENV, str(snapshot))
-    basic = named_scenario("basic")
-    request = replace(basic.requests[0], prompt=tuple(range(3, 24)), max_tokens=1)
-    scenario = replace(basic, requests=(request,)).with_config(
-        num_pages=7, page_size=4, cache="naive"
-    )
-    run = run_scenario(scenario, SimBackend(), scheduler=make_scheduler, keep_going=True)
-    found = [(v.invariant, v.message) for v in run.violations]
+    found = _one_prompt(prompt_len=21, num_pages=7)
     assert len(found) == 1 and found[0][0] == "exact-length", found
     assert "SGLang: finished with no output" in found[0][1], found
 

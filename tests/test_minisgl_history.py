@@ -65,7 +65,9 @@ def test_a_search_of_a_checkout_without_cancellation_draws_no_abort(
     from overlapcheck.scenarios.loader import scenario_from_dict
 
     monkeypatch.setenv("MINISGL_PATH", str(shared_tree()))
-    older = Features(paged=True, cancels=False, graphs=True, defers_frees=False)
+    older = Features(
+        paged=True, cancels=False, graphs=True, capture_buffer=True, defers_frees=False
+    )
     monkeypatch.setattr(adapter, "_checkout_features", lambda: older)
     drawn = scenario_from_dict(ABORT_AND_REUSE)
     assert any(r.abort_iteration is not None for r in drawn.requests)
@@ -87,7 +89,9 @@ def test_an_older_checkout_runs_the_nearest_configuration_and_refuses_others(
     from overlapcheck.scenarios.named import named_scenario
 
     monkeypatch.setenv("MINISGL_PATH", str(shared_tree()))
-    older = Features(paged=False, cancels=True, graphs=False, defers_frees=False)
+    older = Features(
+        paged=False, cancels=True, graphs=False, capture_buffer=False, defers_frees=False
+    )
     monkeypatch.setattr(adapter, "_checkout_features", lambda: older)
     paged = named_scenario("basic").with_config(page_size=4, num_pages=8, cuda_graph_bs=(1, 2))
     fitted = adapter.fit_scenario(paged).config
@@ -97,7 +101,9 @@ def test_an_older_checkout_runs_the_nearest_configuration_and_refuses_others(
     line = str(err.value)
     assert "\n" not in line and "page_size=4" in line and "5e52ef3" in line
     assert "cuda_graph_bs" in line and "f074873" in line
-    current = Features(paged=True, cancels=True, graphs=True, defers_frees=False)
+    current = Features(
+        paged=True, cancels=True, graphs=True, capture_buffer=True, defers_frees=False
+    )
     monkeypatch.setattr(adapter, "_checkout_features", lambda: current)
     assert adapter.fit_scenario(paged) is paged
 

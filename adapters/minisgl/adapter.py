@@ -13,7 +13,6 @@ for pages it can never have).
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -22,7 +21,8 @@ import torch
 
 from overlapcheck.adapters.base import Loaded, UpstreamScheduler
 from overlapcheck.adapters.minisgl.books import read_books
-from overlapcheck.adapters.minisgl.checkout import RANK, Features, features
+from overlapcheck.adapters.minisgl.checkout import RANK
+from overlapcheck.adapters.minisgl.checkout import current_features as _checkout_features
 from overlapcheck.adapters.minisgl.checkout import load as load_checkout
 from overlapcheck.adapters.minisgl.engine import EngineParts, construct, make_engine_class
 from overlapcheck.backends.sim.device import SimDevice
@@ -369,12 +369,6 @@ def fit_config(config: SchedulerConfig) -> SchedulerConfig:
     if config.cuda_graph_bs and not can.graphs:
         fitted = replace(fitted, cuda_graph_bs=())
     return fitted
-
-
-@functools.cache
-def _checkout_features() -> Features:
-    """This process's checkout's `Features` (one checkout per process: `checkout.load`)."""
-    return features(load_checkout())
 
 
 def _unlike(config: SchedulerConfig, fitted: SchedulerConfig) -> str:

@@ -8,6 +8,7 @@ edited.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 from contextvars import ContextVar
@@ -68,6 +69,9 @@ class Features(NamedTuple):
     # CUDA graphs the adapter can capture: `GraphRunner._capture_graphs` to stand in for (before
     # f074873 the capture ran inline in its `__init__`)
     graphs: bool
+    # the graph runner's `GraphCaptureBuffer` holds a captured batch's inputs (since 1961602;
+    # before, the attention backend's capture did)
+    capture_buffer: bool
     # A finished request keeps its row and pages until no batch in flight holds it (before
     # 1961602: `_process_last_data(last_data, ongoing_data)`, `finished_reqs` are those not yet
     # given back); since, it gives them back when it finishes (`finished_reqs`: given back).
@@ -81,8 +85,15 @@ def features(loaded: Loaded) -> Features:
         paged="page_size" in inspect.signature(cache).parameters,
         cancels=hasattr(loaded["minisgl.message"], "AbortBackendMsg"),
         graphs=hasattr(loaded["minisgl.engine.graph"].GraphRunner, "_capture_graphs"),
+        capture_buffer=hasattr(loaded["minisgl.engine.graph"], "GraphCaptureBuffer"),
         defers_frees="ongoing_data" in inspect.signature(process).parameters,
     )
+
+
+@functools.cache
+def current_features() -> Features:
+    """This process's checkout's `Features` (one checkout per process: `load`)."""
+    return features(load())
 
 
 def load() -> Loaded:

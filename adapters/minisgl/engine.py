@@ -22,6 +22,7 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 import torch
 
+from overlapcheck.adapters.minisgl.checkout import current_features
 from overlapcheck.backends.sim.toy_model import DTYPE, ToyModel
 from overlapcheck.backends.torchsim.dispatch import plain
 from overlapcheck.backends.torchsim.session import FREE_BYTES, SimulatedCuda
@@ -177,8 +178,7 @@ def make_engine_class(parts: EngineParts) -> Callable[[Any], Any]:
                 device=self.device,
             )
             parts.cuda.name(self.page_table, "page_table")
-            graph_module = up["minisgl.engine.graph"]
-            holds = not hasattr(graph_module, "GraphCaptureBuffer")
+            holds = not current_features().capture_buffer
             self.attn_backend = StandInAttention(self.device, holds, parts.cuda.name)
             self.ctx = construct(
                 up["minisgl.core"].Context,
@@ -439,7 +439,7 @@ def make_graph_runner(parts: EngineParts, engine: Any, sizes: list[int]) -> Any:
     up = parts.upstream
     graph_module = up["minisgl.engine.graph"]
     base = graph_module.GraphRunner
-    buffered = hasattr(graph_module, "GraphCaptureBuffer")
+    buffered = current_features().capture_buffer
 
     class StandInGraphRunner(base):  # type: ignore[misc, valid-type]
         def _capture_graphs(

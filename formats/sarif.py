@@ -4,7 +4,11 @@ services read, so that a CI job annotates the line a finding points at.
 One result per finding: `ruleId` is the invariant's id, the message is the finding's line, the
 first of its locations (`Violation.locations`, the line to look at first) is the result's
 location and the others are related locations, each saying what happened there. Files are
-relative to their scheduler's root, named in `originalUriBaseIds` (`ROOT0`, `ROOT1`, ...).
+relative to their scheduler's root, named in `originalUriBaseIds` (`ROOT0`, `ROOT1`, ...): each
+with its folder on this machine (for a viewer here) and a description that names the tree as
+upstream knows it (project, version, commit: `harness/source_tree.py`). A root in a git checkout
+with a remote is given relative to the checkout's top (`REPO0`, ...), which
+`versionControlProvenance` maps to the remote and commit: a viewer elsewhere finds the lines there.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Any
 
 from overlapcheck import __version__
 from overlapcheck.core.sites import Location
+from overlapcheck.harness.source_tree import checkout_top, describe
 from overlapcheck.invariants.base import Violation
 from overlapcheck.invariants.registry import INVARIANTS
 
@@ -95,10 +100,52 @@ def sarif_log(violations: Sequence[Violation], counterexample: str | None = None
         "results": results,
     }
     if roots:
-        run["originalUriBaseIds"] = {
-            base: {"uri": Path(root).as_uri().rstrip("/") + "/"} for root, base in roots.items()
-        }
+        named = [(root, base, _files(violations, root)) for root, base in roots.items()]
+        run["originalUriBaseIds"], provenance = _bases(named)
+        if provenance:
+            run["versionControlProvenance"] = provenance
     return {"$schema": SCHEMA, "version": "2.1.0", "runs": [run]}
+
+
+def _files(violations: Sequence[Violation], root: str) -> list[str]:
+    return [loc.file for v in violations for loc in v.locations if loc.root == root]
+
+
+def _folder_uri(path: Path) -> str:
+    return path.as_uri().rstrip("/") + "/"
+
+
+def _bases(
+    roots: Sequence[tuple[str, str, list[str]]],
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """`originalUriBaseIds` for each (root, base id, files named there), and the
+    `versionControlProvenance` of the checkouts among them that have a remote."""
+    bases: dict[str, Any] = {}
+    provenance: list[dict[str, Any]] = []
+    repos: dict[Path, str] = {}
+    for root, base, files in roots:
+        tree = describe(root, files)
+        entry: dict[str, Any] = {
+            "uri": _folder_uri(Path(root)),
+            "description": {"text": f"Paths are relative to {tree.text()}."},
+        }
+        top = checkout_top(root) if tree.remote and tree.commit else None
+        if top is not None and tree.commit is not None:
+            if top not in repos:
+                repos[top] = f"REPO{len(repos)}"
+                bases[repos[top]] = {"uri": _folder_uri(top)}
+                provenance.append(
+                    {
+                        "repositoryUri": tree.remote,
+                        "revisionId": tree.commit,
+                        "mappedTo": {"uriBaseId": repos[top]},
+                    }
+                )
+            inner = Path(root).resolve().relative_to(top).as_posix()
+            entry["uri"] = f"{inner}/"  # "./" where the root is the top
+            entry["uriBaseId"] = repos[top]
+        bases[base] = entry
+    return bases, provenance
 
 
 def write_sarif(

@@ -42,6 +42,7 @@ class SourceTree:
     dirty: bool | None = None
     installed: bool = False
     unknown: bool = False  # not on this machine, and the counterexample does not describe it
+    remote: str = ""  # the checkout's `origin`, as a URL anyone can fetch ("" if none or local)
 
     def text(self) -> str:
         """The folder, as a phrase that follows "Paths are relative to "."""
@@ -83,7 +84,7 @@ def describe(
         inner = "" if top == path else path.relative_to(top).as_posix()
         project, source = _metadata(path, files) or _metadata(top, ()) or ("", "")
         return SourceTree(inner or top.name, top.name if inner else "", project, source, commit,
-                          dirty)  # fmt: skip
+                          dirty, remote=_remote(top))  # fmt: skip
     if path.name in _INSTALLED:
         project, source = _metadata(path, files) or ("", "")
         return SourceTree(path.name, project=project, source=source, installed=True)
@@ -101,10 +102,35 @@ def _recorded(path: Path, recorded: CodeFingerprint | None) -> SourceTree:
     return SourceTree(path.name, unknown=True)
 
 
+def checkout_top(path: str) -> Path | None:
+    """The top folder of the git checkout whose tracked files include `path`'s, else None."""
+    folder = Path(path)
+    if not folder.is_dir() or git_state(folder)[0] is None or not _tracked(folder):
+        return None
+    return _git_top(folder)
+
+
 @cache
 def _git_top(path: Path) -> Path | None:
     top = _git(path, "rev-parse", "--show-toplevel")
     return Path(top).resolve() if top else None
+
+
+@cache
+def _remote(top: Path) -> str:
+    """The checkout's `origin` as a URI others can reach, credentials left out; "" when there is
+    none or it is a folder of this machine. An scp-like `git@host:owner/repo` is written as the
+    `ssh://` URI it stands for."""
+    url = _git(top, "remote", "get-url", "origin")
+    scheme, sep, rest = url.partition("://")
+    if sep:
+        authority, slash, path = rest.partition("/")
+        local = scheme == "file" or not authority
+        return "" if local else f"{scheme}://{authority.rpartition('@')[2]}{slash}{path}"
+    host, colon, path = url.partition(":")
+    if colon and len(host) > 1 and "/" not in host and path:
+        return f"ssh://{host}/{path.lstrip('/')}"
+    return ""
 
 
 @cache

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +14,11 @@ import pytest
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.backends.sim.timing import Profile
 from overlapcheck.cli import main
+from overlapcheck.core.sites import Location
 from overlapcheck.formats import counterexample
 from overlapcheck.formats.sarif import sarif_log
 from overlapcheck.harness.runner import run_scenario
+from overlapcheck.invariants.base import Violation
 from overlapcheck.scenarios.loader import scenario_from_dict
 from tests.test_locations import EARLY_FREE, ROOT
 
@@ -97,3 +100,55 @@ def test_every_rule_states_its_property() -> None:
     for invariant in INVARIANTS:
         text = _rule(invariant)["shortDescription"]["text"]
         assert text != invariant and len(text.split()) >= 6 and text.endswith((".", ".)")), text
+
+
+def test_each_root_is_described_as_upstream_knows_it() -> None:
+    """The folder on this machine for a viewer here, and the tree by name and commit for anyone."""
+    result = run_scenario(scenario_from_dict(EARLY_FREE), SimBackend())
+    base = valid(sarif_log(result.violations[:1]))["runs"][0]["originalUriBaseIds"]["ROOT0"]
+    text = base["description"]["text"]
+    assert text.startswith("Paths are relative to ") and "overlapcheck" in text
+    assert str(ROOT) not in text
+
+
+def _git(cwd: Path, *args: str) -> str:
+    done = subprocess.run(
+        ["git", "-C", str(cwd), *args], capture_output=True, text=True, check=True
+    )
+    return done.stdout.strip()
+
+
+def test_a_checkout_with_a_remote_is_mapped_to_its_commit(tmp_path: Path) -> None:
+    """A root inside a checkout is given relative to the checkout's top, which
+    `versionControlProvenance` ties to the remote (credentials left out) and the commit."""
+    top = tmp_path / "engine"
+    (top / "python" / "sched").mkdir(parents=True)
+    (top / "python" / "sched" / "loop.py").write_text("x = 1\n")
+    _git(tmp_path, "init", "-q", str(top))
+    _git(top, "add", ".")
+    _git(top, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one")
+    _git(top, "remote", "add", "origin", "https://someone:secret@example.com/team/engine.git")
+    where = Location("write", "sched/loop.py", 1, "step", str(top / "python"))
+    finding = Violation("no-race", 3, 0.0, (1,), "a race", locations=(where,))
+    run = valid(sarif_log([finding]))["runs"][0]
+    (provenance,) = run["versionControlProvenance"]
+    assert provenance == {
+        "repositoryUri": "https://example.com/team/engine.git",
+        "revisionId": _git(top, "rev-parse", "HEAD"),
+        "mappedTo": {"uriBaseId": "REPO0"},
+    }
+    bases = run["originalUriBaseIds"]
+    assert bases["ROOT0"]["uri"] == "python/" and bases["ROOT0"]["uriBaseId"] == "REPO0"
+    assert bases["REPO0"]["uri"] == top.resolve().as_uri() + "/"
+    assert "secret" not in json.dumps(run)
+
+
+def test_a_checkout_without_a_remote_has_no_provenance(tmp_path: Path) -> None:
+    (tmp_path / "loop.py").write_text("x = 1\n")
+    _git(tmp_path, "init", "-q")
+    _git(tmp_path, "add", ".")
+    _git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one")
+    where = Location("write", "loop.py", 1, "step", str(tmp_path))
+    run = valid(sarif_log([Violation("no-race", 3, 0.0, (1,), "a race", locations=(where,))]))
+    assert "versionControlProvenance" not in run["runs"][0]
+    assert "commit `" in run["runs"][0]["originalUriBaseIds"]["ROOT0"]["description"]["text"]

@@ -4,7 +4,9 @@ inside overlapcheck is a bug of ours (`CheckerBug`, exit 3 with the input saved)
 The traceback decides: walking from where the exception was raised outwards, the first frame in
 code that belongs to somebody (the scheduler's files, or overlapcheck's own: `core/owners.py`)
 owns it. Library frames (the standard library, site-packages: numpy raising an IndexError for the
-scheduler's bad index) belong to whoever called them.
+scheduler's bad index) belong to whoever called them, and so do overlapcheck's frames for an
+exception marked as the program's own (`core.errors.program_error`: a torch op of the program's
+that fails by itself, raised inside the simulated CUDA's dispatch).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from overlapcheck.core.errors import CheckerError, UserError
+from overlapcheck.core.errors import CheckerError, UserError, program_error
 from overlapcheck.core.owners import owner, runs_the_scheduler
 from overlapcheck.core.sites import Location
 from overlapcheck.invariants.base import Violation
@@ -65,9 +67,11 @@ def crash_violation(error: BaseException, step: int, now: float) -> Violation | 
     name = remote.type_name if remote is not None else type(error).__name__
     text = remote.text if remote is not None else str(error).splitlines()[0] if str(error) else ""
     rank = [note for note in getattr(error, "__notes__", ()) if note.startswith("(on rank ")]
+    # (the program's own error on its way out through overlapcheck's code: past our frames)
+    passing = program_error(error)
     for frame in reversed(frames):
         whose = owner(Path(frame.filename).resolve())
-        if whose == "library":
+        if whose == "library" or (whose == "checker" and passing):
             continue
         if whose == "checker":
             return None

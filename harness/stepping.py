@@ -9,7 +9,7 @@ from collections.abc import Callable
 from contextlib import suppress
 from typing import Any, Literal, NamedTuple, Protocol
 
-from overlapcheck.core.errors import InvariantError, UserError
+from overlapcheck.core.errors import DeviceFault, InvariantError, UserError
 from overlapcheck.core.expected import Expected
 from overlapcheck.core.messages import AbortMsg, InMsg, OutMsg, TokenMsg, UserMsg
 from overlapcheck.core.protocol import MessageSource, SchedulerUnderTest
@@ -24,6 +24,7 @@ from overlapcheck.harness.crash import (
 from overlapcheck.harness.watchdog import RemoteHung, StepHung, Watchdog
 from overlapcheck.invariants.base import Invariant, InvariantViolated, Violation
 from overlapcheck.invariants.context import Request, RunContext, TracePrefix
+from overlapcheck.invariants.locations import locations, op_location
 from overlapcheck.invariants.registry import INVARIANTS
 
 
@@ -163,6 +164,17 @@ class Checks:
                 method(msg, req)
             except InvariantViolated as err:
                 self.record(err.violation)
+
+    def before_crash(self) -> bool:
+        """The checks of the trace so far (`on_ops`), where the run ends with an exception: a
+        race or a read of never-written memory behind it is the cause to report. True if one
+        stopped the run."""
+        for inv in _overriding(self.checks, Invariant.on_ops):
+            try:
+                inv.on_ops()
+            except InvariantViolated as err:
+                record_quietly(self, err.violation)
+        return self.stopped is not None
 
     def judges(self, invariant: str) -> bool:
         """False for a registered invariant that this run does not check (skipped): a finding
@@ -323,6 +335,17 @@ def _steps(
         return True
     except InvariantViolated:
         return False  # recorded already
+    except DeviceFault as fault:  # a kernel of the program's failed on the simulated device
+        if checks.before_crash() or not checks.judges(fault.invariant):
+            return False
+        while not fault.ops and isinstance(fault.__cause__, DeviceFault):
+            fault = fault.__cause__  # SimPy raises a copy made of the args, the original its cause
+        uids = tuple(sorted({uid for op in fault.ops for uid in op.uids}))
+        at = locations(*(op_location("launch", op) for op in fault.ops))
+        record_quietly(
+            checks,
+            Violation("no-crash", ctx.step, ctx.now(), uids, fault.detail, fault.details, at),
+        )
     except InvariantError as err:  # the scheduler's own integrity checks, or a device deadlock
         if not checks.judges(err.invariant):
             return False  # a check the user skipped (`--skip liveness`): the run ends unjudged
@@ -338,6 +361,8 @@ def _steps(
             raise StepHung from err
         if checks.stopped is not None:
             return False  # an exception after a violation unwound the scheduler: it stands
+        if checks.before_crash():
+            return False  # a race or a never-written read came first: the cause
         violation = crash_violation(err, ctx.step, ctx.now())
         if violation is None:
             raise CheckerBug(err, ctx.scenario) from err

@@ -46,6 +46,12 @@ from overlapcheck.backends.torchsim.memory import (
 from overlapcheck.backends.torchsim.schema import OpInfo, op_info
 from overlapcheck.backends.torchsim.streams import SimStream, StreamRuntime
 from overlapcheck.backends.torchsim.tensor import SimTensor, SimulatedCudaError
+from overlapcheck.core.errors import (
+    DeviceFault,
+    InvariantError,
+    OverlapcheckError,
+    mark_program_error,
+)
 from overlapcheck.core.sites import Site, site_of
 from overlapcheck.core.trace import Access, Allocation, Op
 
@@ -126,6 +132,33 @@ def origin() -> tuple[str, str, Site | None]:
             return here, function, (code, frame.f_lasti) if own else site_of(frame)
         frame = frame.f_back
     return "?", "tensor", None
+
+
+def _issued_by_program() -> bool:
+    """Whether the innermost frame of the program's on the stack is the scheduler's own code
+    (not an adapter's stand-in that the program's call runs through)."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        name = _program_file(frame.f_code.co_filename)
+        if name is not None:
+            return _label(frame, name)[2]
+        frame = frame.f_back
+    return False
+
+
+def _fault(op: Op, err: Exception) -> DeviceFault:
+    """A stream op that failed when it ran, on what memory held then: the program's crash (it
+    succeeded on the values the program wrote in its own order when it was issued)."""
+    text = str(err).splitlines()[0] if str(err) else type(err).__name__
+    where = op.label or op.kind
+    return DeviceFault(
+        f"`{where}` failed on the device ({op.agent}) with what its memory held when it ran: "
+        f"{type(err).__name__}: {text} (on a GPU a device-side fault: `CUDA error` at the next "
+        "synchronisation); the same kernel succeeds on the values the program wrote in its "
+        "own order, so the memory it read was not yet, or no longer, what the program meant",
+        (op,),
+        {"type": type(err).__name__, "exception": text, "op": op.seq, "label": where},
+    )
 
 
 def _is_cuda(device: Any) -> bool:
@@ -277,6 +310,25 @@ class Interceptor:
         """`Tensor.record_stream`: the device allocator holds its block back for `stream`."""
         if isinstance(tensor, SimTensor) and isinstance(stream, SimStream):
             self.device_memory.record_stream(tensor.buffer, stream)
+
+    def fails_alone(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """Whether an op that raised inside the simulation fails by itself: run as torch runs it
+        on the program's values (the logical copies, on the host), outside the simulation. Only
+        an op the scheduler's own code issued counts (one of an adapter's stand-ins that fails
+        there may be a bug of overlapcheck's: that stays ours). The run ends either way."""
+        if not _issued_by_program():
+            return False
+        host_kwargs = dict(kwargs)
+        if _is_cuda(host_kwargs.get("device")):
+            host_kwargs["device"] = "cpu"
+        host_kwargs.pop("pin_memory", None)
+        with plain():
+            try:
+                largs, lkwargs = _map(self.logical, args, host_kwargs)
+                func(*largs, **lkwargs)
+            except Exception:
+                return True
+        return False
 
     def dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if self.device_memory.dead:  # frees since the last call: a safe point to see them
@@ -696,7 +748,10 @@ class Interceptor:
                     return x
 
                 pargs, pkwargs = _map(phys, held_args, held_kwargs)
-                pout = func(*pargs, **pkwargs)
+                try:
+                    pout = func(*pargs, **pkwargs)
+                except Exception as err:  # (it ran on the program's values when issued)
+                    raise _fault(op, err) from err
 
             def end() -> None:
                 with plain():
@@ -976,7 +1031,14 @@ class DispatchMode(TorchDispatchMode):
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
     ) -> Any:
-        return self.interceptor.dispatch(func, args, kwargs or {})
+        try:
+            return self.interceptor.dispatch(func, args, kwargs or {})
+        except (OverlapcheckError, InvariantError):
+            raise
+        except Exception as err:
+            if self.interceptor.fails_alone(func, args, kwargs or {}):
+                mark_program_error(err)
+            raise
 
 
 def pinning(factory: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:

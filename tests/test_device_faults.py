@@ -1,0 +1,142 @@
+"""A torch op of the program's that fails under the simulated CUDA is the program's crash, never
+a bug of overlapcheck's: one that fails by itself at its call (an index out of range) is
+`no-crash` at the program's line; one that fails only when it runs, on what memory held then (a
+copy not yet landed), is reported by its cause (`no-race`) first, else as a device fault at its
+launch. An exception of overlapcheck's own inside the dispatch stays ours."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from overlapcheck.backends.sim.backend import SimBackend  # noqa: E402
+from overlapcheck.backends.torchsim import dispatch  # noqa: E402
+from overlapcheck.core.config import SchedulerConfig  # noqa: E402
+from overlapcheck.core.scenario import Scenario  # noqa: E402
+from overlapcheck.harness.crash import CheckerBug  # noqa: E402
+from overlapcheck.harness.runner import run_scenario  # noqa: E402
+from overlapcheck.invariants.registry import INVARIANTS  # noqa: E402
+
+# The scheduler, as a file of its own outside overlapcheck (its frames are the program's): one
+# step runs one of its programs (by `kind`) under the simulated CUDA and ends the run.
+SCHEDULER = """
+import torch
+
+from overlapcheck.backends.torchsim.session import SimulatedCuda
+
+
+def out_of_range(cuda):
+    pool = torch.zeros(4, device="cuda")
+    index = torch.tensor([9], device="cuda")
+    pool[index] = 1.0  # OUT OF RANGE
+
+
+def unordered(cuda, wait):
+    engine, scheduler = torch.cuda.Stream(), torch.cuda.Stream()
+    torch.cuda.set_stream(scheduler)
+    pool = torch.zeros(4, device="cuda")
+    index = torch.full((1,), 1000, device="cuda")  # a stale value, out of the pool's range
+    scheduler.synchronize()
+    index.copy_(torch.tensor([1]).pin_memory(), non_blocking=True)
+    if wait:
+        engine.wait_stream(scheduler)
+    with torch.cuda.stream(engine):
+        pool[index] = 2.0  # READ BEFORE LANDED
+
+
+class Scheduler:
+    def __init__(self, config, device, source, sink, kind):
+        self.cuda = SimulatedCuda(device, ("engine", "scheduler"))
+        self.kind = kind
+
+    def step(self):
+        with self.cuda, torch.inference_mode():
+            if self.kind == "out-of-range":
+                out_of_range(self.cuda)
+            else:
+                unordered(self.cuda, wait=self.kind == "ordered")
+            self.cuda.drain()
+        return False
+"""
+
+
+@pytest.fixture(scope="module")
+def scheduler(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
+    path = tmp_path_factory.mktemp("user") / "faulty_scheduler.py"
+    path.write_text(SCHEDULER)
+    spec = importlib.util.spec_from_file_location("faulty_scheduler", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module, path
+
+
+def _line(marker: str) -> int:
+    return next(i for i, text in enumerate(SCHEDULER.splitlines(), 1) if marker in text)
+
+
+def _run(scheduler: tuple[Any, Path], kind: str, skip: tuple[str, ...] = ()) -> Any:
+    module = scheduler[0]
+
+    def factory(config: Any, device: Any, source: Any, sink: Any) -> Any:
+        return module.Scheduler(config, device, source, sink, kind)
+
+    scenario = Scenario("fault", SchedulerConfig(), ())
+    checks = [i for i in INVARIANTS if i not in skip] if skip else None
+    return run_scenario(scenario, SimBackend(), checks, scheduler=factory, keep_going=True)
+
+
+def test_an_op_that_fails_at_its_call_is_the_programs_crash_at_its_line(
+    scheduler: tuple[Any, Path],
+) -> None:
+    result = _run(scheduler, "out-of-range")
+    (crash,) = [v for v in result.violations if v.invariant == "no-crash"]
+    assert "IndexError" in crash.message and "out of bounds" in crash.message
+    (where,) = crash.locations
+    assert (where.file, where.line) == ("faulty_scheduler.py", _line("OUT OF RANGE"))
+
+
+def test_an_error_of_overlapcheck_inside_the_dispatch_stays_ours(
+    scheduler: tuple[Any, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same call, now failing in the interceptor though torch runs it fine: a bug of ours."""
+    real = dispatch.Interceptor._kernel
+
+    def broken(self: Any, func: Any, *rest: Any, **kw: Any) -> Any:
+        if "index_put" in str(func):
+            raise IndexError("a bug in the interceptor")
+        return real(self, func, *rest, **kw)
+
+    monkeypatch.setattr(dispatch.Interceptor, "_kernel", broken)
+    with pytest.raises(CheckerBug, match="a bug in the interceptor"):
+        _run(scheduler, "ordered")
+
+
+def test_a_kernel_that_reads_a_copy_not_yet_landed_is_reported_by_its_race(
+    scheduler: tuple[Any, Path],
+) -> None:
+    result = _run(scheduler, "unordered")
+    assert result.violations and result.violations[0].invariant in ("no-race", "no-uninit-read")
+    assert all(v.invariant != "no-crash" for v in result.violations[:1])
+
+
+def test_without_the_race_checks_it_is_a_device_fault_at_its_launch(
+    scheduler: tuple[Any, Path],
+) -> None:
+    result = _run(scheduler, "unordered", skip=("no-race", "no-uninit-read"))
+    (crash,) = [v for v in result.violations if v.invariant == "no-crash"]
+    assert "failed on the device (engine)" in crash.message and "IndexError" in crash.message
+    assert crash.details["type"] == "IndexError"
+    (where,) = crash.locations
+    assert (where.file, where.line) == ("faulty_scheduler.py", _line("READ BEFORE LANDED"))
+    assert (where.role, where.agent) == ("launch", "engine")
+
+
+def test_ordered_the_same_program_is_clean(scheduler: tuple[Any, Path]) -> None:
+    result = _run(scheduler, "ordered")
+    assert not [v for v in result.violations if v.invariant in ("no-crash", "no-race")]

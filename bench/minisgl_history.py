@@ -107,7 +107,7 @@ HISTORY = (
     ),
 )
 
-_FOUND = re.compile(
+SEARCH_FOUND = re.compile(
     r"found after (\d+) examples, (\d+) scheduler iterations simulated, ([\d.]+) s; "
     r"shrunk to (\d+) request\(s\), (\d+) iterations"
 )
@@ -158,7 +158,7 @@ def measure(repo: Path, fix: Fix, budget: int, seed: int) -> Outcome:
         said = overlapcheck([*search, "--seed", str(seed), "--out", "out", *skips], before, work)
         seconds = time.monotonic() - started
         violation = next((ln for ln in said.splitlines() if ln.startswith("VIOLATION")), "")
-        shape = _FOUND.search(said)
+        shape = SEARCH_FOUND.search(said)
         files = sorted(p for p in (work / "out").glob("*.json") if "unshrunk" not in p.name)
         if not violation or not files:
             last = said.strip().splitlines()[-1] if said.strip() else "nothing printed"

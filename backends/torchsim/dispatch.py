@@ -325,6 +325,9 @@ class Interceptor:
         with plain():
             try:
                 largs, lkwargs = _map(self.logical, args, host_kwargs)
+            except Exception:
+                return False  # not even its values could be read: ours
+            try:
                 func(*largs, **lkwargs)
             except Exception:
                 return True

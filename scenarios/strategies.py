@@ -27,6 +27,7 @@ from overlapcheck.scenarios.pressure import (
     preempts,
     under_concurrent_pressure,
 )
+from overlapcheck.scenarios.rows import at_row_end
 from overlapcheck.scenarios.speculative import speculating
 from overlapcheck.scenarios.windows import AnchorDraw, linked, maybe_anchor
 
@@ -46,6 +47,9 @@ SPECULATION_ONE_IN = 4  # speculative decoding on (draft_tokens > 0) in one gene
 # sparse ones, so that a batch is padded by several dummy rows.
 GRAPHS_ONE_IN = 3
 GRAPH_SIZES = ((1, 2, 4, 8), (4,), (2, 8), (1, 2, 4))
+# Requests at the end of their row, some sent again (`rows.at_row_end`), in one generated
+# scenario in ROW_END_ONE_IN, of whichever kind it drew.
+ROW_END_ONE_IN = 4
 
 
 def speculative(faults: frozenset[str]) -> bool:
@@ -237,6 +241,9 @@ def generated_scenarios(
     # NOTE: drawn after everything else, for the same reason; schedulers without graphs ignore it
     if rarely(draw, GRAPHS_ONE_IN):
         config = replace(config, cuda_graph_bs=draw(st.sampled_from(GRAPH_SIZES)))
+    # NOTE: drawn last of all: shrinking the gate to 0 lands on the example drawn before it.
+    if rarely(draw, ROW_END_ONE_IN):
+        config, reqs = draw(at_row_end(config, reqs))
     return Scenario("generated", config, reqs, eos_probability=eos_probability)
 
 

@@ -22,6 +22,7 @@ from overlapcheck.core.scenario import RequestSpec, Scenario
 from overlapcheck.harness.runner import RunResult, run_scenario
 from overlapcheck.reference.cache.radix import RadixCache, RadixNode
 from overlapcheck.scenarios.loader import ScenarioError, scenario_from_dict
+from overlapcheck.scenarios.rows import ROW_ROOM, at_row_end
 from overlapcheck.scenarios.strategies import (
     PRESSURE_EIGHTHS,
     configs,
@@ -93,6 +94,21 @@ def pressured(scenario: Scenario) -> bool:
     )
 
 
+def resent_at_row_end(scenario: Scenario) -> bool:
+    """A prompt within 4 tokens of its row's end (the row as vLLM serves it too: at most what the
+    pool holds), sent again once the first was served, on a prefix cache, with a page holding
+    only the prompt's last token: the second is admitted needing that one token."""
+    cfg = scenario.config
+    row = min(cfg.max_seq_len, cfg.num_pages * cfg.page_size)
+    return cfg.cache == "radix" and any(
+        r.arrival_after is not None
+        and scenario.requests[r.arrival_after.request].prompt == r.prompt
+        and len(r.prompt) >= row - 4
+        and (len(r.prompt) - 1) % cfg.page_size == 0
+        for r in scenario.requests
+    )
+
+
 KINDS: dict[str, Callable[[Scenario], bool]] = {
     # More requests than a plain workload holds (5): only a tree has up to 8.
     "conversation-tree": lambda s: len(s.requests) > 5 and branches(s),
@@ -104,6 +120,7 @@ KINDS: dict[str, Callable[[Scenario], bool]] = {
     "model-eos": lambda s: s.eos_probability > 0,
     "big-shape": lambda s: s.config.num_slots > 4 and s.config.max_seq_len == 256,
     "memory-pressure": pressured,
+    "resent-at-row-end": resent_at_row_end,
 }
 
 
@@ -119,6 +136,25 @@ def test_the_smallest_draw_is_the_quiet_case() -> None:
     assert spec == RequestSpec(0, spec.prompt, max_tokens=1)
     assert quiet.eos_probability == 0 and quiet.config.max_seq_len == 48
     assert quiet.config.num_slots == 1
+
+
+def test_requests_at_the_row_end_shrink_to_the_workload_as_drawn() -> None:
+    config = SchedulerConfig(page_size=2, num_pages=8, max_seq_len=48, cache="naive")
+    reqs = (
+        RequestSpec(0, (5, 6, 7), max_tokens=3),
+        RequestSpec(1, (8, 9), max_tokens=8),
+        RequestSpec(2, (10,), max_tokens=2, after=1),  # a follow-up: it and its turn stay
+    )
+    shrink = settings(FIND, phases=[Phase.generate, Phase.shrink])
+    assert find(at_row_end(config, reqs), lambda _: True, settings=shrink) == (config, reqs)
+    cfg, out = find(at_row_end(config, reqs), lambda drawn: len(drawn[1]) > 3, settings=shrink)
+    first, resent = out[0], out[3]  # the one request that may stretch, and it sent again
+    assert out[1:3] == reqs[1:]
+    assert 48 - ROW_ROOM <= len(first.prompt) < 48 and len(first.prompt) + first.max_tokens <= 48
+    assert first.prompt[:3] == (5, 6, 7) and first.max_tokens == 1
+    assert resent.prompt == first.prompt and resent.arrival_after is not None
+    assert resent.arrival_after.request == 0 and resent.uid not in (0, 1, 2)
+    assert cfg == replace(config, cache="radix", num_pages=24)  # what the stretched one needs
 
 
 def test_conversation_trees_split_prefixes_that_live_requests_hold_locked(

@@ -83,7 +83,7 @@ class VllmScheduler(UpstreamScheduler):
                 self.cuda,
                 device.model,
                 config.num_slots,
-                config.max_seq_len,
+                b.max_model_len,  # vLLM's, not ours: the pool may cap it (configs.build)
                 b.block_size,
                 b.num_blocks,
                 b.drafts,

@@ -66,6 +66,7 @@ class Built:
     kv_cache_config: Any
     block_size: int
     num_blocks: int  # null block included
+    max_model_len: int  # at most what the pool holds (see `build`): the runner's row width
     max_num_seqs: int
     drafts: int
     batch_queue: int  # EngineCore's batch queue size: vLLM's `max_concurrent_batches`
@@ -175,7 +176,9 @@ def _build(loaded: Loaded, key: tuple[Any, ...]) -> Built:
     )
     loaded["vllm.v1.core.single_type_kv_cache_manager"].register_all_kvcache_specs(vllm_config)
     queue = vllm_config.max_concurrent_batches
-    return Built(vllm_config, kv_cache_config, block_size, num_blocks, seqs, drafts, queue)
+    return Built(
+        vllm_config, kv_cache_config, block_size, num_blocks, max_len, seqs, drafts, queue
+    )
 
 
 def _model_folder(vocab: int) -> Path:

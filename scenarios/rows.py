@@ -5,9 +5,10 @@ Plain prompts are at most 28 tokens of a 48-token row, so what happens at a leng
 (the last position a row holds, a page or a lookahead of drafts that would pass it, a request
 admitted one token from its end because all but its last token is cached, a request preempted
 near its end and resumed) is rarely reached. `at_row_end` takes a drawn workload of any kind and
-stretches some of its prompts to a few tokens short of the row, their outputs up to its end, and
-sends some of its requests again (a client's retry: the same prompt, arriving at a lifecycle
-point of the first), in a pool raised to hold the longest: a tight one where the workload's was.
+stretches most of its prompts to a few tokens short of the row, their outputs up to its end, and
+sends some of those requests again (a client's retry: the same prompt, arriving at a lifecycle
+point of the first, on the prefix cache), in a pool raised to hold the longest: a tight one
+where the workload's was.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ tests with them (see docs/scenarios.md).
 
 Everything shrinks toward a small, quiet case: one request, no sharing, no conversation tree, no
 memory pressure, no abort, arrival at 0, no follow-up, no reused uid, no anchored message, short
-output, no model EOS, the small shape, nominal timing.
+output, no model EOS, the small shape, no request at its row's end, nominal timing.
 """
 
 from __future__ import annotations

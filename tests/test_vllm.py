@@ -283,6 +283,7 @@ FOUND_UPSTREAM = {
     "max-tokens-extra-step": "work-bound",
     "preempt-stale-output": "oracle",
     "rejected-drafts-placeholders": "oracle",
+    "spec-pad-past-max-model-len": "no-crash",
 }
 
 

@@ -176,9 +176,7 @@ def _build(loaded: Loaded, key: tuple[Any, ...]) -> Built:
     )
     loaded["vllm.v1.core.single_type_kv_cache_manager"].register_all_kvcache_specs(vllm_config)
     queue = vllm_config.max_concurrent_batches
-    return Built(
-        vllm_config, kv_cache_config, block_size, num_blocks, max_len, seqs, drafts, queue
-    )
+    return Built(vllm_config, kv_cache_config, block_size, num_blocks, max_len, seqs, drafts, queue)
 
 
 def _model_folder(vocab: int) -> Path:

@@ -68,7 +68,9 @@ def test_the_passes_end_at_their_run_bound_or_when_told() -> None:
 
 def test_a_generated_failure_goes_to_the_passes_after_the_examples_hypothesis_may_shrink() -> None:
     spec = SearchSpec(faults=frozenset(["free-slot-early"]), budget=3600, seed=0)
-    for examples in (0, 8):
+    # Seed 0's first failure has 4 requests: the passes alone take it to 3, after 8 examples
+    # Hypothesis may shrink to 2 (the generator's stream decides which example that is).
+    for examples, most in ((0, 3), (8, 2)):
         result = search(replace(spec, shrink_examples=examples))
         stats = result.stats
         assert result.found is not None and result.cut is None
@@ -77,4 +79,4 @@ def test_a_generated_failure_goes_to_the_passes_after_the_examples_hypothesis_ma
         assert stats.examples - stats.examples_to_failure == max(1, examples)
         assert 0 < stats.reduce_runs <= spec.reduce_runs
         assert result.found.result.violations[0].invariant == "slot-not-in-flight"
-        assert len(result.found.result.scenario.requests) <= 2
+        assert len(result.found.result.scenario.requests) <= most

@@ -21,7 +21,7 @@ from overlapcheck.harness.crash import (
     crash_violation,
     hang_violation,
 )
-from overlapcheck.harness.watchdog import RemoteHung, StepHung, Watchdog
+from overlapcheck.harness.watchdog import DeadlineReached, RemoteHung, StepHung, Watchdog
 from overlapcheck.invariants.base import Invariant, InvariantViolated, Violation
 from overlapcheck.invariants.context import Request, RunContext, TracePrefix
 from overlapcheck.invariants.locations import locations, op_location
@@ -359,6 +359,8 @@ def _steps(
     except Exception as err:
         if dog.hung:  # the scheduler turned the watchdog's exception into one of its own
             raise StepHung from err
+        if dog.deadline_raised:  # the same with the search's deadline: the example is unjudged
+            raise DeadlineReached from err
         if checks.stopped is not None:
             return False  # an exception after a violation unwound the scheduler: it stands
         if checks.before_crash():

@@ -66,6 +66,9 @@ class Watchdog:
         self._old_handler: Any = None
         self._old_timer = (0.0, 0.0)
         self.began: tuple[int, int, int, float] = (0, 0, 0, 0.0)
+        # The deadline was raised into a step: an exception of the scheduler's own that comes
+        # out of that step may be it, converted (SGLang's Rust tree core: a panic).
+        self.deadline_raised = False
 
     @property
     def active(self) -> bool:
@@ -137,6 +140,7 @@ class Watchdog:
         if not self._inside or self._limit() > 0:
             return None
         if self.deadline is not None and time.monotonic() >= self.deadline and not self.hung:
+            self.deadline_raised = True
             return DeadlineReached
         if self.stack is None:
             self.stack = traceback.extract_stack(frame)

@@ -31,6 +31,11 @@ DRAWN_MODES: tuple[PreemptionKind, ...] = ("none", "recompute", "swap")
 # EOS_ONE_IN stops at a scripted EOS: both end requests before they outgrow the pool.
 ABORT_ONE_IN = 6
 EOS_ONE_IN = 4
+# One request in IGNORE_EOS_ONE_IN of a concurrent workload ignores EOS: the others may stop at a
+# model EOS (`pressure_eos`), an end no scheduler can see coming.
+IGNORE_EOS_ONE_IN = 4
+# A concurrent workload with no model EOS drawn otherwise gets one of these (shrinks to none).
+PRESSURE_EOS = (0.0, 0.05, 0.1, 0.2)
 
 
 def preempts(faults: frozenset[str]) -> bool:
@@ -105,7 +110,7 @@ def _concurrent_request(
         prompt,
         max_tokens=max_tokens,
         arrival=draw(st.integers(0, 20)) * US,
-        ignore_eos=draw(st.booleans()),
+        ignore_eos=rarely(draw, IGNORE_EOS_ONE_IN),
         continuation=continuation,
         abort_at=abort_at,
         abort_iteration=abort_iteration,
@@ -142,3 +147,13 @@ def under_concurrent_pressure(
     reqs = draw(concurrent_workloads(config))
     low, high = (concurrent_pool(config, reqs, k) for k in CONCURRENT_EIGHTHS)
     return replace(config, num_pages=draw(st.integers(low, high))), reqs
+
+
+def pressure_eos() -> st.SearchStrategy[float]:
+    """A model EOS probability for a workload under concurrent pressure (shrinks to 0). A
+    scheduler preempts with a step in flight: a request it preempts may be one whose in-flight
+    token ends it. A finish by length it can see coming (and may leave out of the preemption);
+    one at an EOS it cannot, so the preempted request's in-flight result must be dropped or
+    finished once (SGLang #1860). Scripted EOS positions (`EOS_ONE_IN`) land early, before the
+    pool is outgrown; a per-token EOS meets every preemption with that chance."""
+    return st.sampled_from(PRESSURE_EOS)

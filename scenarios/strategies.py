@@ -25,6 +25,7 @@ from overlapcheck.scenarios.pressure import (
     CONCURRENT_IN_EIGHTHS,
     preemption_modes,
     preempts,
+    pressure_eos,
     under_concurrent_pressure,
 )
 from overlapcheck.scenarios.rows import at_row_end
@@ -226,14 +227,18 @@ def generated_scenarios(
 ) -> Scenario:
     config = draw(configs(faults, policy))
     reqs = draw(workloads(max_seq_len=config.max_seq_len))
+    concurrent = False
     if rarely(draw, PRESSURE_ONE_IN):
         # NOTE: drawn after the plain workload, as a tree is: shrinking the gate to 0 lands on
         # the example that workload already is.
         config, reqs = draw(under_pressure(config))
     elif preempts(faults) or often(draw, CONCURRENT_IN_EIGHTHS):
         config, reqs = draw(under_concurrent_pressure(config))
+        concurrent = True
     config = draw(preemption_modes(config, faults))
     eos_probability = draw(st.sampled_from((0.0, 0.02, 0.1, 0.3))) if rarely(draw, 3) else 0.0
+    if concurrent and not eos_probability:  # (a draw only there: see `pressure_eos`)
+        eos_probability = draw(pressure_eos())
     # NOTE: drawn last, as the other kinds: shrinking the gate to 0 keeps the rest of the example.
     if rarely(draw, SPECULATION_ONE_IN) or speculative(faults):
         config, reqs = draw(speculating(config, reqs))

@@ -18,7 +18,8 @@ RESULTS = "managers/scheduler_components/batch_result_processor.py"
 TREE = "mem_cache/unified_radix_cache.py"
 
 # Finding 1 (docs/sglang.md): an ignore_eos request clamped to its KV budget keeps the reserve
-# PrefillAdder wants, or it is never admitted.
+# PrefillAdder wants, or it is never admitted; and a page's rounding, or once retracted it is
+# never admitted again (its prompt and outputs, prefilled again, take pages rounded up).
 BASE: list[Edit] = [
     (
         SCHEDULER,
@@ -29,7 +30,9 @@ BASE: list[Edit] = [
         SCHEDULER,
         "        req.sampling_params.max_new_tokens = max(0, max_new_tokens)\n",
         "        elif req.sampling_params.ignore_eos:\n"
-        "            max_new_tokens = max(0, max_new_tokens - IGNORE_EOS_RESERVE_TOKENS)\n"
+        "            max_new_tokens = max(\n"
+        "                0, max_new_tokens - IGNORE_EOS_RESERVE_TOKENS - (self.page_size - 1)\n"
+        "            )\n"
         "        req.sampling_params.max_new_tokens = max(0, max_new_tokens)\n",
     ),
 ]

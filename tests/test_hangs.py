@@ -36,6 +36,11 @@ class Hangs(MinimalScheduler):
             return super().step()
         if self.how == "sleep":
             time.sleep(3600)
+        if self.how == "convert":  # as a Rust extension turns an exception in a callback
+            try:
+                time.sleep(3600)
+            except BaseException as err:
+                raise RuntimeError(f"panicked: {err!r}") from None
         while self.how == "loop":
             pass
         try:
@@ -51,6 +56,10 @@ class Sleeps(Hangs):
 
 class Swallows(Hangs):
     how = "swallow"
+
+
+class Converts(Hangs):
+    how = "convert"
 """
 
 # The minimal scheduler, polling copy-done instead of blocking on it.
@@ -132,6 +141,16 @@ def test_the_deadline_stops_a_step_and_the_search_ends_at_its_budget(plugins: Pa
             named_scenario("basic"),
             SimBackend(),
             scheduler=spec.factory(),
+            hang_timeout=0,
+            deadline=time.monotonic() + 0.2,
+        )
+    # A scheduler that turns the deadline's exception into one of its own: still the deadline,
+    # not a crash of the scheduler (SGLang's Rust tree core panics on it).
+    with pytest.raises(DeadlineReached):
+        run_scenario(
+            named_scenario("basic"),
+            SimBackend(),
+            scheduler=SchedulerSpec(f"{plugins / 'hangs.py'}:Converts").factory(),
             hang_timeout=0,
             deadline=time.monotonic() + 0.2,
         )

@@ -156,17 +156,59 @@ def test_a_uid_used_again_is_a_new_request_for_the_transport(
     assert "SGLang: Input length (2 tokens) exceeds" in found[0][1], found
 
 
+def test_a_uid_used_again_while_its_last_batch_runs_is_a_request_of_its_own(
+    snapshot: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A uid aborted, then sent again twice, each as soon as the one before finished: each is a
+    request with an id of its own (the abort is not SGLang's for the next one, which its
+    prefix match on ids would take), and the books list the old one's row and pages beside the
+    new one while its last batch runs (found as `pages-conserved`, page 0 "lost", by a search of
+    the tree without bugs)."""
+    from overlapcheck.adapters.sglang import make_scheduler
+    from overlapcheck.backends.sim.backend import SimBackend
+    from overlapcheck.core.scenario import Anchor, RequestSpec, Scenario
+    from overlapcheck.harness.runner import run_scenario
+    from overlapcheck.scenarios.named import named_scenario
+
+    monkeypatch.setenv(ENV, str(snapshot))
+    reqs = (
+        RequestSpec(0, (3,), max_tokens=1, abort_iteration=1),
+        RequestSpec(0, (4,), max_tokens=1, arrival_after=Anchor(0, "finished")),
+        RequestSpec(0, (4,), max_tokens=1, arrival_after=Anchor(1, "finished")),
+    )
+    config = named_scenario("basic").config
+    scenario = Scenario("generated", config, reqs).with_config(
+        num_slots=1, num_pages=4, page_size=2, cache="naive", loop="overlap"
+    )
+    run = run_scenario(scenario, SimBackend(), scheduler=make_scheduler, keep_going=True)
+    assert run.ok, [v.message for v in run.violations]
+
+
 @pytest.mark.parametrize(
-    ("page_alloc", "pool", "retractions"),
-    [("reserve", 52, 0), ("reserve", 62, 1), ("on-demand", 52, 1)],
+    ("page_alloc", "pool", "together", "retractions"),
+    [
+        ("reserve", 52, False, 0),
+        ("reserve", 62, False, 1),
+        ("on-demand", 52, False, 1),
+        ("reserve", 40, True, 0),
+        ("on-demand", 40, True, 1),
+    ],
 )
 def test_sglang_retracts_where_its_admission_overcommits_and_serves_everything(
-    snapshot: Path, monkeypatch: pytest.MonkeyPatch, page_alloc: str, pool: int, retractions: int
+    snapshot: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    page_alloc: str,
+    pool: int,
+    together: bool,
+    retractions: int,
 ) -> None:
-    """The second request is admitted while the first holds `new_token_ratio` of its remaining
-    output: 0.7 as SGLang ships, where only a pool in a narrow band is outgrown (62 tokens, not
-    52), and 0.07 with pages on demand (`schedule_conservativeness` 0.1), where 52 is too. SGLang
-    retracts one, serves it again, and every invariant holds."""
+    """The second request arrives while the first runs (`together`: with it) and is admitted on
+    its whole output beside the first one's remaining output at `new_token_ratio`: 0.7 as SGLang
+    ships, where only a pool in a narrow band is outgrown (62 tokens, not 52). With pages on
+    demand the output estimate is clipped to nothing (`build.admission`): admission on the
+    prompts, so a pool that holds both prompts and a share of their outputs (40 tokens, where
+    SGLang as it ships runs them one after the other) is outgrown too. SGLang retracts one,
+    serves it again, and every invariant holds."""
     from overlapcheck.adapters.sglang import make_scheduler
     from overlapcheck.adapters.sglang.upstream import load_sglang
     from overlapcheck.backends.sim.backend import SimBackend
@@ -187,7 +229,7 @@ def test_sglang_retracts_where_its_admission_overcommits_and_serves_everything(
     monkeypatch.setattr(batch, "retract_decode", counted)
     reqs = (
         RequestSpec(0, (3, 4, 5, 6), max_tokens=30),
-        RequestSpec(1, (7, 8, 9, 10), max_tokens=30, arrival_iteration=2),
+        RequestSpec(1, (7, 8, 9, 10), max_tokens=30, arrival_iteration=None if together else 2),
     )
     config = named_scenario("basic").config
     preemption = "recompute" if page_alloc == "on-demand" else "none"

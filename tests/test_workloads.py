@@ -22,6 +22,7 @@ from overlapcheck.core.scenario import RequestSpec, Scenario
 from overlapcheck.harness.runner import RunResult, run_scenario
 from overlapcheck.reference.cache.radix import RadixCache, RadixNode
 from overlapcheck.scenarios.loader import ScenarioError, scenario_from_dict
+from overlapcheck.scenarios.pressure import PRESSURE_EOS, concurrent_workloads, pressure_eos
 from overlapcheck.scenarios.rows import ROW_ROOM, at_row_end
 from overlapcheck.scenarios.strategies import (
     PRESSURE_EIGHTHS,
@@ -118,6 +119,9 @@ KINDS: dict[str, Callable[[Scenario], bool]] = {
     "arrival-iteration": lambda s: any(r.arrival_iteration is not None for r in s.requests),
     "abort-iteration": lambda s: any(r.abort_iteration is not None for r in s.requests),
     "model-eos": lambda s: s.eos_probability > 0,
+    # A model EOS only a workload under concurrent pressure draws (`pressure_eos`): a preemption
+    # meets a request at a token that ends it.
+    "pressure-eos": lambda s: s.eos_probability in set(PRESSURE_EOS) - {0.0, 0.1},
     "big-shape": lambda s: s.config.num_slots > 4 and s.config.max_seq_len == 256,
     "memory-pressure": pressured,
     "resent-at-row-end": resent_at_row_end,
@@ -155,6 +159,14 @@ def test_requests_at_the_row_end_shrink_to_the_workload_as_drawn() -> None:
     assert resent.prompt == first.prompt and resent.arrival_after is not None
     assert resent.arrival_after.request == 0 and resent.uid not in (0, 1, 2)
     assert cfg == replace(config, cache="radix", num_pages=24)  # what the stretched one needs
+
+
+def test_pressure_eos_and_ignore_eos_shrink_to_the_quiet_case() -> None:
+    """Under concurrent pressure a model EOS is drawn (and shrinks to none), and requests
+    ignore EOS only now and then (shrinking to none that does)."""
+    assert find(pressure_eos(), lambda p: True, settings=FIND) == 0.0
+    reqs = find(concurrent_workloads(SchedulerConfig(num_slots=2)), lambda r: True, settings=FIND)
+    assert not any(r.ignore_eos for r in reqs)
 
 
 def test_conversation_trees_split_prefixes_that_live_requests_hold_locked(

@@ -49,6 +49,11 @@ def _pages(indices: np.ndarray, page_size: int) -> tuple[int, ...]:
     return tuple((np.unique(indices // page_size) - 1).tolist())
 
 
+def _order(holding: Holding) -> tuple[int, int, tuple[int, ...]]:
+    """Holdings by uid (a uid's old request, still holding its row, beside its new one)."""
+    return holding.uid, -1 if holding.slot is None else holding.slot, tuple(holding.pages)
+
+
 def read_books(sched: Any) -> Books:
     page_size = int(sched.page_size)
     free = {int(s) for s in sched.req_to_token_pool.free_slots}
@@ -58,19 +63,21 @@ def read_books(sched: Any) -> Books:
     unbuilt = range(int(sched.req_to_token_pool.size), int(sched.server_args.max_running_requests))
     free_slots += tuple(unbuilt)
     table = _host(sched.req_to_token_pool.req_to_token)  # read once, not once a request
+    # By request, not by uid: a uid sent again after its request finished is a new request while
+    # the old one may still hold its row and pages (its last batch not processed yet).
     seen: set[int] = set()
     live: list[Holding] = []
 
     def add(req: Any) -> None:
-        uid = uid_of(req.rid)
-        if uid in seen:
+        if id(req) in seen:
             return
+        uid = uid_of(req.rid)
         slot = req.kv.req_pool_idx
         if slot is not None and int(slot) in free:
             slot = None
         if slot is None and req.finished():
             return
-        seen.add(uid)
+        seen.add(id(req))
         if slot is None:
             live.append(Holding(uid, None, ()))
             return
@@ -96,7 +103,7 @@ def read_books(sched: Any) -> Books:
     if getattr(tree, "disable", False) is False and hasattr(tree, "all_values_flatten"):
         cached = _pages(_ints(tree.all_values_flatten()), page_size)
     return Books(
-        live=tuple(sorted(live)),
+        live=tuple(sorted(live, key=_order)),
         free_slots=free_slots,
         free_pages=free_pages,
         cached_pages=cached,

@@ -36,6 +36,12 @@ STRICT_CHECKS = {
 # Objects the interpreter keeps frozen at start (3.12: a few hundred constants; 3.11: none).
 _FROZEN_AT_START = gc.get_freeze_count()
 
+# Pages on demand (admission on the prompt): the output estimate SGLang's admission counts for
+# each request, `SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION`, clipped to nothing (see `admission`).
+ON_DEMAND_CLIP = 0
+# SGLang's value of it as its module read it at import (the environment's, else 4096), by file.
+_SHIPPED_CLIP: dict[str, int] = {}
+
 # Offline: the model folder is local; nothing is fetched.
 QUIET = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
@@ -60,10 +66,10 @@ def server_args(loaded: Loaded, config: SchedulerConfig, device: str, simulated:
         disable_radix_cache=config.cache == "naive",
         disable_overlap_schedule=config.loop == "normal",
         schedule_policy=policy,
-        # pages on demand (admission on the prompt, preemption when decoding runs out): SGLang's
-        # admission counts the running requests' remaining output at `new_token_ratio` (0.7 x
-        # this); at 1 it hardly ever outgrows the pool in a run of generated length (one example
-        # in 150 retracted), at 0.1 it does, and retracts as its users who lower it see
+        # pages on demand (admission on the prompt, preemption when decoding runs out): where
+        # SGLang's admission still counts the running requests' remaining output past the
+        # clipped estimate (`admission`: an ignore_eos newcomer on the chunk cache), it counts
+        # it at `new_token_ratio` (0.7 x this), lowered as its users who overcommit lower it
         schedule_conservativeness=0.1 if config.page_alloc == "on-demand" else 1.0,
         random_seed=config.seed,
     )
@@ -81,6 +87,7 @@ def build(
     if ARCH not in registry.models:
         registry.models[ARCH] = make_model_class(output)
     args = server_args(loaded, config, device, simulated)
+    admission(loaded, config)
     # One engine at a time in a process, as SGLang rebuilds one: the last one's process groups
     # torn down with its own test teardown, the configuration published anew (last wins).
     if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -103,6 +110,20 @@ def build(
             return scheduler_class(args, port_args)
     except TypeError as err:
         raise loaded.incompatible(f"Scheduler(server_args, port_args): {err}") from None
+
+
+def admission(loaded: Loaded, config: SchedulerConfig) -> None:
+    """Pages on demand (`page_alloc`: admission on the prompt, preemption when decoding runs
+    out) as SGLang's own knob for it. Its admission counts each request's output estimate,
+    `min(max_new_tokens, CLIP_MAX_NEW_TOKENS)` (whole for a newcomer, at `new_token_ratio` for a
+    running one); `SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION`, which it reads once at import into
+    `schedule_policy.CLIP_MAX_NEW_TOKENS`, clips it. Clipped to nothing, it admits on the prompt
+    and retracts when the running requests outgrow the pool (`retract_decode`), as the reference
+    does with pages on demand; otherwise the value it read at import. Set per run, as a process
+    started with the variable would hold it (a process runs one configuration; ours run many)."""
+    module: Any = loaded["sglang.srt.managers.schedule_policy"]
+    shipped = _SHIPPED_CLIP.setdefault(str(module.__file__), module.CLIP_MAX_NEW_TOKENS)
+    module.CLIP_MAX_NEW_TOKENS = ON_DEMAND_CLIP if config.page_alloc == "on-demand" else shipped
 
 
 @contextlib.contextmanager

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from overlapcheck.adapters.sglang.transport import uid_of
 from overlapcheck.backends.sim.toy_model import DTYPE, ToyModel
 from overlapcheck.backends.torchsim.dispatch import not_program, plain
 from overlapcheck.backends.torchsim.memory import view_cells
@@ -133,7 +134,7 @@ class DeviceForward:
 
         new_tokens = len(written)
         cost = self.cuda.device.timing.forward(new_tokens, int(ends.sum()))
-        uids = tuple(_uid(r) for r in getattr(batch, "rids", None) or ())
+        uids = tuple(uid_of(r) for r in getattr(batch, "rids", None) or ())
         label = f"{'P' if batch.forward_mode.is_extend() else 'D'}{self.batches}"
         shape = (slots - 1, ends)  # SGLang's row 0 is its padding row: rows 1..N are slots 0..N-1
         self.cuda.launch(
@@ -145,7 +146,3 @@ class DeviceForward:
         """The cells of tokens' layer-0 keys in the key buffer's allocation."""
         out: np.ndarray = self.key_cells[np.mod(tokens, len(self.key_cells))]
         return out
-
-
-def _uid(rid: str) -> int:
-    return int(str(rid).rpartition("-")[2])

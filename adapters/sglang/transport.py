@@ -15,9 +15,13 @@ still sent, for `abort-silent` to judge. A request SGLang aborts itself before a
 limits: a prompt longer than its pool allows) is refused: a `RejectMsg` with its error, as its
 front end answers the client.
 
-Request ids are fixed-width (`req-000000000007`): SGLang aborts every request whose id *starts
-with* the aborted one (`req.rid.startswith(recv_req.rid)`), which is exact for its UUIDs, and must
-stay exact for ours ("1" would abort "10").
+Request ids are fixed-width (`req-000000000007-000000`): SGLang aborts every request whose id
+*starts with* the aborted one (`req.rid.startswith(recv_req.rid)`), which is exact for its UUIDs,
+and must stay exact for ours ("1" would abort "10"). The second part counts the uid's requests: a
+uid sent again after its request finished is a new request with an id of its own, as a client's
+is, so that an abort of the new one is not SGLang's for the old one (whose last batch may still
+run), nor an output of the old one taken for the new one's (the front end has forgotten the old
+id, as SGLang's tokenizer manager forgets a finished request's: its late outputs are dropped).
 """
 
 from __future__ import annotations
@@ -33,12 +37,13 @@ from overlapcheck.core.rules import max_output
 IO = "sglang.srt.managers.io_struct"
 
 
-def rid_of(uid: int) -> str:
-    return f"req-{uid:012d}"
+def rid_of(uid: int, sent: int = 0) -> str:
+    """The id of the uid's request number `sent` (from 0) of the run."""
+    return f"req-{uid:012d}-{sent:06d}"
 
 
 def uid_of(rid: str) -> int:
-    return int(rid.rpartition("-")[2])
+    return int(str(rid).split("-")[1])
 
 
 class Transport:
@@ -50,6 +55,7 @@ class Transport:
         self.front = front
         self.aborted: set[int] = set()  # uids the user aborted while live
         self.answered: set[int] = set()  # uids that got output
+        self.current: dict[int, str] = {}  # uid -> the id of its latest request
 
     def inbound(self, msgs: list[UserMsg | AbortMsg]) -> list[Any]:
         io = self.loaded[IO]
@@ -58,7 +64,7 @@ class Transport:
             if isinstance(msg, AbortMsg):
                 if self.front.abort(msg.uid):
                     self.aborted.add(msg.uid)
-                    out.append(io.AbortReq(rid=rid_of(msg.uid)))
+                    out.append(io.AbortReq(rid=self.current.get(msg.uid, rid_of(msg.uid))))
                 continue
             if not self.front.admit(msg):
                 continue
@@ -66,6 +72,8 @@ class Transport:
             # this one (its refusal must not read as output after an answer)
             self.aborted.discard(msg.uid)
             self.answered.discard(msg.uid)
+            last = self.current.get(msg.uid)
+            self.current[msg.uid] = rid_of(msg.uid, 0 if last is None else _sent(last) + 1)
             out.append(self._request(msg))
         return out
 
@@ -81,7 +89,7 @@ class Transport:
         )
         params.normalize(None)
         return io.TokenizedGenerateReqInput(
-            rid=rid_of(msg.uid),
+            rid=self.current[msg.uid],
             input_text="",
             input_ids=array("q", msg.input_ids),
             input_embeds=None,
@@ -103,6 +111,8 @@ class Transport:
             output.rids, output.output_ids, output.finished_reasons, strict=True
         ):
             uid = uid_of(rid)
+            if self.current.get(uid) != rid:
+                continue  # an earlier request of a uid sent again: forgotten by the front end
             if reason is not None and reason.get("type") == "abort" and uid in self.aborted:
                 continue  # the abort's acknowledgment
             tokens = [int(t) for t in ids]
@@ -123,6 +133,10 @@ class Transport:
                 self.answered.add(uid)
             for i, token in enumerate(tokens):
                 self.front.token(uid, token, reason is not None and i == len(tokens) - 1)
+
+
+def _sent(rid: str) -> int:
+    return int(rid.split("-")[2])
 
 
 class Receiver:

@@ -26,7 +26,7 @@ NEEDED: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("sglang.srt.runtime_context", ("publish", "reset_context")),
     (
         "sglang.srt.managers.schedule_policy",
-        ("SchedulePolicy", "CacheAwarePolicy", "CacheAgnosticPolicy"),
+        ("SchedulePolicy", "CacheAwarePolicy", "CacheAgnosticPolicy", "CLIP_MAX_NEW_TOKENS"),
     ),
     ("sglang.srt.managers.schedule_batch", ("Req",)),
     ("sglang.srt.sampling.sampling_params", ("SamplingParams",)),

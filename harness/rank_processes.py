@@ -37,7 +37,7 @@ from overlapcheck.backends.base import Backend
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.backends.sim.timing import NoDelay, ReplayDelay, SplitsForRanks, Timing
 from overlapcheck.core.capability import provides
-from overlapcheck.core.errors import UserError
+from overlapcheck.core.errors import UserError, mark_program_error
 from overlapcheck.core.ranks import RankLog
 from overlapcheck.core.scenario import Scenario
 from overlapcheck.core.trace import Trace
@@ -276,6 +276,8 @@ class RemoteRank:
         if isinstance(reply, Crashed):
             crash = RemoteCrash(reply.type_name, reply.text, reply.frames, reply.formatted)
             crash.add_note(rank_note(self.number, self.count))
+            if reply.program:
+                mark_program_error(crash)
             raise crash
         if isinstance(reply, Failed):
             raise UserError(reply.text)

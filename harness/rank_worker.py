@@ -39,7 +39,7 @@ from typing import Any
 
 from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.backends.sim.timing import Cost, DelaySource, Profile, ReplayDelay, Timing
-from overlapcheck.core.errors import UserError
+from overlapcheck.core.errors import DeviceFault, UserError, program_error
 from overlapcheck.core.messages import InMsg, OutMsg
 from overlapcheck.core.scenario import Scenario
 from overlapcheck.core.trace import Launch, Message
@@ -121,6 +121,9 @@ class Crashed:
     text: str  # the exception's message
     frames: traceback.StackSummary
     formatted: str  # the whole traceback, for a bug of ours
+    # the program's own error on its way out through overlapcheck's frames (`program_error`,
+    # a `DeviceFault`): the driver marks it so, as an exception here would be
+    program: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,7 +244,8 @@ class Worker:
             err.add_note(rank_note(run.number, run.count))
             text = str(err).splitlines()[0] if str(err) else ""
             frames = traceback.extract_tb(err.__traceback__)
-            return Crashed(type(err).__name__, text, frames, traceback.format_exc())
+            program = program_error(err) or isinstance(err, DeviceFault)
+            return Crashed(type(err).__name__, text, frames, traceback.format_exc(), program)
         finally:
             self.stepping = False
         del pad

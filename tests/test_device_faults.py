@@ -7,6 +7,7 @@ launch. An exception of overlapcheck's own inside the dispatch stays ours."""
 from __future__ import annotations
 
 import importlib.util
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,9 @@ torch = pytest.importorskip("torch")
 from overlapcheck.backends.sim.backend import SimBackend  # noqa: E402
 from overlapcheck.backends.torchsim import dispatch  # noqa: E402
 from overlapcheck.core.config import SchedulerConfig  # noqa: E402
+from overlapcheck.core.errors import mark_program_error  # noqa: E402
 from overlapcheck.core.scenario import Scenario  # noqa: E402
-from overlapcheck.harness.crash import CheckerBug  # noqa: E402
+from overlapcheck.harness.crash import CheckerBug, RemoteCrash, crash_violation  # noqa: E402
 from overlapcheck.harness.runner import run_scenario  # noqa: E402
 from overlapcheck.invariants.registry import INVARIANTS  # noqa: E402
 
@@ -140,3 +142,26 @@ def test_without_the_race_checks_it_is_a_device_fault_at_its_launch(
 def test_ordered_the_same_program_is_clean(scheduler: tuple[Any, Path]) -> None:
     result = _run(scheduler, "ordered")
     assert not [v for v in result.violations if v.invariant in ("no-crash", "no-race")]
+
+
+def test_a_ranks_program_error_keeps_its_blame_across_the_process(
+    scheduler: tuple[Any, Path],
+) -> None:
+    """A rank's worker sends its exception as frames; marked as the program's there, the frames
+    of overlapcheck's it passed through are skipped here too (unmarked, they make it ours)."""
+    ours = str(Path(dispatch.__file__).resolve())
+    frames = traceback.StackSummary.from_list(
+        [
+            traceback.FrameSummary(str(scheduler[1]), _line("OUT OF RANGE"), "out_of_range"),
+            traceback.FrameSummary(ours, 1, "__torch_dispatch__"),
+        ]
+    )
+    crash = RemoteCrash("IndexError", "index 9 is out of bounds", frames, "")
+    assert crash_violation(crash, 3, 0.0) is None
+    mark_program_error(crash)
+    found = crash_violation(crash, 3, 0.0)
+    assert found is not None and found.invariant == "no-crash"
+    assert (found.locations[0].file, found.locations[0].line) == (
+        "faulty_scheduler.py",
+        _line("OUT OF RANGE"),
+    )

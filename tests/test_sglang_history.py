@@ -25,9 +25,12 @@ pytestmark = pytest.mark.slow
 FOUND = {
     ("war-barrier", "overlap"): ("no-race", 5),
     ("finished-overlap", "overlap"): ("no-crash", 5),
-    ("chunk-count", "overlap"): ("oracle", 6),
-    ("chunk-count", "normal"): ("oracle", 9),
-    ("radix-repoint", "normal"): ("no-crash", 16),
+    ("chunk-count", "overlap"): ("oracle", 5),
+    ("chunk-count", "normal"): ("oracle", 5),
+    ("radix-repoint", "normal"): ("no-crash", 38),
+    # sgl-project/sglang#1860: reached since pages on demand map onto SGLang's own estimate and
+    # a workload under concurrent pressure may stop at a model EOS (docs/sglang.md)
+    ("retract-overlap", "overlap"): ("no-crash", 11),
 }
 
 

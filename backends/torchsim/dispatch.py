@@ -357,7 +357,8 @@ class Interceptor:
         `footprint.touches` finds the cells its indices pick), or its pinned tensors, as
         (position or name, None in a list; buffer; tensor; written), in argument order (the
         order `footprint.touches` finds them in)."""
-        pinned = self.memory.pinned
+        # (an op that reads no values of its arguments, a view say, touches no pinned cell)
+        pinned = self.memory.pinned if info.reads else None
         found: list[tuple[int | str | None, Buffer, torch.Tensor, bool]] = []
         written = info.written
         for i, x in enumerate(args):
@@ -433,7 +434,7 @@ class Interceptor:
             info = op_info(func)
         found = self._scan(info, args, kwargs)
         if found is _DEVICE:  # (a handler's host op: no simulated tensor, but a device named)
-            found = _GENERAL if self.memory.pinned else None
+            found = _GENERAL if self.memory.pinned and info.reads else None
         return self._run_host(info, args, kwargs, found)
 
     def _run_host(

@@ -32,6 +32,9 @@ _LIKE = frozenset(
         aten.new_full,
     }
 )
+# Views that stand for a read of their values below the dispatcher: `tolist()` and `numpy()` call
+# them (in inference mode) just before they read the memory, which no mode sees.
+_READ_BELOW = frozenset({aten.resolve_conj, aten.resolve_neg})
 
 INDEXED = frozenset(
     {
@@ -59,6 +62,10 @@ class OpInfo:
     packet: Any  # its overload packet (`aten.slice`)
     name: str  # the packet's name, for labels
     view: bool  # returns views of its arguments and writes none
+    # Whether it reads its arguments' values (on the host, where a pinned buffer's reads are
+    # traced): a view reads none, nor does a factory from a tensor's metadata (`like`), but for
+    # the two views torch emits where a conversion (`tolist`, `numpy`) reads below the dispatcher.
+    reads: bool
     empty: bool  # allocates memory whose contents are undefined (`empty`, `new_empty`, ...)
     like: bool  # a factory from a tensor's metadata, reading none of its values
     dynamic: bool  # its output's shape may depend on its input values
@@ -91,14 +98,16 @@ def _read(func: Any) -> OpInfo:
         and bool(schema.returns)
         and all(r.alias_info is not None for r in schema.returns)
     )
+    like = packet in _LIKE
     return OpInfo(
         func=func,
         call=getattr(func, "_op", func),
         packet=packet,
         name=packet.__name__,
         view=view,
+        reads=packet in _READ_BELOW or not (view or like),
         empty=packet in _EMPTY,
-        like=packet in _LIKE,
+        like=like,
         dynamic=torch.Tag.dynamic_output_shape in func.tags,
         indexed=packet in INDEXED,
         aliases=_write_returns(schema),

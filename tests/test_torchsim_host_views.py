@@ -1,0 +1,85 @@
+"""What a host op on pinned memory reads: a view takes none of its values (slicing a buffer a copy
+is still filling is no race), a factory from its metadata neither, while `tolist()` and `numpy()`,
+whose reads happen below the dispatcher, read what they convert."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from overlapcheck.backends.sim.device import SimDevice  # noqa: E402
+from overlapcheck.backends.sim.toy_model import ToyModel  # noqa: E402
+from overlapcheck.backends.torchsim.session import SimulatedCuda  # noqa: E402
+from overlapcheck.core.config import SchedulerConfig  # noqa: E402
+from overlapcheck.invariants.base import InvariantViolated, Violation  # noqa: E402
+from overlapcheck.invariants.no_race import NoRace  # noqa: E402
+from overlapcheck.invariants.races import RaceDetector  # noqa: E402
+
+
+def _race_while_copying(touch: Callable[[Any], Any]) -> tuple[Violation | None, list[Any]]:
+    """A non-blocking copy into a pinned buffer, `touch(buffer)` on the host before the event
+    that ends the copy is waited for, then the values read after the wait: the race found (or
+    None) and what the host saw."""
+    cfg = SchedulerConfig()
+    device = SimDevice(cfg, ToyModel(cfg.vocab_size, cfg.eos_token_id))
+    with SimulatedCuda(device, ("main",)), torch.inference_mode():
+        torch.cuda.set_stream(torch.cuda.Stream())
+        source = torch.arange(16, dtype=torch.int32, device="cuda")
+        host = torch.empty(16, dtype=torch.int32, pin_memory=True)
+        host.copy_(source, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        touched = touch(host)
+        done.synchronize()
+        seen = host[2:6].tolist()
+        del touched
+    check = NoRace()
+    check.run = SimpleNamespace(trace=device.trace, step=1, now=lambda: 0.0)  # type: ignore[assignment]
+    check.detector = RaceDetector()
+    try:
+        check.check()
+    except InvariantViolated as e:
+        return e.violation, seen
+    return None, seen
+
+
+@pytest.mark.parametrize(
+    "touch",
+    [
+        lambda t: t[2:6],
+        lambda t: t[3],
+        lambda t: t.view(4, 4).unsqueeze(0),
+        lambda t: t.detach(),
+        lambda t: torch.empty_like(t),
+        lambda t: torch.zeros_like(t),
+    ],
+    ids=["slice", "select", "view-unsqueeze", "detach", "empty_like", "zeros_like"],
+)
+def test_a_view_or_a_factory_of_a_buffer_being_filled_reads_nothing(
+    touch: Callable[[Any], Any],
+) -> None:
+    found, seen = _race_while_copying(touch)
+    assert found is None, found.message if found else ""
+    assert seen == [2, 3, 4, 5]
+
+
+@pytest.mark.parametrize(
+    "touch",
+    [
+        lambda t: t[2:6].tolist(),
+        lambda t: t.numpy().copy(),
+        lambda t: t[1:3].clone(),
+        lambda t: t.sum(),
+    ],
+    ids=["tolist", "numpy", "clone", "sum"],
+)
+def test_a_read_of_a_buffer_being_filled_is_a_race(touch: Callable[[Any], Any]) -> None:
+    found, _ = _race_while_copying(touch)
+    assert found is not None
+    assert found.details["kind"] == "RAW"
+    assert found.details["second"]["agent"] == "host"

@@ -23,6 +23,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -286,6 +287,9 @@ class ChildRun:
     stderr: str
 
 
+_DEAD_CONTEXT_GRACE = 20.0  # seconds a process whose run the device stopped may take to exit
+
+
 def _child(
     cex_file: Path, plan_file: Path, start: int, repeat: int, on_line: Callable[[str], None]
 ) -> ChildRun:
@@ -299,13 +303,21 @@ def _child(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
     ) as proc:
         assert proc.stdout is not None
+        stop: threading.Timer | None = None
         for raw in proc.stdout:
             line = raw.rstrip("\n")
             if line.startswith("{"):
                 lines.append(line)
                 on_line(line)
+                if stop is None and json.loads(line).get("crash") is not None:
+                    # the device stopped it: what it has to say is said; one stuck on its
+                    # dead CUDA context is not waited for
+                    stop = threading.Timer(_DEAD_CONTEXT_GRACE, proc.kill)
+                    stop.start()
             else:
                 other.append(line)
+        if stop is not None:
+            stop.cancel()
     return ChildRun(lines, proc.returncode, "\n".join(other))
 
 
@@ -449,7 +461,11 @@ def main(argv: list[str] | None = None) -> int:
             repeat = one_repeat(without_graphs(cex), plan, index)
             print(json.dumps(repeat.to_json()), flush=True)
             if repeat.crash is not None:
-                return 3  # the CUDA context is dead: the next process goes on
+                # The CUDA context is dead: the next process goes on. Out at once, past the
+                # interpreter's teardown, whose CUDA frees and destructors can block for good
+                # on a dead context (seen on an H200: the replay then hung to its timeout).
+                sys.stdout.flush()
+                os._exit(3)
         return 0
     _, verdict = report(cex, path, args.repeat, lambda line: print(line, flush=True))
     return VERDICT_EXIT[verdict]

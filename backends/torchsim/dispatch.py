@@ -632,13 +632,14 @@ class Interceptor:
 
     def _view(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         source = next(x for x in _leaves((args, kwargs)) if isinstance(x, SimTensor))
+        call = op_info(func).call
         largs, lkwargs = _map(self.logical, args, kwargs)
-        lout = func(*largs, **lkwargs)
+        lout = call(*largs, **lkwargs)
         ptr = source.buffer.logical.untyped_storage().data_ptr()
         if not all(t.untyped_storage().data_ptr() == ptr for t in _tensors(lout)):
             return self._kernel(func, args, kwargs)  # a copy after all (reshape of a strided view)
         pargs, pkwargs = _map(_physical, args, kwargs)
-        pout = func(*pargs, **pkwargs)
+        pout = call(*pargs, **pkwargs)
         buffer = source.buffer
 
         def wrap(p: Any, lg: Any) -> Any:
@@ -682,7 +683,7 @@ class Interceptor:
             host_kwargs["device"] = "cpu"
         host_kwargs.pop("pin_memory", None)
         largs, lkwargs = _map(self.logical, args, host_kwargs)
-        lout = func(*largs, **lkwargs)
+        lout = info.call(*largs, **lkwargs)
         if info.empty and isinstance(lout, torch.Tensor):
             lout.fill_(poison(lout.dtype))  # undefined, but the same in every process
         if not _tensors(lout) and lout is not None:  # a host value from device values
@@ -738,6 +739,7 @@ class Interceptor:
             return x
 
         held_args, held_kwargs = _map(hold, args, host_kwargs)
+        call = info.call
 
         def start() -> Callable[[], None]:
             with plain():
@@ -753,7 +755,7 @@ class Interceptor:
 
                 pargs, pkwargs = _map(phys, held_args, held_kwargs)
                 try:
-                    pout = func(*pargs, **pkwargs)
+                    pout = call(*pargs, **pkwargs)
                 except Exception as err:  # (it ran on the program's values when issued)
                     raise _fault(op, err) from err
 

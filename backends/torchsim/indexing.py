@@ -14,6 +14,15 @@ from typing import Any
 import torch
 
 aten = torch.ops.aten
+# The overloads' C++ entries: `OpOverload.__call__` is a Python frame that only calls them.
+_unsqueeze = aten.unsqueeze.default._op
+_select = aten.select.int._op
+_slice = aten.slice.Tensor._op
+_alias = aten.alias.default._op
+_index = aten.index.Tensor._op
+_copy = aten.copy_.default._op
+_fill = aten.fill_.Scalar._op
+_index_put = aten.index_put_.default._op
 
 
 def _as_tuple(index: Any) -> tuple[Any, ...]:
@@ -41,22 +50,22 @@ def _basic(self: torch.Tensor, index: Any) -> tuple[torch.Tensor, list[Any] | No
     any_advanced = False
     for item in items:
         if item is None:
-            view = aten.unsqueeze.default(view, dim)
+            view = _unsqueeze(view, dim)
             advanced.append(None)
             dim += 1
         elif isinstance(item, bool):
-            view = aten.unsqueeze.default(view, dim)
+            view = _unsqueeze(view, dim)
             mask = torch.tensor([item])
             advanced.append(mask)
             any_advanced = True
             dim += 1
         elif isinstance(item, int | torch.SymInt):
-            view = aten.select.int(view, dim, int(item))
+            view = _select(view, dim, int(item))
         elif isinstance(item, slice):
             start = 0 if item.start is None else item.start
             stop = item.stop if item.stop is not None else torch.iinfo(torch.int64).max
             step = 1 if item.step is None else item.step
-            view = aten.slice.Tensor(view, dim, start, stop, step)
+            view = _slice(view, dim, start, stop, step)
             advanced.append(None)
             dim += 1
         elif isinstance(item, torch.Tensor | list):
@@ -77,10 +86,10 @@ def getitem(self: torch.Tensor, index: Any) -> torch.Tensor:
     view, advanced = _basic(self, index)
     if advanced is None:
         if view is self:
-            alias: torch.Tensor = aten.alias.default(self)
+            alias: torch.Tensor = _alias(self)
             return alias
         return view
-    picked: torch.Tensor = aten.index.Tensor(view, advanced)
+    picked: torch.Tensor = _index(view, advanced)
     return picked
 
 
@@ -88,10 +97,10 @@ def setitem(self: torch.Tensor, index: Any, value: Any) -> None:
     view, advanced = _basic(self, index)
     if advanced is None:
         if isinstance(value, torch.Tensor):
-            aten.copy_.default(view, value)
+            _copy(view, value)
         else:
-            aten.fill_.Scalar(view, value)
+            _fill(view, value)
         return
     if not isinstance(value, torch.Tensor):
         value = torch.tensor(value, dtype=self.dtype)
-    aten.index_put_.default(view, advanced, value)
+    _index_put(view, advanced, value)

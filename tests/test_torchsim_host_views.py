@@ -83,3 +83,19 @@ def test_a_read_of_a_buffer_being_filled_is_a_race(touch: Callable[[Any], Any]) 
     assert found is not None
     assert found.details["kind"] == "RAW"
     assert found.details["second"]["agent"] == "host"
+
+
+def test_pinning_a_pinned_tensor_gives_the_tensor_itself() -> None:
+    """PyTorch's `pin_memory()` returns a tensor already pinned as it is: a write through either
+    name is a write of the same memory (a copy would split them, and the program's reads)."""
+    cfg = SchedulerConfig()
+    device = SimDevice(cfg, ToyModel(cfg.vocab_size, cfg.eos_token_id))
+    with SimulatedCuda(device, ("main",)), torch.inference_mode():
+        pinned = torch.zeros(4, dtype=torch.int32, pin_memory=True)
+        again = pinned.pin_memory()
+        again[1] = 7
+        assert again.data_ptr() == pinned.data_ptr()
+        assert pinned.tolist() == [0, 7, 0, 0]
+        pageable = torch.zeros(4, dtype=torch.int32)
+        assert pageable.pin_memory().data_ptr() != pageable.data_ptr()
+        assert pageable.pin_memory().is_pinned()

@@ -581,9 +581,11 @@ class Interceptor:
             raise RuntimeError(
                 "cannot pin 'torch.cuda.IntTensor' only dense CPU tensors can be pinned"
             )
+        located = self.memory.pinned_of(t) is not None
+        if located and func.overloadpacket is aten.pin_memory:
+            return t  # already pinned: itself, as PyTorch's `pin_memory` (`_pin_memory` copies)
         # (a fresh pageable tensor, as `torch.tensor(..., pin_memory=True)` makes, reads nothing
         # traced: `touches` would find nothing)
-        located = self.memory.pinned_of(t) is not None
         found = touches(aten.clone.default, (t,), {}, self.locate, self.logical) if located else []
         here, hint, site = origin()
         copy = self._pinned(t.clone(), hint)

@@ -576,7 +576,7 @@ class Interceptor:
         return not isinstance(t, SimTensor) and self.memory.pinned_of(t) is not None
 
     def _pin(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
-        t = args[0]
+        t: torch.Tensor = args[0]
         if isinstance(t, SimTensor):
             raise RuntimeError(
                 "cannot pin 'torch.cuda.IntTensor' only dense CPU tensors can be pinned"

@@ -1049,14 +1049,27 @@ class DispatchMode(TorchDispatchMode):
             raise
 
 
+_AS_TENSOR = torch.as_tensor
+
+
 def pinning(factory: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     """`torch.tensor(..., pin_memory=True)` (or `as_tensor`) builds its tensor below the
     dispatcher, where no mode sees the pinning: build it unpinned, then pin it through the
     dispatcher. A stand-in for the factory while the block lasts, rather than a function mode,
     which would cost every torch call of the program a Python call. One made on the device is
-    built on the host and copied (a blocking copy from pageable memory, as the factory does)."""
+    built on the host and copied (a blocking copy from pageable memory, as the factory does).
+    `as_tensor` of a tensor is that tensor where its device and dtype fit, as in PyTorch."""
+    as_tensor = factory is _AS_TENSOR
 
     def made(*args: Any, **kwargs: Any) -> torch.Tensor:
+        data = args[0] if args else kwargs.get("data")
+        if as_tensor and isinstance(data, torch.Tensor) and len(args) <= 1:
+            # a tensor already: itself where its device and dtype fit, as PyTorch's
+            device = kwargs.get("device")
+            return data.to(
+                device=data.device if device is None else indexed(device),
+                dtype=kwargs.get("dtype") or data.dtype,
+            )
         if kwargs.get("pin_memory") is True:
             return factory(*args, **{**kwargs, "pin_memory": False}).pin_memory()
         device = kwargs.get("device")

@@ -30,7 +30,7 @@ from overlapcheck.backends.torchsim.dispatch import (
 )
 from overlapcheck.backends.torchsim.memory import Memory, view_cells
 from overlapcheck.backends.torchsim.streams import SimCudaEvent, SimStream, StreamRuntime
-from overlapcheck.backends.torchsim.tensor import SimTensor
+from overlapcheck.backends.torchsim.tensor import SimTensor, nonzero_of
 from overlapcheck.core.trace import Access
 
 # Device memory the stand-in reports free: what `mem_get_info` says (a 141 GB H200's).
@@ -92,6 +92,7 @@ class SimulatedCuda:
             self._mode = mode
             for factory in ("tensor", "as_tensor"):
                 _set(torch, factory, pinning(getattr(torch, factory)), undo)
+            _set(torch, "nonzero", nonzero_of(torch.nonzero), undo)
         except BaseException:
             self.__exit__()
             raise

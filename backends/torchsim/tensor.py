@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -81,6 +82,17 @@ class SimTensor(torch.Tensor):
     def __index__(self) -> int:
         return int(self.item())
 
+    def contiguous(
+        self, memory_format: torch.memory_format = torch.contiguous_format
+    ) -> torch.Tensor:
+        if self.is_contiguous(memory_format=memory_format):
+            return self
+        out: torch.Tensor = torch.ops.aten.clone.default(self, memory_format=memory_format)
+        return out
+
+    def nonzero(self, *, as_tuple: bool = False) -> Any:
+        return nonzero(self, as_tuple=as_tuple)
+
     def new_tensor(self, data: Any, **kwargs: Any) -> torch.Tensor:  # type: ignore[override]
         kwargs.setdefault("dtype", self.dtype)
         kwargs.setdefault("device", self.device)
@@ -88,3 +100,26 @@ class SimTensor(torch.Tensor):
 
     def __repr__(self) -> str:  # type: ignore[override]
         return f"SimTensor({self.buffer.name}, shape={list(self.shape)}, dtype={self.dtype})"
+
+
+def nonzero(tensor: torch.Tensor, *, as_tuple: bool = False) -> Any:
+    """`torch.nonzero` of a simulated device tensor through the dispatcher (its binding guards
+    the device first); with `as_tuple`, one index tensor per dimension, as torch gives them."""
+    if not as_tuple:
+        found: torch.Tensor = torch.ops.aten.nonzero.default(tensor)
+        return found
+    if tensor.dim() == 0:  # (torch's rule: a scalar counts as one element)
+        tensor = torch.ops.aten.unsqueeze.default(tensor, 0)
+    return tuple(torch.ops.aten.unbind.int(torch.ops.aten.nonzero.default(tensor), 1))
+
+
+def nonzero_of(original: Callable[..., Any]) -> Callable[..., Any]:
+    """`torch.nonzero` while the simulation lasts: a simulated device tensor's through
+    `nonzero`, anything else (an `out=` argument too) as torch does it."""
+
+    def stand_in(input: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(input, SimTensor) and not args and set(kwargs) <= {"as_tuple"}:
+            return nonzero(input, as_tuple=bool(kwargs.get("as_tuple", False)))
+        return original(input, *args, **kwargs)
+
+    return stand_in

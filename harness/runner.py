@@ -140,6 +140,7 @@ def run_scenario(
     checks = Checks([inv for inv in chosen if inv not in later], keep_going, judged)
     under_test = SchedulerSpec.of(scheduler)
     ctx = RunContext(scenario, device, backend.name, None, shadow)
+    ctx.repeats = checks.repeats
     source: Workload = WorkloadSource(
         scenario.requests, deliveries, cfg, device.trace, lambda: ctx.step
     )

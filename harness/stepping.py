@@ -5,7 +5,7 @@ and go on), the wrappers around the scheduler's source and sink, the loop that s
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from contextlib import suppress
 from typing import Any, Literal, NamedTuple, Protocol
 
@@ -175,6 +175,12 @@ class Checks:
             except InvariantViolated as err:
                 record_quietly(self, err.violation)
         return self.stopped is not None
+
+    @property
+    def repeats(self) -> Container[tuple[str, tuple[int, ...]]]:
+        """The findings a check need not report again, by (invariant, uids): those recorded,
+        where the run goes on after one (`record` drops a repeat); none where it stops."""
+        return self._seen if self.keep_going else frozenset()
 
     def judges(self, invariant: str) -> bool:
         """False for a registered invariant that this run does not check (skipped): a finding
@@ -391,6 +397,7 @@ def check_after(
     view = TracePrefix(ran.device.trace)
     ctx.view, ctx.live_books = view, False
     checks = Checks(later, keep_going)
+    ctx.repeats = checks.repeats
     for inv in later:
         inv.bind(ctx)
     try:

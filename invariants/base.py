@@ -110,6 +110,12 @@ class Invariant:
     def finish(self) -> None:
         return None
 
+    def repeats(self, uids: tuple[int, ...]) -> bool:
+        """A finding of this check's for `uids` would be dropped as a repeat (`RunContext.repeats`):
+        a check that finds it again may skip writing its report, the costly part."""
+        # (a stand-in context without `repeats`, a test's, repeats nothing)
+        return (self.id, uids) in getattr(self.run, "repeats", ())
+
     def fail(
         self,
         message: str,

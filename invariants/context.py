@@ -7,7 +7,7 @@ or while it is live (a duplicate the scheduler must reject).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast, overload
 
@@ -258,6 +258,9 @@ class RunContext:
         self.frozen_now: float | None = None
         self.live_books = True
         self.ranks: list[RankLog] = []  # every rank of a run of several (core/ranks.py)
+        # The findings the harness would drop if a check reported them again, by (invariant,
+        # uids): those recorded already, where the run goes on after one (`Checks.repeats`).
+        self.repeats: Container[tuple[str, tuple[int, ...]]] = frozenset()
 
     @property
     def scheduler(self) -> object:

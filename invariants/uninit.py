@@ -29,6 +29,7 @@ from overlapcheck.invariants.base import TraceScanner
 from overlapcheck.invariants.locations import locations, op_location
 
 _JUDGED = ("forward", "d2h")
+_count = np.count_nonzero
 _CLEAN = -1  # a cell's mark: written since its allocation (or never allocated by the program)
 
 
@@ -46,6 +47,10 @@ class NoUninitRead(TraceScanner):
         self.seen = 0  # ops judged
         self.allocated = 0  # allocations applied
         self.pending: dict[str, np.ndarray] = {}
+        # Buffers of one allocation not yet marked in `pending`: its cells and index. Most
+        # allocations are written whole by the op that makes them (`empty` then the kernel's
+        # output): that op only forgets them, no marks made and cleared.
+        self.fresh: dict[str, tuple[np.ndarray, int]] = {}
 
     def _scan(self) -> None:
         trace = self.run.trace
@@ -56,7 +61,7 @@ class NoUninitRead(TraceScanner):
             while k < count and allocations[k].seq <= i:
                 self._allocate(allocations[k], k)
                 k += 1
-            if not self.pending:  # nothing to judge until the next allocation
+            if not self.pending and not self.fresh:  # nothing to judge until the next allocation
                 i = min(allocations[k].seq, n) if k < count else n
                 continue
             op = ops[i]
@@ -68,9 +73,41 @@ class NoUninitRead(TraceScanner):
 
     def _allocate(self, allocation: Allocation, index: int) -> None:
         if len(allocation.cells):
-            self._mark(allocation.buffer, allocation.cells, index)
+            buffer = allocation.buffer
+            if buffer in self.pending or buffer in self.fresh:
+                self._unfresh(buffer)
+                self._mark(buffer, allocation.cells, index)
+            else:
+                self.fresh[buffer] = (allocation.cells, index)
+
+    def _unfresh(self, buffer: str) -> None:
+        """Mark a fresh buffer's allocation in `pending`, as `_allocate` would have."""
+        found = self.fresh.pop(buffer, None)
+        if found is not None:
+            self._mark(buffer, *found)
 
     def _op(self, op: Op) -> None:
+        fresh = self.fresh
+        if fresh:
+            # A fresh buffer stays unmarked only where this op writes all its cells and reads
+            # none of them, nor copies them (an op's reads come before its writes).
+            for move in op.moves:
+                if move.src in fresh:
+                    self._unfresh(move.src)
+            for access in op.accesses:
+                found = fresh.get(access.buffer)
+                if found is None:
+                    continue
+                cells = access.cells
+                if (
+                    access.mode != "w"
+                    or len(cells) != len(found[0])
+                    or (cells is not found[0] and _count(cells != found[0]))
+                ):
+                    self._unfresh(access.buffer)
+            for access in op.accesses:
+                if access.buffer in fresh:  # written whole: marked, then every mark cleared
+                    del fresh[access.buffer]
         pending = self.pending
         carried = self._carried(op) if op.moves else ()
         if op.kind in _JUDGED:
@@ -95,6 +132,7 @@ class NoUninitRead(TraceScanner):
             if not (marks != _CLEAN).any():
                 del pending[access.buffer]
         for buffer, cells, origins in carried:
+            self._unfresh(buffer)
             self._mark(buffer, cells, origins)
 
     def _carried(self, op: Op) -> list[tuple[str, np.ndarray, np.ndarray]]:

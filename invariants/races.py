@@ -69,10 +69,14 @@ class _Shadow:
         of a declared `size` (`Trace.sizes`) is made that size once, and never scanned or moved:
         its start goes in `fixed`."""
         if size is not None and buffer not in self.regions:
-            start = self._place(buffer, max(size, 1), None)
-            self.fixed[buffer] = start
-            return start
+            return self.sized(buffer, size)
         return self.grown(buffer, int(_max(cells)))
+
+    def sized(self, buffer: str, size: int) -> int:
+        """`base` for a buffer not placed yet, of a declared `size`."""
+        start = self._place(buffer, max(size, 1), None)
+        self.fixed[buffer] = start
+        return start
 
     def grown(self, buffer: str, top: int) -> int:
         """`base` for a region already placed or of no declared size, given its largest cell."""
@@ -327,7 +331,7 @@ class RaceDetector:
         shadow.grown(source, d - 1)  # (placed: it was accessed)
         size = self.sizes.get(buffer)
         if size is not None and buffer not in shadow.regions:
-            shadow.base(buffer, np.array([b - 1]), size)  # placed at its declared size
+            shadow.sized(buffer, size)  # placed at its declared size
         else:
             shadow.grown(buffer, b - 1)
         old, new = shadow.regions[source][0], shadow.regions[buffer][0]
@@ -335,18 +339,23 @@ class RaceDetector:
         # the writers, then every agent's read clocks at once (rows of one 2-D view)
         for rows in (shadow.writer[None, :], shadow.reads[: shadow.agents]):
             was = rows[:, old + c : old + d]
+            # (the methods' and functions' Python wrappers cost more than these small arrays)
             if n > m:  # a smaller dtype: each old cell is several new ones
-                was = np.repeat(was, n // m, axis=1)
+                was = was.repeat(n // m, axis=1)
             elif n < m:  # a larger one: each new cell is several old ones
-                was = was.reshape(len(rows), n, m // n).max(axis=2)
+                was = _max(was.reshape(len(rows), n, m // n), axis=2)
             into = rows[:, new + a : new + b]
             np.maximum(into, was, out=into)
         marks = self.marks.get(source)
         if marks is not None:
-            mine = self.marks.get(buffer) or self._marks(buffer)
+            mine = self.marks.get(buffer)
+            if mine is None:  # (a new buffer's, most often: the old one's, as they are)
+                self.marks[buffer] = (marks[0][:], marks[1][:], marks[2][:], marks[3][:])
+                return
             for k in (0, 1):
-                mine[k][:] = [max(x, y) for x, y in zip(mine[k], marks[k], strict=True)]
-                mine[k + 2].extend(x for x in marks[k + 2] if x not in mine[k + 2])
+                mine[k][:] = map(max, mine[k], marks[k])
+                agents = mine[k + 2]
+                agents.extend(x for x in marks[k + 2] if x not in agents)
 
     def _op(self, op: Op, a: int, vc: VectorClock) -> Race | None:
         """All of an op's accesses at once, when its reads come before its writes (as in every op

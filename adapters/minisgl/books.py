@@ -23,7 +23,10 @@ from overlapcheck.core.protocol import Books, Holding
 
 
 def _values(tensor: Any) -> np.ndarray:
-    return _view(tensor).astype(np.int64, copy=False)
+    """The values as integers: a signed integer array as it is (its `tolist` gives the same ints
+    as int64's, without the copy), any other as int64."""
+    values = _view(tensor)
+    return values if values.dtype.kind == "i" else values.astype(np.int64)
 
 
 def _view(tensor: Any) -> np.ndarray:
@@ -93,14 +96,17 @@ def read_books(
             seen.add(uid)
             live.append(Holding(uid, int(req.table_idx), pages(req)))
     cache = sched.cache_manager
-    free_pages = tuple((_values(_attr(cache, "free_slots", "_free_slots")) // page_size).tolist())
+    cells = _values(_attr(cache, "free_slots", "_free_slots"))
+    free_pages = tuple((cells if page_size == 1 else cells // page_size).tolist())
     cached: list[int] = []
     locked: list[int] = []
     root = getattr(_attr(cache, "prefix_cache", "manager"), "root_node", None)
     stack = [] if root is None else list(root.children.values())
     while stack:
         node = stack.pop()
-        node_pages = list(_pages(_values(node.value).tolist(), page_size))
+        # (each node's pages as they come: the lists are made sorted and unique once, below)
+        values = _values(node.value)
+        node_pages = (values if page_size == 1 else values // page_size).tolist()
         cached.extend(node_pages)
         if node.ref_count > 0:
             locked.extend(node_pages)

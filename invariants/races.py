@@ -529,11 +529,12 @@ class RaceDetector:
             return None
         at = cells + shadow.base(acc.buffer, cells)
         last = shadow.writer[at]
-        w_agent, w_clock = last % MAX_AGENTS, last // MAX_AGENTS
+        # (shifts and masks: the cells are never negative; numpy's small calls are the cost)
+        w_agent, w_clock = last & (MAX_AGENTS - 1), last >> _AGENT_BITS
         unordered = w_clock > vc[w_agent]
-        if unordered.any():
+        if _count(unordered):
             kind = "RAW" if acc.mode == "r" else "WAW"
-            i = int(np.argmax(unordered))
+            i = int(unordered.argmax())
             first = self.ops[self.hb.op_of(int(w_agent[i]), int(w_clock[i]))].seq
             return self._race(kind, acc, cells[unordered], first, op)
         if acc.mode == "r":
@@ -544,8 +545,8 @@ class RaceDetector:
         n = len(self.hb.agents)
         reads = shadow.reads[:n, at] > vc[:n, None]
         reads[a] = False
-        if reads.any():
-            agent, idx = np.argwhere(reads)[0]
+        if _count(reads):
+            agent, idx = divmod(int(reads.argmax()), len(at))  # the first, row by row
             conflicting = cells[reads[agent]]
             first = self.ops[self.hb.op_of(int(agent), int(shadow.reads[agent, at[idx]]))].seq
             return self._race("WAR", acc, conflicting, first, op)

@@ -109,3 +109,27 @@ def test_as_tensor_of_a_tensor_is_the_tensor_where_it_fits() -> None:
     moved = torch.as_tensor(host, device="cuda")
     assert moved.device.type == "cuda" and moved.tolist() == [0, 1, 2]
     assert torch.as_tensor([1, 2], device="cuda").tolist() == [1, 2]
+
+
+@pytest.mark.usefixtures("simulated")
+def test_cuda_apis_a_scheduler_calls_have_stand_ins() -> None:
+    with torch.cuda.device(0):
+        assert not torch.cuda.is_current_stream_capturing()
+    torch.cuda.nvtx.range_push("schedule")
+    torch.cuda.nvtx.range_pop()
+    streams = torch.cuda.current_stream(), torch.cuda.Stream()
+    assert streams[0].cuda_stream != streams[1].cuda_stream
+
+
+def test_a_cuda_api_without_a_stand_in_is_a_gap_of_ours_not_the_programs_crash() -> None:
+    from overlapcheck.backends.torchsim.tensor import SimulatedCudaError
+    from overlapcheck.harness.crash import crash_violation
+
+    cfg = SchedulerConfig()
+    cuda = SimulatedCuda(SimDevice(cfg, ToyModel(cfg.vocab_size, cfg.eos_token_id)), ("main",))
+    with pytest.raises(SimulatedCudaError, match="a gap of overlapcheck's") as raised, cuda:
+        torch.cuda.get_rng_state()  # the program's own line
+    assert crash_violation(raised.value, 0, 0.0) is None  # ours: never a `no-crash` finding
+    # anything else passes through as it was
+    with pytest.raises(ValueError, match="the program's own"), cuda:
+        raise ValueError("the program's own")

@@ -30,7 +30,7 @@ from overlapcheck.backends.torchsim.dispatch import (
 )
 from overlapcheck.backends.torchsim.memory import Memory, view_cells
 from overlapcheck.backends.torchsim.streams import SimCudaEvent, SimStream, StreamRuntime
-from overlapcheck.backends.torchsim.tensor import SimTensor, nonzero_of
+from overlapcheck.backends.torchsim.tensor import SimTensor, SimulatedCudaError, nonzero_of
 from overlapcheck.core.trace import Access
 
 # Device memory the stand-in reports free: what `mem_get_info` says (a 141 GB H200's).
@@ -67,6 +67,9 @@ class SimulatedCuda:
         self._patches: list[tuple[Any, str, Any]] = [
             *((torch.cuda, name, value) for name, value in self._stand_ins().items()),
             (torch.cuda.nvtx, "range", _no_range),
+            (torch.cuda.nvtx, "range_push", lambda *args, **kwargs: 0),
+            (torch.cuda.nvtx, "range_pop", lambda: 0),
+            (torch.cuda.nvtx, "mark", lambda *args, **kwargs: None),
             (torch.Tensor, "record_stream", record_stream),
             (torch.Tensor, "copy_", _copy),
         ]
@@ -94,11 +97,27 @@ class SimulatedCuda:
                 _set(torch, factory, pinning(getattr(torch, factory)), undo)
             _set(torch, "nonzero", nonzero_of(torch.nonzero), undo)
         except BaseException:
-            self.__exit__()
+            self._leave()
             raise
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(
+        self,
+        kind: type[BaseException] | None = None,
+        error: BaseException | None = None,
+        tb: object = None,
+    ) -> None:
+        self._leave()
+        said = _without_cuda(error)
+        if said is not None:
+            # torch built without CUDA refused a CUDA API the simulation has no stand-in for:
+            # our gap, never the program's crash (a GPU build would have run it)
+            raise SimulatedCudaError(
+                f"the simulated CUDA has no stand-in for a CUDA API the program called "
+                f"({type(error).__name__}: {said}): a gap of overlapcheck's, not a finding"
+            ) from error
+
+    def _leave(self) -> None:
         undo, self._undo = self._undo, None
         mode, self._mode = self._mode, None
         if undo is None:
@@ -129,6 +148,8 @@ class SimulatedCuda:
             runtime.current = s
 
         return {
+            "device": _AnyDevice,
+            "is_current_stream_capturing": lambda: False,
             "Stream": new_stream,
             "Event": new_event,
             "stream": stream,
@@ -248,6 +269,45 @@ def _restore(owner: Any, name: str, before: Any) -> None:
         delattr(owner, name)
     else:
         setattr(owner, name, before)
+
+
+# What torch built without CUDA says when a program calls a CUDA API: the simulation lacks a
+# stand-in for it (a GPU build has it).
+_NO_CUDA = (
+    "compiled without CUDA",
+    "not compiled with CUDA",
+    "not linked with support for cuda",
+    "Tried to instantiate dummy base class",
+    "NVTX functions not installed",
+    "without ATen_cuda library",
+    "has no attribute '_cuda",
+    "Cannot access accelerator device when none is available",
+)
+
+
+def _without_cuda(error: BaseException | None) -> str | None:
+    """The first line of `error` when torch without CUDA raised it for a CUDA API, else None."""
+    if not isinstance(error, RuntimeError | AttributeError) or isinstance(
+        error, SimulatedCudaError
+    ):
+        return None
+    text = str(error)
+    if not any(marker in text for marker in _NO_CUDA):
+        return None
+    return text.splitlines()[0]
+
+
+class _AnyDevice:
+    """`torch.cuda.device(i)`: the one simulated device is current whatever `i` says."""
+
+    def __init__(self, device: Any = None) -> None:
+        self.idx = 0
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
 
 
 @contextlib.contextmanager

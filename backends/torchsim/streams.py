@@ -38,6 +38,7 @@ class SimStream:
         self.device = runtime.torch_device
         self.device_index = 0
         self.stream_id = len(runtime.streams)
+        self.cuda_stream = self.stream_id  # (the handle a program may log or compare)
         runtime.env.process(self._loop())
 
     def _loop(self) -> Generator[simpy.Event, Any, None]:

@@ -51,6 +51,14 @@ def unordered(cuda, wait):
         pool[index] = 2.0  # READ BEFORE LANDED
 
 
+def mixed_devices(cuda, moved):
+    lengths = torch.zeros(4, dtype=torch.int64, device="cuda")
+    extra = torch.ones(4, dtype=torch.int64)
+    if moved:
+        extra = extra.to("cuda")
+    lengths += extra  # MIXED DEVICES
+
+
 class Scheduler:
     def __init__(self, config, device, source, sink, kind):
         self.cuda = SimulatedCuda(device, ("engine", "scheduler"))
@@ -60,6 +68,10 @@ class Scheduler:
         with self.cuda, torch.inference_mode():
             if self.kind == "out-of-range":
                 out_of_range(self.cuda)
+            elif self.kind in ("mixed", "moved"):
+                mixed_devices(self.cuda, moved=self.kind == "moved")
+            elif self.kind == "no-stand-in":
+                torch.cuda.get_rng_state()
             else:
                 unordered(self.cuda, wait=self.kind == "ordered")
             self.cuda.drain()
@@ -165,3 +177,25 @@ def test_a_ranks_program_error_keeps_its_blame_across_the_process(
         "faulty_scheduler.py",
         _line("OUT OF RANGE"),
     )
+
+
+def test_a_host_tensor_among_device_tensors_is_the_programs_crash_as_on_a_gpu(
+    scheduler: tuple[Any, Path],
+) -> None:
+    """CUDA's kernels refuse a host tensor of one or more dimensions beside device tensors (the
+    host, where the simulation computes, would not): the program's crash at its line; moved to
+    the device first, clean."""
+    result = _run(scheduler, "mixed")
+    (crash,) = [v for v in result.violations if v.invariant == "no-crash"]
+    assert "Expected all tensors to be on the same device" in crash.message
+    (where,) = crash.locations
+    assert (where.file, where.line) == ("faulty_scheduler.py", _line("MIXED DEVICES"))
+    result = _run(scheduler, "moved")
+    assert not [v for v in result.violations if v.invariant == "no-crash"]
+
+
+def test_a_cuda_api_the_simulation_lacks_is_ours_not_the_programs(
+    scheduler: tuple[Any, Path],
+) -> None:
+    with pytest.raises(CheckerBug, match="no stand-in for a CUDA API"):
+        _run(scheduler, "no-stand-in")

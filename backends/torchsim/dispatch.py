@@ -665,6 +665,8 @@ class Interceptor:
     ) -> Any:
         runtime = self.runtime
         info = op_info(func)
+        if info.one_device:
+            _same_device(info, args, kwargs)
         if info.dynamic and _data_dependent(func, args):
             runtime.sync_current(f"{info.name} (data-dependent shape)")
         reading = (args[1:], kwargs) if info.like else (args, kwargs)
@@ -992,6 +994,23 @@ def _data_dependent(func: Any, args: tuple[Any, ...]) -> bool:
         masks = (torch.bool, torch.uint8)
         return any(isinstance(i, torch.Tensor) and i.dtype in masks for i in args[1])
     return True
+
+
+def _same_device(info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Raise as CUDA's kernel would for a host tensor of one or more dimensions among an op's
+    device tensors (a 0-dim host tensor is a scalar: allowed). The program's error where the
+    scheduler's own code issued the op: on the host, where the simulation runs it, it would
+    run."""
+    for x in _leaves((args, kwargs)):
+        if isinstance(x, torch.Tensor) and not isinstance(x, SimTensor) and x.dim() > 0:
+            err = RuntimeError(
+                "Expected all tensors to be on the same device, but found at least two "
+                f"devices, cuda:0 and cpu! (`{info.name}` of a host tensor of shape "
+                f"{list(x.shape)} with device tensors)"
+            )
+            if _issued_by_program():
+                mark_program_error(err)
+            raise err
 
 
 def _physical(x: Any) -> Any:

@@ -69,6 +69,10 @@ class OpInfo:
     empty: bool  # allocates memory whose contents are undefined (`empty`, `new_empty`, ...)
     like: bool  # a factory from a tensor's metadata, reading none of its values
     dynamic: bool  # its output's shape may depend on its input values
+    # All its tensors on one device but for 0-dim host scalars, as CUDA's kernels check
+    # (TensorIterator's pointwise ops, `cat`): a host tensor of one or more dimensions among
+    # device tensors is an error on a GPU.
+    one_device: bool
     indexed: bool  # addresses cells by index values (`INDEXED`)
     # Per return: the index of the argument it aliases when that one is written, else None.
     aliases: tuple[int | None, ...]
@@ -109,6 +113,7 @@ def _read(func: Any) -> OpInfo:
         empty=packet in _EMPTY,
         like=like,
         dynamic=torch.Tag.dynamic_output_shape in func.tags,
+        one_device=torch.Tag.pointwise in func.tags or packet is aten.cat,
         indexed=packet in INDEXED,
         aliases=_write_returns(schema),
         written=written,

@@ -306,8 +306,13 @@ class RaceDetector:
                 if vc is None:
                     continue  # no accesses (nor a forward): nothing to check
                 op = ops[seq]
-                if op.accesses:
-                    race = self._op(op, agent[seq], vc)
+                accesses = op.accesses
+                if accesses:
+                    a = agent[seq]
+                    if a or len(accesses) != 1:
+                        race = self._op(op, a, vc)
+                    else:
+                        race = self._host_op(op, accesses[0], vc)
                     if race is not None:
                         self.checked = seq + 1  # the next call goes on after it
                         return race
@@ -432,6 +437,42 @@ class RaceDetector:
                 if a and not marks[0][a]:  # (the host's writes stand in nobody's way)
                     marks[2].append(a)
                 marks[0][a] = clock
+        return None
+
+    def _host_op(self, op: Op, acc: Access, vc: VectorClock) -> Race | None:
+        """`_op` for a host op of one access, two ops in three of a run (the host's work on
+        pinned buffers): the same steps, without the bookkeeping of several accesses."""
+        cells = acc.cells
+        if not len(cells):
+            return None
+        shadow, buffer = self.shadow, acc.buffer
+        if buffer not in shadow.fixed:
+            shadow.base(buffer, cells, self.sizes.get(buffer))
+        marks = self.marks.get(buffer) or self._marks(buffer)
+        writes = marks[0]
+        for b in marks[2]:
+            if writes[b] > vc[b]:
+                return self._checked(op, 0, vc)
+        if acc.mode == "r":
+            return None  # (the host's reads are not kept: see `_Shadow`)
+        reads = marks[1]
+        for b in marks[3]:
+            if reads[b] > vc[b]:
+                # a write that may overwrite an unordered read: as in `_op`
+                if self.pending.get(buffer):
+                    self._flush(buffer)
+                rows = shadow.readers.get(buffer) or shadow.reader_views(buffer)
+                for c in marks[3]:
+                    if reads[c] > vc[c]:
+                        read = rows[c][cells]
+                        if (max(read.tolist()) if len(read) <= 32 else _max(read)) > vc[c]:
+                            return self._one_by_one(op, 0, vc, op.accesses)
+                break
+        view = shadow.writers.get(buffer)
+        if view is None:
+            view = shadow.writer_view(buffer)
+        view[cells] = vc[0] * MAX_AGENTS  # the reads stay: see `_store`
+        writes[0] = vc[0]
         return None
 
     def _checked(self, op: Op, a: int, clock: VectorClock) -> Race | None:

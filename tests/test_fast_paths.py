@@ -45,6 +45,9 @@ class OneByOne(RaceDetector):
     def _op(self, op: Op, a: int, vc: VectorClock) -> Race | None:
         return self._one_by_one(op, a, vc, op.accesses)
 
+    def _host_op(self, op: Op, acc: Access, vc: VectorClock) -> Race | None:
+        return self._one_by_one(op, 0, vc, op.accesses)
+
 
 def all_races(detector: RaceDetector, trace: Trace) -> list[Race]:
     """Every race, in issue order: the detector goes on after each one it reports."""

@@ -416,7 +416,7 @@ class RaceDetector:
                     read = rows[b][acc.cells]
                     # (a few cells: a list's max costs less than numpy's reduce)
                     if (max(read.tolist()) if len(read) <= 32 else _max(read)) > vc[b]:
-                        return self._one_by_one(op, a, vc, op.accesses)
+                        return self._one_by_one(op, a, vc, op.accesses, ordered=True)
         clock = vc[a]
         value = clock * MAX_AGENTS + a
         for acc, marks in touched:
@@ -466,7 +466,7 @@ class RaceDetector:
                     if reads[c] > vc[c]:
                         read = rows[c][cells]
                         if (max(read.tolist()) if len(read) <= 32 else _max(read)) > vc[c]:
-                            return self._one_by_one(op, 0, vc, op.accesses)
+                            return self._one_by_one(op, 0, vc, op.accesses, ordered=True)
                 break
         view = shadow.writers.get(buffer)
         if view is None:
@@ -553,31 +553,43 @@ class RaceDetector:
                 self._raise(acc.buffer, acc.mode == "r", a, clock)
 
     def _one_by_one(
-        self, op: Op, a: int, clock: VectorClock | np.ndarray, accesses: list[Access]
+        self,
+        op: Op,
+        a: int,
+        clock: VectorClock | np.ndarray,
+        accesses: list[Access],
+        ordered: bool = False,
     ) -> Race | None:
+        """Access by access, in order: the first race, the accesses before it stored. `ordered`:
+        the op is ordered after every last write of its buffers (their write watermarks say so,
+        as on `_op`'s fast path), so no access's last writer is looked at: a write that may
+        overwrite an unordered read brought it here."""
         self._flush_all(accesses)
         vc = np.asarray(clock, dtype=np.int64)
         for acc in accesses:
-            race = self._access(op, a, vc, acc)
+            race = self._access(op, a, vc, acc, ordered)
             if race is not None:
                 return race
         return None
 
-    def _access(self, op: Op, a: int, vc: np.ndarray, acc: Access) -> Race | None:
+    def _access(
+        self, op: Op, a: int, vc: np.ndarray, acc: Access, ordered: bool = False
+    ) -> Race | None:
         shadow = self.shadow
         cells = acc.cells
         if not len(cells):
             return None
         at = cells + shadow.base(acc.buffer, cells)
-        last = shadow.writer[at]
-        # (shifts and masks: the cells are never negative; numpy's small calls are the cost)
-        w_agent, w_clock = last & (MAX_AGENTS - 1), last >> _AGENT_BITS
-        unordered = w_clock > vc[w_agent]
-        if _count(unordered):
-            kind = "RAW" if acc.mode == "r" else "WAW"
-            i = int(unordered.argmax())
-            first = self.ops[self.hb.op_of(int(w_agent[i]), int(w_clock[i]))].seq
-            return self._race(kind, acc, cells[unordered], first, op)
+        if not ordered:  # (else no last write to look at: see `_one_by_one`)
+            last = shadow.writer[at]
+            # (shifts and masks: the cells are never negative; numpy's small calls are the cost)
+            w_agent, w_clock = last & (MAX_AGENTS - 1), last >> _AGENT_BITS
+            unordered = w_clock > vc[w_agent]
+            if _count(unordered):
+                kind = "RAW" if acc.mode == "r" else "WAW"
+                i = int(unordered.argmax())
+                first = self.ops[self.hb.op_of(int(w_agent[i]), int(w_clock[i]))].seq
+                return self._race(kind, acc, cells[unordered], first, op)
         if acc.mode == "r":
             if a:  # (the host's reads are not kept: see `_Shadow`)
                 shadow.reads[a][at] = vc[a]

@@ -133,3 +133,13 @@ def test_a_cuda_api_without_a_stand_in_is_a_gap_of_ours_not_the_programs_crash()
     # anything else passes through as it was
     with pytest.raises(ValueError, match="the program's own"), cuda:
         raise ValueError("the program's own")
+
+
+@pytest.mark.usefixtures("simulated")
+def test_a_stream_is_a_context_manager_as_torch_stream_is() -> None:
+    outer, inner = torch.cuda.current_stream(), torch.cuda.Stream()
+    with inner as entered:
+        assert entered is inner and torch.cuda.current_stream() is inner
+        made = torch.zeros(2, device="cuda")
+    assert torch.cuda.current_stream() is outer
+    assert made.tolist() == [0.0, 0.0]

@@ -39,6 +39,7 @@ class SimStream:
         self.device_index = 0
         self.stream_id = len(runtime.streams)
         self.cuda_stream = self.stream_id  # (the handle a program may log or compare)
+        self._before: list[SimStream] = []  # the streams current before each `with` entry
         runtime.env.process(self._loop())
 
     def _loop(self) -> Generator[simpy.Event, Any, None]:
@@ -74,6 +75,16 @@ class SimStream:
     def query(self) -> bool:
         """Whether everything issued here has run (untraced, as a poll)."""
         return not self.ops and self.wakeup is not None and not self.wakeup.triggered
+
+    def __enter__(self) -> SimStream:
+        """`with stream:` (a `torch.Stream` is a context manager): current inside, the stream
+        current before it again after."""
+        self._before.append(self.runtime.current)
+        self.runtime.current = self
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.runtime.current = self._before.pop()
 
     def __eq__(self, other: object) -> bool:
         return self is other

@@ -50,9 +50,9 @@ class _Shadow:
     """
 
     def __init__(self) -> None:
-        self.writer = np.zeros(1024, dtype=_CELL)
-        self.reads = np.zeros((MAX_AGENTS, 1024), dtype=_CELL)
-        self.rows = list(self.reads)  # its rows, each agent's (slicing a row is cheaper)
+        # `writer` and `reads` are rows of one table, the writers first: a region's writers and
+        # its known agents' read clocks are then one 2-D slice (`table[: agents + 1]`)
+        self._use(np.zeros((MAX_AGENTS + 1, 1024), dtype=_CELL))
         self.used = 0
         self.regions: dict[str, tuple[int, int]] = {}  # buffer -> (first cell, cells)
         self.fixed: dict[str, int] = {}  # buffer -> first cell, for regions of a declared size
@@ -106,6 +106,12 @@ class _Shadow:
             self.agents = agents
             self.readers.clear()
 
+    def _use(self, table: np.ndarray) -> None:
+        self.table = table
+        self.writer: np.ndarray = table[0]
+        self.reads: np.ndarray = table[1:]
+        self.rows = list(self.reads)  # its rows, each agent's (slicing a row is cheaper)
+
     def _forget_views(self) -> None:
         self.writers.clear()
         self.readers.clear()
@@ -115,23 +121,18 @@ class _Shadow:
         self.readers.pop(buffer, None)
         base = self.used
         self.used += size
+        known = self.agents + 1  # (the writers' row and the known agents' read rows: the
+        # others are all 0, and copying them would touch memory that no read ever uses)
         if self.used > len(self.writer):
             capacity = max(self.used, 2 * len(self.writer))
-            writer = np.zeros(capacity, dtype=_CELL)
-            reads = np.zeros((MAX_AGENTS, capacity), dtype=_CELL)
-            writer[:base] = self.writer[:base]
-            # (only the known agents' rows: the others are all 0, and copying them would touch
-            # memory that no read ever uses)
-            reads[: self.agents, :base] = self.reads[: self.agents, :base]
-            self.writer, self.reads, self.rows = writer, reads, list(reads)
+            table = np.zeros((MAX_AGENTS + 1, capacity), dtype=_CELL)
+            table[:known, :base] = self.table[:known, :base]
+            self._use(table)
             self._forget_views()
         if region is not None:
             old, cells_before = region
-            self.writer[base : base + cells_before] = self.writer[old : old + cells_before]
-            known = self.agents
-            self.reads[:known, base : base + cells_before] = self.reads[
-                :known, old : old + cells_before
-            ]
+            rows = self.table[:known]
+            rows[:, base : base + cells_before] = rows[:, old : old + cells_before]
         self.regions[buffer] = (base, size)
         return base
 
@@ -341,16 +342,16 @@ class RaceDetector:
             shadow.grown(buffer, b - 1)
         old, new = shadow.regions[source][0], shadow.regions[buffer][0]
         n, m = b - a, d - c
-        # the writers, then every agent's read clocks at once (rows of one 2-D view)
-        for rows in (shadow.writer[None, :], shadow.reads[: shadow.agents]):
-            was = rows[:, old + c : old + d]
-            # (the methods' and functions' Python wrappers cost more than these small arrays)
-            if n > m:  # a smaller dtype: each old cell is several new ones
-                was = was.repeat(n // m, axis=1)
-            elif n < m:  # a larger one: each new cell is several old ones
-                was = _max(was.reshape(len(rows), n, m // n), axis=2)
-            into = rows[:, new + a : new + b]
-            np.maximum(into, was, out=into)
+        # the writers and every known agent's read clocks at once (rows of one 2-D view)
+        rows = shadow.table[: shadow.agents + 1]
+        was = rows[:, old + c : old + d]
+        # (the methods' and functions' Python wrappers cost more than these small arrays)
+        if n > m:  # a smaller dtype: each old cell is several new ones
+            was = was.repeat(n // m, axis=1)
+        elif n < m:  # a larger one: each new cell is several old ones
+            was = _max(was.reshape(len(rows), n, m // n), axis=2)
+        into = rows[:, new + a : new + b]
+        np.maximum(into, was, out=into)
         marks = self.marks.get(source)
         if marks is not None:
             mine = self.marks.get(buffer)

@@ -298,6 +298,14 @@ def _child(
     env = {**os.environ, "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED", "0")}
     command = [sys.executable, "-m", __name__, str(cex_file), "--plan", str(plan_file)]
     command += ["--from", str(start), "--repeat", str(repeat)]
+    return read_repeats(command, env, on_line)
+
+
+def read_repeats(
+    command: list[str], env: dict[str, str], on_line: Callable[[str], None]
+) -> ChildRun:
+    """Run `command` (a repeats process), each JSON line of its output to `on_line` as it comes;
+    a process still there `_DEAD_CONTEXT_GRACE` seconds after its crash line is killed."""
     lines, other = [], []  # a kernel's assertion is printed by the device on stdout
     with subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env

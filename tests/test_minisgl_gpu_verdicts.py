@@ -6,6 +6,9 @@ not line up runs nothing and says so."""
 from __future__ import annotations
 
 import json
+import os
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -159,3 +162,18 @@ def test_only_a_device_error_in_a_run_counts_as_the_race(monkeypatch: pytest.Mon
     Failing.message = "a bug of ours"
     with pytest.raises(RuntimeError, match="a bug of ours"):
         minisgl_gpu.one_repeat(_Cex(), PLAN, 0)  # type: ignore[arg-type]
+
+
+def test_a_process_stuck_after_its_crash_line_is_not_waited_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its teardown blocked on the dead CUDA context (seen on an H200): killed after the grace,
+    what it said kept."""
+    monkeypatch.setattr(minisgl_gpu, "_DEAD_CONTEXT_GRACE", 0.5)
+    crash = json.dumps(minisgl_gpu.Repeat(0, [], [], [], crash="Assertion `index`").to_json())
+    stuck = f"import time; print({crash!r}, flush=True); time.sleep(120)"
+    seen: list[str] = []
+    started = time.monotonic()
+    child = minisgl_gpu.read_repeats([sys.executable, "-c", stuck], dict(os.environ), seen.append)
+    assert time.monotonic() - started < 60
+    assert child.lines == seen == [crash] and child.returncode != 0

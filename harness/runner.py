@@ -318,7 +318,9 @@ def _fewer_collections(move_out: bool) -> Iterator[None]:
     frozen objects of its own (`gc.freeze()` before forking workers, say) nothing is frozen or
     unfrozen here, since unfreezing would thaw theirs too."""
     old = gc.get_threshold()
-    move_run_to_oldest = move_out and gc.get_freeze_count() in (0, _FROZEN_AT_START)
+    # (at most the interpreter's own: a frozen object that dies leaves the count, so a caller's
+    # freeze shows as more, never as less)
+    move_run_to_oldest = move_out and gc.get_freeze_count() <= _FROZEN_AT_START
     gc.set_threshold(max(old[0], 50_000), old[1], old[2])
     try:
         yield

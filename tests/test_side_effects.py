@@ -35,7 +35,10 @@ def test_a_run_restores_the_collector_threshold_and_freezes_nothing(collector: N
     run_scenario(named_scenario("basic"), SimBackend())
     assert gc.get_threshold() == (700, 11, 12)
     # (the interpreter's own frozen tuples, Python 3.12's, are thawed by the first run)
-    assert gc.get_freeze_count() == (0 if before in (0, runner._FROZEN_AT_START) else before)
+    if before <= runner._FROZEN_AT_START:
+        assert gc.get_freeze_count() == 0
+    else:
+        assert 0 < gc.get_freeze_count() <= before  # (frozen objects that die leave the count)
     assert gc.isenabled()
 
 
@@ -44,9 +47,11 @@ def test_the_interpreters_own_frozen_objects_do_not_stop_the_run_moving_its_obje
 ) -> None:
     # Python 3.12 starts with objects frozen: taken for a caller's, they made every run's end
     # set off a collection over all its objects (a tenth of a run on the GPU guest).
+    doomed = [[index] for index in range(100)]
     gc.freeze()
     try:
         monkeypatch.setattr(runner, "_FROZEN_AT_START", gc.get_freeze_count())
+        del doomed  # frozen objects that die leave the count: fewer than at the start now
         run_scenario(named_scenario("basic"), SimBackend())
         assert gc.get_freeze_count() == 0  # frozen and thawed: moved to the oldest generation
         assert gc.get_count()[0] < 1_000  # not left young for the next collection to rescan
@@ -101,7 +106,8 @@ def test_a_real_engines_run_leaves_its_objects_young(
         monkeypatch.setattr(runner, "_FROZEN_AT_START", gc.get_freeze_count())
         frozen = gc.get_freeze_count()
         run_scenario(named_scenario("basic"), AnotherEngine())
-        assert gc.get_freeze_count() == frozen  # nothing frozen and thawed: nothing moved out
+        # nothing frozen and thawed, nothing moved out (frozen objects that die leave the count)
+        assert 0 < gc.get_freeze_count() <= frozen
     finally:
         gc.unfreeze()
 

@@ -5,20 +5,19 @@ whose reads happen below the dispatcher, read what they convert."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
+from test_torchsim_allocator import _no_race  # noqa: E402
+
 from overlapcheck.backends.sim.device import SimDevice  # noqa: E402
 from overlapcheck.backends.sim.toy_model import ToyModel  # noqa: E402
 from overlapcheck.backends.torchsim.session import SimulatedCuda  # noqa: E402
 from overlapcheck.core.config import SchedulerConfig  # noqa: E402
-from overlapcheck.invariants.base import InvariantViolated, Violation  # noqa: E402
-from overlapcheck.invariants.no_race import NoRace  # noqa: E402
-from overlapcheck.invariants.races import RaceDetector  # noqa: E402
+from overlapcheck.invariants.base import Violation  # noqa: E402
 
 
 def _race_while_copying(touch: Callable[[Any], Any]) -> tuple[Violation | None, list[Any]]:
@@ -38,14 +37,7 @@ def _race_while_copying(touch: Callable[[Any], Any]) -> tuple[Violation | None, 
         done.synchronize()
         seen = host[2:6].tolist()
         del touched
-    check = NoRace()
-    check.run = SimpleNamespace(trace=device.trace, step=1, now=lambda: 0.0)  # type: ignore[assignment]
-    check.detector = RaceDetector()
-    try:
-        check.check()
-    except InvariantViolated as e:
-        return e.violation, seen
-    return None, seen
+    return _no_race(device), seen
 
 
 @pytest.mark.parametrize(

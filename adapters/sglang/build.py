@@ -13,6 +13,8 @@ import contextlib
 import gc
 import importlib
 import os
+import random
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -72,7 +74,33 @@ def server_args(loaded: Loaded, config: SchedulerConfig, device: str, simulated:
         # it at `new_token_ratio` (0.7 x this), lowered as its users who overcommit lower it
         schedule_conservativeness=0.1 if config.page_alloc == "on-demand" else 1.0,
         random_seed=config.seed,
+        nccl_port=free_port(),
     )
+
+
+# SGLang picks its process group's port with the global `random`, which every build seeds with
+# the run's seed: two processes building at once (test workers, search workers) drew the same
+# ports and one failed with EADDRINUSE. Ours comes from the OS's entropy instead; below the
+# ephemeral range, as SGLang keeps it (its store binds the port after the pick).
+_PORTS = random.Random()
+
+
+def free_port(low: int = 22_000, high: int = 29_999, attempts: int = 64) -> int | None:
+    """A free TCP port in [low, high] below the ephemeral range; None (SGLang picks) if none of
+    `attempts` drawn is."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            high = min(high, int(f.read().split()[0]) - 1)
+    except (OSError, ValueError, IndexError):
+        high = min(high, 32_767)
+    for port in _PORTS.sample(range(low, high + 1), min(attempts, max(high - low + 1, 0))):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+        return port
+    return None
 
 
 def build(

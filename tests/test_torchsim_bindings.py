@@ -14,13 +14,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from overlapcheck.backends.sim.device import SimDevice  # noqa: E402
-from overlapcheck.backends.sim.toy_model import ToyModel  # noqa: E402
-from overlapcheck.backends.torchsim.session import SimulatedCuda  # noqa: E402
-from overlapcheck.core.config import SchedulerConfig  # noqa: E402
+from test_torchsim_allocator import _device  # noqa: E402
 
-# What a binding says when it asks the missing CUDA runtime before dispatching.
-_NO_CUDA = ("not linked with support for cuda", "Torch not compiled with CUDA")
+from overlapcheck.backends.torchsim.session import _NO_CUDA, SimulatedCuda  # noqa: E402
+
 # Methods that make no sense here or change torch's state (autograd, storage, other devices).
 _SKIP = {
     "backward", "register_hook", "retain_grad", "requires_grad_", "share_memory_", "storage",
@@ -33,11 +30,7 @@ _SKIP = {
 
 @pytest.fixture
 def simulated() -> Iterator[None]:
-    cfg = SchedulerConfig()
-    with (
-        SimulatedCuda(SimDevice(cfg, ToyModel(cfg.vocab_size, cfg.eos_token_id)), ("main",)),
-        torch.inference_mode(),
-    ):
+    with SimulatedCuda(_device(), ("main",)), torch.inference_mode():
         yield
 
 
@@ -125,8 +118,7 @@ def test_a_cuda_api_without_a_stand_in_is_a_gap_of_ours_not_the_programs_crash()
     from overlapcheck.backends.torchsim.tensor import SimulatedCudaError
     from overlapcheck.harness.crash import crash_violation
 
-    cfg = SchedulerConfig()
-    cuda = SimulatedCuda(SimDevice(cfg, ToyModel(cfg.vocab_size, cfg.eos_token_id)), ("main",))
+    cuda = SimulatedCuda(_device(), ("main",))
     with pytest.raises(SimulatedCudaError, match="a gap of overlapcheck's") as raised, cuda:
         torch.cuda.get_rng_state()  # the program's own line
     assert crash_violation(raised.value, 0, 0.0) is None  # ours: never a `no-crash` finding

@@ -11,12 +11,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from test_torchsim_allocator import _no_race  # noqa: E402
+from test_torchsim_allocator import _device, _no_race  # noqa: E402
 
-from overlapcheck.backends.sim.device import SimDevice  # noqa: E402
-from overlapcheck.backends.sim.toy_model import ToyModel  # noqa: E402
 from overlapcheck.backends.torchsim.session import SimulatedCuda  # noqa: E402
-from overlapcheck.core.config import SchedulerConfig  # noqa: E402
 from overlapcheck.invariants.base import Violation  # noqa: E402
 
 
@@ -24,8 +21,7 @@ def _race_while_copying(touch: Callable[[Any], Any]) -> tuple[Violation | None, 
     """A non-blocking copy into a pinned buffer, `touch(buffer)` on the host before the event
     that ends the copy is waited for, then the values read after the wait: the race found (or
     None) and what the host saw."""
-    cfg = SchedulerConfig()
-    device = SimDevice(cfg, ToyModel(cfg.vocab_size, cfg.eos_token_id))
+    device = _device()
     with SimulatedCuda(device, ("main",)), torch.inference_mode():
         torch.cuda.set_stream(torch.cuda.Stream())
         source = torch.arange(16, dtype=torch.int32, device="cuda")
@@ -80,8 +76,7 @@ def test_a_read_of_a_buffer_being_filled_is_a_race(touch: Callable[[Any], Any]) 
 def test_pinning_a_pinned_tensor_gives_the_tensor_itself() -> None:
     """PyTorch's `pin_memory()` returns a tensor already pinned as it is: a write through either
     name is a write of the same memory (a copy would split them, and the program's reads)."""
-    cfg = SchedulerConfig()
-    device = SimDevice(cfg, ToyModel(cfg.vocab_size, cfg.eos_token_id))
+    device = _device()
     with SimulatedCuda(device, ("main",)), torch.inference_mode():
         pinned = torch.zeros(4, dtype=torch.int32, pin_memory=True)
         again = pinned.pin_memory()

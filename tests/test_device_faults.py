@@ -59,6 +59,14 @@ def mixed_devices(cuda, moved):
     lengths += extra  # MIXED DEVICES
 
 
+def host_index(cuda, moved):
+    pool = torch.arange(8, device="cuda")
+    index = torch.tensor(3)  # 0-dim, but `index_select`'s CUDA wrapper checks every tensor
+    if moved:
+        index = index.to("cuda")
+    return pool.index_select(0, index)  # HOST INDEX
+
+
 class Scheduler:
     def __init__(self, config, device, source, sink, kind):
         self.cuda = SimulatedCuda(device, ("engine", "scheduler"))
@@ -70,6 +78,8 @@ class Scheduler:
                 out_of_range(self.cuda)
             elif self.kind in ("mixed", "moved"):
                 mixed_devices(self.cuda, moved=self.kind == "moved")
+            elif self.kind in ("host-index", "device-index"):
+                host_index(self.cuda, moved=self.kind == "device-index")
             elif self.kind == "no-stand-in":
                 torch.cuda.get_rng_state()
             else:
@@ -199,3 +209,17 @@ def test_a_cuda_api_the_simulation_lacks_is_ours_not_the_programs(
 ) -> None:
     with pytest.raises(CheckerBug, match="no stand-in for a CUDA API"):
         _run(scheduler, "no-stand-in")
+
+
+def test_an_op_whose_cuda_wrapper_checks_devices_refuses_even_a_0_dim_host_tensor(
+    scheduler: tuple[Any, Path],
+) -> None:
+    """`index_select` has a CUDA kernel of its own and no `device_check: NoCheck` in torch's op
+    table: its wrapper refuses a host index of any dimension, where the host would run it."""
+    result = _run(scheduler, "host-index")
+    (crash,) = [v for v in result.violations if v.invariant == "no-crash"]
+    assert "argument index in method wrapper_CUDA_index_select" in crash.message
+    (where,) = crash.locations
+    assert (where.file, where.line) == ("faulty_scheduler.py", _line("HOST INDEX"))
+    result = _run(scheduler, "device-index")
+    assert not [v for v in result.violations if v.invariant == "no-crash"]

@@ -30,6 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from overlapcheck.backends.sim.device import SimDevice, Unit
 from overlapcheck.backends.torchsim.allocators import DeviceAllocator, HostAllocator
+from overlapcheck.backends.torchsim.device_checks import mixed_devices
 from overlapcheck.backends.torchsim.footprint import Touch, arguments, moves, touches
 from overlapcheck.backends.torchsim.guards import plain as plain  # (re-exported: its home was here)
 from overlapcheck.backends.torchsim.memory import (
@@ -665,8 +666,9 @@ class Interceptor:
     ) -> Any:
         runtime = self.runtime
         info = op_info(func)
-        if info.one_device:
-            _same_device(info, args, kwargs)
+        hosts = [t for t in _tensors((args, kwargs)) if not isinstance(t, SimTensor)]
+        if hosts:  # a host tensor among device work: fine for some ops, an error for others
+            _one_device(func, info, args, kwargs)
         if info.dynamic and _data_dependent(func, args):
             runtime.sync_current(f"{info.name} (data-dependent shape)")
         reading = (args[1:], kwargs) if info.like else (args, kwargs)
@@ -677,11 +679,7 @@ class Interceptor:
             if t.mode == "w" and t.buffer.pinned:
                 t.buffer.split()
         # pageable host sources are staged at the call
-        staged = {
-            id(t): t.clone()
-            for t in _tensors((args, kwargs))
-            if not isinstance(t, SimTensor) and self.memory.pinned_of(t) is None
-        }
+        staged = {id(t): t.clone() for t in hosts if self.memory.pinned_of(t) is None}
         host_kwargs = dict(kwargs)
         if _is_cuda(host_kwargs.get("device")):
             host_kwargs["device"] = "cpu"
@@ -996,21 +994,27 @@ def _data_dependent(func: Any, args: tuple[Any, ...]) -> bool:
     return True
 
 
-def _same_device(info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    """Raise as CUDA's kernel would for a host tensor of one or more dimensions among an op's
-    device tensors (a 0-dim host tensor is a scalar: allowed). The program's error where the
-    scheduler's own code issued the op: on the host, where the simulation runs it, it would
-    run."""
-    for x in _leaves((args, kwargs)):
-        if isinstance(x, torch.Tensor) and not isinstance(x, SimTensor) and x.dim() > 0:
-            err = RuntimeError(
-                "Expected all tensors to be on the same device, but found at least two "
-                f"devices, cuda:0 and cpu! (`{info.name}` of a host tensor of shape "
-                f"{list(x.shape)} with device tensors)"
-            )
-            if _issued_by_program():
-                mark_program_error(err)
-            raise err
+def _one_device(func: Any, info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Raise as CUDA would for a host tensor among an op's device tensors, where it would: the
+    wrapper of an op with a CUDA kernel of its own checks its positional and `out` tensors
+    (`device_checks`), TensorIterator's pointwise ops and `cat` allow a 0-dim host scalar only.
+    The program's error where the scheduler's own code issued the op: on the host, where the
+    simulation runs it, it would run."""
+    message = mixed_devices(func, args, kwargs)
+    if message is None and info.one_device:
+        for x in _leaves((args, kwargs)):
+            if isinstance(x, torch.Tensor) and not isinstance(x, SimTensor) and x.dim() > 0:
+                message = (
+                    "Expected all tensors to be on the same device, but found at least two "
+                    f"devices, cuda:0 and cpu! (`{info.name}` of a host tensor of shape "
+                    f"{list(x.shape)} with device tensors)"
+                )
+                break
+    if message is not None:
+        err = RuntimeError(message)
+        if _issued_by_program():
+            mark_program_error(err)
+        raise err
 
 
 def _physical(x: Any) -> Any:

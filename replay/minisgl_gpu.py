@@ -17,16 +17,20 @@ JSON by the buggy checkout's process and read by the fixed one's
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from queue import Empty, Queue
 from typing import Any
 
 import numpy as np
@@ -280,14 +284,18 @@ def device_error(stderr: str) -> str | None:
 @dataclass
 class ChildRun:
     """What a process running repeats `start`.. gave back: a JSON line per repeat it finished,
-    its exit status and its stderr."""
+    its exit status (None: it stopped answering, or could not be reaped) and its other output."""
 
     lines: list[str]
-    returncode: int
+    returncode: int | None
     stderr: str
+    silent: bool = False  # killed after `_SILENCE` seconds without a line
 
 
 _DEAD_CONTEXT_GRACE = 20.0  # seconds a process whose run the device stopped may take to exit
+# seconds a repeats process may go without a line (its imports and warm-up come first): past
+# them it is stuck (a device a killed process still holds, say), and nothing more is judged
+_SILENCE = 240.0
 
 
 def _child(
@@ -304,29 +312,65 @@ def _child(
 def read_repeats(
     command: list[str], env: dict[str, str], on_line: Callable[[str], None]
 ) -> ChildRun:
-    """Run `command` (a repeats process), each JSON line of its output to `on_line` as it comes;
-    a process still there `_DEAD_CONTEXT_GRACE` seconds after its crash line is killed."""
-    lines, other = [], []  # a kernel's assertion is printed by the device on stdout
-    with subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-    ) as proc:
-        assert proc.stdout is not None
-        stop: threading.Timer | None = None
-        for raw in proc.stdout:
-            line = raw.rstrip("\n")
-            if line.startswith("{"):
-                lines.append(line)
-                on_line(line)
-                if stop is None and json.loads(line).get("crash") is not None:
-                    # the device stopped it: what it has to say is said; one stuck on its
-                    # dead CUDA context is not waited for
-                    stop = threading.Timer(_DEAD_CONTEXT_GRACE, proc.kill)
-                    stop.start()
-            else:
-                other.append(line)
-        if stop is not None:
-            stop.cancel()
-    return ChildRun(lines, proc.returncode, "\n".join(other))
+    """Run `command` (a repeats process, in a session of its own), each JSON line of its output
+    to `on_line` as it comes. Past its crash line it has `_DEAD_CONTEXT_GRACE` seconds to end;
+    then it and anything it started are killed and nothing more is read or waited for: a
+    process on a dead CUDA context can block in the driver's teardown, where even a kill waits
+    and the pipe stays open (seen on an H200: the replay hung to its timeout). One silent for
+    `_SILENCE` seconds is killed the same way."""
+    lines: list[str] = []
+    other: list[str] = []  # a kernel's assertion is printed by the device on stdout
+    proc = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+    queue: Queue[str | None] = Queue()
+    threading.Thread(target=_pump, args=(proc.stdout, queue), daemon=True).start()
+    deadline: float | None = None  # set by a crash line
+    silent = False
+    while True:
+        wait = _SILENCE if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            raw = queue.get(timeout=wait)
+        except Empty:
+            silent = deadline is None
+            _kill_group(proc)
+            break
+        if raw is None:  # its output ended
+            break
+        line = raw.rstrip("\n")
+        if not line.startswith("{"):
+            other.append(line)
+            continue
+        lines.append(line)
+        on_line(line)
+        if deadline is None and json.loads(line).get("crash") is not None:
+            deadline = time.monotonic() + _DEAD_CONTEXT_GRACE
+    try:
+        code: int | None = proc.wait(timeout=_DEAD_CONTEXT_GRACE if deadline is None else 5.0)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        try:
+            code = proc.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            code = None  # blocked in the driver: left behind
+    return ChildRun(lines, code, "\n".join(other), silent)
+
+
+def _pump(stream: Any, queue: Queue[str | None]) -> None:
+    for raw in stream:
+        queue.put(raw)
+    queue.put(None)
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def gated_repeats(
@@ -360,6 +404,11 @@ def gated_repeats(
             )
             if len(out) >= repeat or (out and out[-1].crash is not None):
                 continue  # done, or it said which repeat the device stopped
+            if child.silent:
+                return out, (
+                    f"a repeat's process said nothing for {_SILENCE:.0f} s after repeat "
+                    f"{len(out)} began (the device left stuck?)"
+                )
             said = device_error(child.stderr)
             if said is None:
                 tail = (child.stderr.strip().splitlines() or [f"exit {child.returncode}"])[-1]
@@ -472,7 +521,11 @@ def main(argv: list[str] | None = None) -> int:
                 # The CUDA context is dead: the next process goes on. Out at once, past the
                 # interpreter's teardown, whose CUDA frees and destructors can block for good
                 # on a dead context (seen on an H200: the replay then hung to its timeout).
+                # Its output closed first: an exit that blocks in the driver keeps it open.
                 sys.stdout.flush()
+                sys.stderr.flush()
+                os.close(1)
+                os.close(2)
                 os._exit(3)
         return 0
     _, verdict = report(cex, path, args.repeat, lambda line: print(line, flush=True))

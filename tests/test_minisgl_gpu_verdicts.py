@@ -177,3 +177,37 @@ def test_a_process_stuck_after_its_crash_line_is_not_waited_for(
     child = minisgl_gpu.read_repeats([sys.executable, "-c", stuck], dict(os.environ), seen.append)
     assert time.monotonic() - started < 60
     assert child.lines == seen == [crash] and child.returncode != 0
+
+
+def test_a_process_whose_output_outlives_its_kill_is_not_waited_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What it started keeps the pipe open after the process is killed (as a process blocked in
+    the driver's teardown does): the whole session is killed and nothing more is read."""
+    monkeypatch.setattr(minisgl_gpu, "_DEAD_CONTEXT_GRACE", 0.5)
+    crash = json.dumps(minisgl_gpu.Repeat(0, [], [], [], crash="Assertion `index`").to_json())
+    sleeper = "[sys.executable, '-c', 'import time; time.sleep(120)']"
+    holder = f"import subprocess, sys, time; subprocess.Popen({sleeper})"
+    stuck = f"{holder}; print({crash!r}, flush=True); time.sleep(120)"
+    seen: list[str] = []
+    started = time.monotonic()
+    child = minisgl_gpu.read_repeats([sys.executable, "-c", stuck], dict(os.environ), seen.append)
+    assert time.monotonic() - started < 60
+    assert child.lines == seen == [crash] and not child.silent
+
+
+def test_a_process_that_says_nothing_stops_the_replay_unjudged(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(minisgl_gpu, "_SILENCE", 0.5)
+    started = time.monotonic()
+    child = minisgl_gpu.read_repeats(
+        [sys.executable, "-c", "import time; time.sleep(120)"], dict(os.environ), print
+    )
+    assert time.monotonic() - started < 60
+    assert child.silent and child.lines == []
+    monkeypatch.setattr(
+        minisgl_gpu, "_child", lambda *args: minisgl_gpu.ChildRun([], None, "", silent=True)
+    )
+    out, unjudged = minisgl_gpu.gated_repeats(_Cex(), PLAN, 3)  # type: ignore[arg-type]
+    assert out == [] and unjudged is not None and "said nothing" in unjudged

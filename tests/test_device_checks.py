@@ -6,13 +6,18 @@ table, and where the table is missing it checks nothing (a GPU error missed, nev
 
 from __future__ import annotations
 
+import json
+import re
+import warnings
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
+import mixed_device_cases  # noqa: E402
 from test_torchsim_allocator import _device  # noqa: E402
 
 from overlapcheck.backends.torchsim import device_checks  # noqa: E402
@@ -48,6 +53,37 @@ REFUSED: dict[str, tuple[Callable[[], Any], str]] = {
     "mm": (lambda: torch.mm(_pool().reshape(2, 3), torch.ones(3, 1)), "mat2"),
     "searchsorted": (lambda: torch.searchsorted(_pool(), torch.tensor([2.5])), "self"),
 }
+# Refused by the CUDA kernels themselves, or by a structured kernel's `out=`: the message.
+REFUSED_BY_KERNEL: dict[str, tuple[Callable[[], Any], str]] = {
+    "masked_fill_ with a 0-dim host mask": (
+        lambda: _pool().masked_fill_(torch.tensor(True), 0.0),
+        "expected self and mask to be on the same device",
+    ),
+    "index_fill_ at a host index": (
+        lambda: _pool().index_fill_(0, torch.tensor(1), 0.0),
+        "found at least two devices",
+    ),
+    "setitem of host values": (
+        lambda: _pool().__setitem__(HOST_INDEX, torch.ones(2)),
+        "found at least two devices",
+    ),
+    "index_put_ accumulating host values": (
+        lambda: _pool().index_put_((HOST_INDEX.cuda(),), torch.ones(2), accumulate=True),
+        "for value tensor",
+    ),
+    "cumsum into a host out": (
+        lambda: torch.cumsum(_pool(), 0, out=torch.zeros(6)),
+        "Expected out tensor to have device cuda:0, but got cpu instead",
+    ),
+    "uniform_ with a host generator": (
+        lambda: _pool().uniform_(generator=torch.Generator()),
+        "Expected a 'cuda' device type for generator but found 'cpu'",
+    ),
+    "rand on the device with a host generator": (
+        lambda: torch.rand(3, device="cuda", generator=torch.Generator()),
+        "Expected a 'cuda' device type for generator",
+    ),
+}
 # What CUDA runs: ops marked `NoCheck` (indexing moves host indices; TensorIterator takes a 0-dim
 # host scalar), composites, and copies.
 ALLOWED: dict[str, Callable[[], Any]] = {
@@ -60,6 +96,8 @@ ALLOWED: dict[str, Callable[[], Any]] = {
         torch.ones(6, dtype=torch.bool, device="cuda"), torch.tensor(0.0)
     ),
     "copy_ from the host": lambda: _pool().copy_(torch.ones(6)),
+    "setitem of a 0-dim host value": lambda: _pool().__setitem__(HOST_INDEX, torch.tensor(1.0)),
+    "uniform_ without a generator": lambda: _pool().uniform_(),
 }
 
 
@@ -70,7 +108,14 @@ def test_an_op_whose_wrapper_checks_devices_refuses_a_host_tensor(
     call, argument = REFUSED[name]
     with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device") as err:
         call()
-    assert f"for argument {argument} in method wrapper_CUDA_" in str(err.value)
+    assert f"but got {argument} is on cpu" in str(err.value)
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED_BY_KERNEL))
+def test_a_kernel_or_out_or_generator_check_refuses_as_cuda(simulated: None, name: str) -> None:
+    call, message = REFUSED_BY_KERNEL[name]
+    with pytest.raises(RuntimeError, match=re.escape(message)):
+        call()
 
 
 @pytest.mark.parametrize("name", sorted(ALLOWED))
@@ -98,9 +143,59 @@ def test_the_checked_arguments_are_the_positional_and_out_tensors_in_the_wrapper
 def test_without_torchs_op_table_nothing_is_refused(
     simulated: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(device_checks, "_checked_ops", lambda: frozenset())
-    device_checks.checked_arguments.cache_clear()
+    empty = device_checks._Tables(frozenset(), frozenset())
+    monkeypatch.setattr(device_checks, "_tables", lambda: empty)
+    cached = (device_checks.checked_arguments, device_checks._structured_outs)
+    for function in cached:
+        function.cache_clear()
     try:
         assert _pool().index_select(0, HOST_INDEX).tolist() == [0.0, 2.0]
     finally:
-        device_checks.checked_arguments.cache_clear()
+        for function in cached:
+            function.cache_clear()
+
+
+# Calls the GPU refuses that the simulation still runs: composites whose refusing op is one they
+# call on the GPU (`embedding` -> `index_select`, `stack` -> `cat`, `matmul` -> `addmv_`), where
+# the simulation sees only the composite. A GPU error missed, never a false one.
+MISSED = {
+    "embedding host idx",
+    "embedding host idx0",
+    "embedding_bag host",
+    "repeat_interleave host repeats",
+    "stack host",
+    "matmul host",
+}
+
+
+def _gpu_outcomes() -> dict[str, str]:
+    recorded = json.loads((Path(__file__).parent / "data" / "mixed_devices_h200.json").read_text())
+    outcomes: dict[str, str] = recorded["outcomes"]
+    return outcomes
+
+
+def test_the_simulation_refuses_what_a_gpu_refused_and_runs_what_it_ran() -> None:
+    """The outcomes of `mixed_device_cases` on an H200, against the simulation's: no call the GPU
+    ran is refused (a false alarm), every call the GPU refused is refused but for `MISSED`."""
+    gpu = _gpu_outcomes()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # index_reduce's beta notice
+        with SimulatedCuda(_device(), ("main",)), torch.inference_mode():
+            simulated = mixed_device_cases.run("cuda")
+    assert set(simulated) == set(gpu)
+    false_alarms = [name for name, seen in simulated.items() if seen != "ok" and gpu[name] == "ok"]
+    assert false_alarms == []
+    missed = {name for name, seen in simulated.items() if seen == "ok" and gpu[name] != "ok"}
+    assert missed == MISSED
+    for name, seen in simulated.items():  # the same error, as the GPU words it
+        if seen != "ok":
+            assert seen.split(":")[0] == gpu[name].split(":")[0] == "RuntimeError", name
+            assert seen.split(" (")[0] == gpu[name].split(" (")[0], name
+
+
+@pytest.mark.cuda
+def test_a_gpu_refuses_and_runs_what_it_did_when_recorded() -> None:
+    """On a GPU: the recorded outcomes still hold (a torch upgrade that changes one shows here)."""
+    outcomes = mixed_device_cases.run("cuda")
+    gpu = _gpu_outcomes()
+    assert {n: o == "ok" for n, o in outcomes.items()} == {n: o == "ok" for n, o in gpu.items()}

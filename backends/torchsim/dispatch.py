@@ -30,7 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from overlapcheck.backends.sim.device import SimDevice, Unit
 from overlapcheck.backends.torchsim.allocators import DeviceAllocator, HostAllocator
-from overlapcheck.backends.torchsim.device_checks import mixed_devices
+from overlapcheck.backends.torchsim.device_checks import host_generator, mixed_devices
 from overlapcheck.backends.torchsim.footprint import Touch, arguments, moves, touches
 from overlapcheck.backends.torchsim.guards import plain as plain  # (re-exported: its home was here)
 from overlapcheck.backends.torchsim.memory import (
@@ -668,7 +668,9 @@ class Interceptor:
         info = op_info(func)
         hosts = [t for t in _tensors((args, kwargs)) if not isinstance(t, SimTensor)]
         if hosts:  # a host tensor among device work: fine for some ops, an error for others
-            _one_device(func, info, args, kwargs)
+            _refuse(mixed_devices(func, args, kwargs) or _host_operand(info, args, kwargs))
+        if info.generator is not None:
+            _refuse(host_generator(func, info.generator, args, kwargs))
         if info.dynamic and _data_dependent(func, args):
             runtime.sync_current(f"{info.name} (data-dependent shape)")
         reading = (args[1:], kwargs) if info.like else (args, kwargs)
@@ -994,27 +996,31 @@ def _data_dependent(func: Any, args: tuple[Any, ...]) -> bool:
     return True
 
 
-def _one_device(func: Any, info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    """Raise as CUDA would for a host tensor among an op's device tensors, where it would: the
-    wrapper of an op with a CUDA kernel of its own checks its positional and `out` tensors
-    (`device_checks`), TensorIterator's pointwise ops and `cat` allow a 0-dim host scalar only.
-    The program's error where the scheduler's own code issued the op: on the host, where the
-    simulation runs it, it would run."""
-    message = mixed_devices(func, args, kwargs)
-    if message is None and info.one_device:
-        for x in _leaves((args, kwargs)):
-            if isinstance(x, torch.Tensor) and not isinstance(x, SimTensor) and x.dim() > 0:
-                message = (
-                    "Expected all tensors to be on the same device, but found at least two "
-                    f"devices, cuda:0 and cpu! (`{info.name}` of a host tensor of shape "
-                    f"{list(x.shape)} with device tensors)"
-                )
-                break
-    if message is not None:
-        err = RuntimeError(message)
-        if _issued_by_program():
-            mark_program_error(err)
-        raise err
+def _host_operand(info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """TensorIterator's pointwise ops and `cat` refuse a host tensor of one or more dimensions
+    among device tensors (a 0-dim one is a scalar, allowed): CUDA's message, else None."""
+    if not info.one_device:
+        return None
+    for x in _leaves((args, kwargs)):
+        if isinstance(x, torch.Tensor) and not isinstance(x, SimTensor) and x.dim() > 0:
+            return (
+                "Expected all tensors to be on the same device, but found at least two "
+                f"devices, cuda:0 and cpu! (`{info.name}` of a host tensor of shape "
+                f"{list(x.shape)} with device tensors)"
+            )
+    return None
+
+
+def _refuse(message: str | None) -> None:
+    """Raise CUDA's error where a GPU refuses what the host, where the simulation computes,
+    would run (`device_checks`). The program's error where the scheduler's own code issued the
+    op."""
+    if message is None:
+        return
+    err = RuntimeError(message)
+    if _issued_by_program():
+        mark_program_error(err)
+    raise err
 
 
 def _physical(x: Any) -> Any:

@@ -74,6 +74,7 @@ class OpInfo:
     # device tensors is an error on a GPU.
     one_device: bool
     indexed: bool  # addresses cells by index values (`INDEXED`)
+    generator: int | None  # the position of its generator argument, if it takes one
     # Per return: the index of the argument it aliases when that one is written, else None.
     aliases: tuple[int | None, ...]
     written: tuple[bool, ...]  # per schema argument, by position: whether the op writes it
@@ -115,6 +116,7 @@ def _read(func: Any) -> OpInfo:
         dynamic=torch.Tag.dynamic_output_shape in func.tags,
         one_device=torch.Tag.pointwise in func.tags or packet is aten.cat,
         indexed=packet in INDEXED,
+        generator=next((i for i, a in enumerate(arguments) if "Generator" in str(a.type)), None),
         aliases=_write_returns(schema),
         written=written,
         by_name={a.name: (i, w) for i, (a, w) in enumerate(zip(arguments, written, strict=True))},

@@ -56,11 +56,12 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from overlapcheck.backends.torchsim.memory import Buffer, Geometry, Memory, at, same_geometry
-from overlapcheck.backends.torchsim.streams import Marker, SimStream, StreamRuntime
+from overlapcheck.backends.torchsim.streams import UNKNOWN, Marker, SimStream, StreamRuntime
 from overlapcheck.core.sites import Site, caller
 from overlapcheck.core.trace import HOST, Reuse
 
@@ -179,11 +180,12 @@ class DeviceAllocator:
         self.reused = 0  # allocations that got memory an earlier tensor had
 
     def allocate(
-        self, like: torch.Tensor, hint: str, site: Site | None = None
+        self, like: torch.Tensor, hint: str, site: Any = UNKNOWN
     ) -> tuple[Buffer, torch.Tensor]:
         """Memory for `like`'s storage (dtype and size) on the current stream: its buffer, and
         `like`'s geometry there as a view of the buffer's logical copy. `site`: the scheduler's
-        frame that asked, when the caller found it already (else it is looked up on a reuse)."""
+        frame that asked (None: none), when the caller found it already (else it is looked up
+        on a reuse)."""
         self.collect()
         self._release()
         nbytes = like.untyped_storage().nbytes()
@@ -227,7 +229,7 @@ class DeviceAllocator:
         esize: int,
         hint: str,
         stream: SimStream,
-        site: Site | None,
+        site: Any,
     ) -> tuple[Buffer, int]:
         """The buffer a new tensor of `dtype` in `block` is named by, and its element offset
         there; the block's bytes are its from now on."""
@@ -278,13 +280,13 @@ class DeviceAllocator:
         end: int,
         esize: int | None,
         stream: SimStream,
-        site: Site | None,
+        site: Any,
     ) -> None:
         """Trace the reuse of `old` pieces' bytes [start, end) by `buffer`; `esize`: the new
         buffer's element size when it is not the old one (its cells then map to theirs)."""
         self.reused += 1
         trace = self.runtime.device.trace
-        here = site if site is not None else caller()
+        here = caller() if site is UNKNOWN else site
         step, seq = self.runtime.device.recorder.step, len(trace.ops)
         for piece in old:
             if esize is None:
@@ -413,8 +415,9 @@ class HostAllocator:
         self.free: list[_PinnedBlock] = []  # in free order
         self.reused = 0
 
-    def allocate(self, made: torch.Tensor, hint: str) -> torch.Tensor:
-        """A pinned tensor with the sizes, dtype and values of `made` (a fresh, plain one)."""
+    def allocate(self, made: torch.Tensor, hint: str, site: Any = UNKNOWN) -> torch.Tensor:
+        """A pinned tensor with the sizes, dtype and values of `made` (a fresh, plain one);
+        `site`: the scheduler's frame that asked, when the caller found it already."""
         self._collect()
         dtype = made.dtype
         where: Geometry = (tuple(made.size()), tuple(made.stride()), 0)
@@ -432,7 +435,7 @@ class HostAllocator:
         )
         if block is not None:
             for marker in block.markers.values():
-                self.runtime.observe(marker, why="pinned")
+                self.runtime.observe(marker, why="pinned", site=site)
             block.markers = {}
             self.free.remove(block)
             self.reused += 1
@@ -442,7 +445,7 @@ class HostAllocator:
                 # tensor again, and the host's ops on it run once (`Buffer.split`)
                 old.logical = old.physical
             if block.buffer.physical.dtype != dtype:
-                self._retype(block, dtype, hint)
+                self._retype(block, dtype, hint, site)
         else:
             numel = max(bucket // esize, 1)
             buffer = self.memory.new_pinned(numel, dtype, hint)
@@ -456,14 +459,15 @@ class HostAllocator:
             _copy_into(same_geometry(block.buffer.logical, tensor), made)
         return tensor
 
-    def _retype(self, block: _PinnedBlock, dtype: torch.dtype, hint: str) -> None:
+    def _retype(self, block: _PinnedBlock, dtype: torch.dtype, hint: str, site: Any) -> None:
         """The block's memory for a tensor of another dtype: a new buffer on it, whose cells
         the race checker maps to the old buffer's (a `Reuse` with a `source`)."""
         old = block.buffer
         buffer = self.memory.retype_pinned(old, dtype, hint)
         esize, old_esize = buffer.physical.element_size(), old.physical.element_size()
         trace = self.runtime.device.trace
-        here, step = caller(), self.runtime.device.recorder.step
+        here = caller() if site is UNKNOWN else site
+        step = self.runtime.device.recorder.step
         trace.reuses.append(
             Reuse(
                 buffer.name,
@@ -483,12 +487,12 @@ class HostAllocator:
         block.own = _use_count(block.storage)
         self.blocks[id(buffer)] = block
 
-    def copied(self, buffers: list[Buffer], stream: SimStream) -> None:
+    def copied(self, buffers: list[Buffer], stream: SimStream, site: Any = UNKNOWN) -> None:
         """A stream op just issued on `stream` reads or writes these pinned buffers: an event
-        after it, as PyTorch's copies record one."""
+        after it, as PyTorch's copies record one (`site`: the op's, when known)."""
         blocks = [self.blocks[id(b)] for b in buffers if id(b) in self.blocks]
         if blocks:
-            marker = self.runtime.record(stream, why="pinned")
+            marker = self.runtime.record(stream, why="pinned", site=site)
             for block in blocks:
                 block.markers[stream.name] = marker
 

@@ -31,7 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from overlapcheck.backends.sim.device import SimDevice, Unit
 from overlapcheck.backends.torchsim.allocators import DeviceAllocator, HostAllocator
 from overlapcheck.backends.torchsim.device_checks import host_generator, mixed_devices
-from overlapcheck.backends.torchsim.footprint import Touch, arguments, moves, touches
+from overlapcheck.backends.torchsim.footprint import Touch, moves, touches
 from overlapcheck.backends.torchsim.guards import plain as plain  # (re-exported: its home was here)
 from overlapcheck.backends.torchsim.memory import (
     Buffer,
@@ -45,7 +45,7 @@ from overlapcheck.backends.torchsim.memory import (
     view_cells,
 )
 from overlapcheck.backends.torchsim.schema import OpInfo, op_info
-from overlapcheck.backends.torchsim.streams import SimStream, StreamRuntime
+from overlapcheck.backends.torchsim.streams import UNKNOWN, SimStream, StreamRuntime
 from overlapcheck.backends.torchsim.tensor import SimTensor, SimulatedCudaError
 from overlapcheck.core.errors import (
     DeviceFault,
@@ -483,7 +483,8 @@ class Interceptor:
         if info.empty and isinstance(out, torch.Tensor):
             out.fill_(poison(out.dtype))
         if pin and isinstance(out, torch.Tensor):
-            out = self._pinned(out, where()[1])
+            _, hint, pin_site = origin()
+            out = self._pinned(out, hint, pin_site)
         if accesses is not None:
             here, _, site = origin()
             self.device.recorder.host_op(
@@ -562,11 +563,12 @@ class Interceptor:
     def _host_op(self, label: str, accesses: list[Access], site: Site | None) -> Op:
         return self.device.recorder.host_op(float(self.runtime.env.now), site, label, accesses)
 
-    def _pinned(self, made: torch.Tensor, hint: str) -> torch.Tensor:
-        """`made` copied into pinned memory (`HostAllocator.allocate`), its buffer's size declared
-        in the trace as a device buffer's is (the race checker's shadow region for it is then
-        made once, not grown to the largest cell seen at every access)."""
-        tensor = self.host_memory.allocate(made, hint)
+    def _pinned(self, made: torch.Tensor, hint: str, site: Any = UNKNOWN) -> torch.Tensor:
+        """`made` copied into pinned memory (`HostAllocator.allocate`; `site`: the call's, when
+        known), its buffer's size declared in the trace as a device buffer's is (the race
+        checker's shadow region for it is then made once, not grown to the largest cell seen at
+        every access)."""
+        tensor = self.host_memory.allocate(made, hint, site)
         buffer = self.memory.pinned_of(tensor)
         if buffer is not None:
             self.device.trace.sizes.setdefault(buffer.name, buffer.numel)
@@ -589,7 +591,7 @@ class Interceptor:
         # traced: `touches` would find nothing)
         found = touches(aten.clone.default, (t,), {}, self.locate, self.logical) if located else []
         here, hint, site = origin()
-        copy = self._pinned(t.clone(), hint)
+        copy = self._pinned(t.clone(), hint, site)
         if found:
             accesses = [Access(t.buffer.name, t.cells, t.mode) for t in found]  # type: ignore[arg-type]
             self._host_op(f"pin_memory @{here}", accesses, site)
@@ -789,7 +791,7 @@ class Interceptor:
             return end
 
         self._enqueue(_Launch(op, self.device.compute, duration, start))
-        self.host_memory.copied([t.buffer for t in found if t.buffer.pinned], runtime.current)
+        self.host_memory.copied([t.buffer for t in found if t.buffer.pinned], runtime.current, site)
         return made
 
     def _enqueue(self, launch: _Launch) -> None:
@@ -818,7 +820,12 @@ class Interceptor:
 
     def _to(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """`Tensor.to(...)`: itself when nothing changes, else a copy (`_to_copy`)."""
-        by_name = dict(arguments(func, args, kwargs))
+        info = op_info(func)
+        names = info.names
+        by_name = dict(zip(names, args, strict=False))  # (the schema names every positional)
+        if kwargs:
+            known = info.by_name
+            by_name.update((k, v) for k, v in kwargs.items() if k in known)
         x = by_name.pop("self")
         other = by_name.pop("other", None)
         device = by_name.get("device")
@@ -856,7 +863,9 @@ class Interceptor:
             return self._kernel(aten._to_copy.default, (x,), {"dtype": dtype}, kind="kernel")
         here, hint, site = origin()
         if cuda_dst:  # host to device into a fresh buffer
-            logical = self.logical(x).to(dtype)
+            logical = self.logical(x)
+            if logical.dtype != dtype:
+                logical = logical.to(dtype)
             buffer, placed = self.device_memory.allocate(logical, hint, site)
             self.device.trace.sizes[buffer.name] = buffer.numel
             _copy_into(placed, logical)
@@ -869,7 +878,7 @@ class Interceptor:
         with plain():
             host = torch.full(x.shape, poison(dtype), dtype=dtype)
         if non_blocking:
-            host = self._pinned(host, hint)
+            host = self._pinned(host, hint, site)
         self._d2h(host, x, non_blocking, here, site)
         return host
 
@@ -939,7 +948,7 @@ class Interceptor:
 
         self._enqueue(_Launch(op, self.device.h2d_engine, duration, start))
         if isinstance(source, _Ref):
-            self.host_memory.copied([source.buffer], runtime.current)
+            self.host_memory.copied([source.buffer], runtime.current, site)
         if not non_blocking:
             runtime.sync_current("blocking h2d")
 
@@ -983,7 +992,7 @@ class Interceptor:
 
         self._enqueue(_Launch(op, self.device.d2h_engine, duration, start))
         if asynchronous and dst_buffer is not None:
-            self.host_memory.copied([dst_buffer], runtime.current)
+            self.host_memory.copied([dst_buffer], runtime.current, site)
         if not asynchronous:
             runtime.sync_current("blocking d2h")
 

@@ -19,12 +19,15 @@ from typing import Any
 import simpy
 
 from overlapcheck.backends.sim.device import DeadlockError, SimDevice, Unit
-from overlapcheck.core.sites import Site
-from overlapcheck.core.trace import Op
+from overlapcheck.core.sites import Site, caller
+from overlapcheck.core.trace import HOST, Op
 
 Body = Callable[[], Generator[simpy.Event, Any, None]]
 # Host time one poll of `Event.query()` costs: a loop that spins on it moves simulated time.
 POLL = 1e-6
+# A site not looked up yet (`StreamRuntime.record`'s caller found none): distinct from None, a
+# site looked up that is not the scheduler's.
+UNKNOWN: Any = object()
 
 
 class SimStream:
@@ -191,12 +194,21 @@ class StreamRuntime:
             yield env.timeout(start - env.now)
         return start
 
-    def record(self, stream: SimStream, traced: bool = True, why: str = "") -> Marker:
+    def record(
+        self, stream: SimStream, traced: bool = True, why: str = "", site: Any = UNKNOWN
+    ) -> Marker:
         """A marker that fires once the work issued on `stream` so far has run (`why`: who
-        records it, when not the program: an allocator)."""
+        records it, when not the program: an allocator; `site`: the call's site when the
+        caller found it already, None included)."""
         marker = Marker(self, self.device.trace.new_event_id())
         label = f"record e{marker.id}" + (f" ({why})" if why else "")
-        op = self.op(stream.name, "record", label=label, records=marker.id) if traced else None
+        op = None
+        if traced:
+            if site is UNKNOWN:
+                site = caller()
+            op = self.device.recorder.op_at(
+                stream.name, "record", float(self.env.now), site, label=label, records=marker.id
+            )
 
         def body() -> Generator[simpy.Event, Any, None]:
             if op is not None:
@@ -237,10 +249,19 @@ class StreamRuntime:
                 raise
             raise DeadlockError(deadlock) from err
 
-    def observe(self, marker: Marker, why: str = "") -> None:
-        """The host saw `marker` complete without blocking (a successful query)."""
-        op = self.device.recorder.host_query(marker.id, self.now())
-        op.label += f" ({why})" if why else ""
+    def observe(self, marker: Marker, why: str = "", site: Any = UNKNOWN) -> None:
+        """The host saw `marker` complete without blocking (a successful query; `site` as for
+        `record`)."""
+        recorder = self.device.recorder
+        if site is UNKNOWN:
+            op = recorder.host_query(marker.id, self.now())
+            op.label += f" ({why})" if why else ""
+            return
+        now = float(self.env.now)
+        label = f"query e{marker.id}" + (f" ({why})" if why else "")
+        recorder.op_at(
+            HOST, "host_query", now, site, label=label, waits=marker.id, start=now, end=now
+        )
 
     def sync_current(self, why: str) -> None:
         """The host waits for the current stream's work so far (an implicit sync)."""

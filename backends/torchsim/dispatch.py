@@ -293,17 +293,14 @@ class Interceptor:
             return x.logic
         if isinstance(x, torch.Tensor):
             buffer = self.memory.pinned_of(x)
-            if buffer is not None:
+            if buffer is not None and buffer.logical is not buffer.physical:
                 return same_geometry(buffer.logical, x)
+            # (pageable; or pinned with its two copies one tensor: `x` is that view of it)
         return x
 
-    def wrap(self, buffer: Buffer, like: torch.Tensor) -> SimTensor:
-        return SimTensor(
-            buffer,
-            same_geometry(buffer.physical, like),
-            same_geometry(buffer.logical, like),
-            self.cuda,
-        )
+    def wrap(self, buffer: Buffer, placed: torch.Tensor) -> SimTensor:
+        """A new device tensor at `placed`, a view of `buffer`'s logical copy (its own)."""
+        return SimTensor(buffer, same_geometry(buffer.physical, placed), placed, self.cuda)
 
     # -- entry ----------------------------------------------------------------------------------
 
@@ -643,9 +640,13 @@ class Interceptor:
         ptr = source.buffer.logical.untyped_storage().data_ptr()
         if not all(t.untyped_storage().data_ptr() == ptr for t in _tensors(lout)):
             return self._kernel(func, args, kwargs)  # a copy after all (reshape of a strided view)
+        buffer = source.buffer
+        physical = buffer.physical
+        if isinstance(lout, torch.Tensor) and lout.dtype == physical.dtype:
+            # the same view of the physical copy (the source's two views share a geometry)
+            return SimTensor(buffer, same_geometry(physical, lout), lout, self.cuda)
         pargs, pkwargs = _map(_physical, args, kwargs)
         pout = call(*pargs, **pkwargs)
-        buffer = source.buffer
 
         def wrap(p: Any, lg: Any) -> Any:
             if isinstance(p, torch.Tensor):
@@ -913,22 +914,19 @@ class Interceptor:
         # what the copy reads when it starts: the pinned source then (held by its buffer, not
         # by the program's tensor), or pageable memory staged now
         source: _Ref | torch.Tensor
-        with plain():
-            if not logical_done:
+        if not logical_done:
+            with plain():
                 _copy_into(same_geometry(dst.buffer.logical, dst.logic), self.logical(src))
-            if asynchronous and src_buffer is not None:
-                source = _Ref(src_buffer, geometry(src))
-            else:
+        written = Access(dst.buffer.name, view_cells(dst.buffer, dst.logic), "w")
+        if asynchronous and src_buffer is not None:
+            source = _Ref(src_buffer, geometry(src))
+            accesses = [Access(src_buffer.name, view_cells(src_buffer, src), "r"), written]
+        else:
+            with plain():
                 source = src.clone()
-        found = [Touch(dst.buffer, view_cells(dst.buffer, dst.logic), "w")]
-        if isinstance(source, _Ref):
-            found.insert(0, Touch(source.buffer, view_cells(source.buffer, src), "r"))
+            accesses = [written]
         op = runtime.op_at(
-            runtime.current.name,
-            "h2d",
-            site,
-            label=f"h2d @{here}",
-            accesses=[Access(t.buffer.name, t.cells, t.mode) for t in found],  # type: ignore[arg-type]
+            runtime.current.name, "h2d", site, label=f"h2d @{here}", accesses=accesses
         )
         timing = self.device.timing
         duration, op.delay = timing.h2d(dst.numel())

@@ -169,6 +169,10 @@ class SimDevice(Device):
         self.trace = Trace()
         self.recorder = FootprintRecorder(config, self.trace)
         self.env = simpy.Environment()
+        # What simulated time runs inside, when not None (the simulated CUDA's `plain`: every
+        # stream op's own torch calls then find it entered already, once per run of time
+        # rather than twice per op).
+        self.guard: Callable[[], AbstractContextManager[Any]] | None = None
         self.scheduler_stream = Stream("scheduler")
         self.engine_stream = Stream("engine")
         self.transfer_stream = Stream("transfer")
@@ -225,14 +229,22 @@ class SimDevice(Device):
     def host_wait(self, event: SimEvent) -> None:
         op = self.recorder.host_wait(event.id, self.now())
         try:
-            self.env.run(until=event.fired)
+            if self.guard is None:
+                self.env.run(until=event.fired)
+            else:
+                with self.guard():
+                    self.env.run(until=event.fired)
         except RuntimeError as err:
             raise DeadlockError(f"host waits on event e{event.id} that can never fire") from err
         op.end = self.now()
 
     def _advance(self, seconds: float) -> None:
         if seconds > 0:
-            self.env.run(until=self.env.now + seconds)
+            if self.guard is None:
+                self.env.run(until=self.env.now + seconds)
+            else:
+                with self.guard():
+                    self.env.run(until=self.env.now + seconds)
 
     def close(self) -> None:
         """The run is over: end the streams' loops and drop the work still queued (a run stopped

@@ -25,7 +25,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any
 
 import numpy as np
@@ -37,6 +37,7 @@ HOST_PREFIX = "host:"
 Geometry = tuple[tuple[int, ...], tuple[int, ...], int]
 
 
+@cache  # (by dtype: it is asked at every allocation and every `empty`)
 def poison(dtype: torch.dtype) -> float | int | bool:
     """What uninitialised memory holds here: deterministic, and never a plausible token id."""
     if dtype.is_floating_point or dtype.is_complex:

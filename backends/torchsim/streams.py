@@ -19,6 +19,7 @@ from typing import Any
 import simpy
 
 from overlapcheck.backends.sim.device import DeadlockError, SimDevice, Unit
+from overlapcheck.backends.torchsim.guards import plain
 from overlapcheck.core.sites import Site, caller
 from overlapcheck.core.trace import HOST, Op
 
@@ -157,6 +158,7 @@ class StreamRuntime:
     def __init__(self, device: SimDevice, torch_device: Any, names: tuple[str, ...]) -> None:
         self.device = device
         self.env = device.env
+        device.guard = plain  # simulated time runs the streams' ops, each under `plain`
         self.torch_device = torch_device
         self.streams: list[SimStream] = []
         self._names = list(names)
@@ -243,7 +245,8 @@ class StreamRuntime:
     def run_until(self, marker: Marker, deadlock: str) -> None:
         """Run the streams until `marker` fired (a deadlock if nothing is left to run first)."""
         try:
-            self.env.run(until=marker.fired)
+            with plain():  # (the streams' ops find it entered: `SimDevice.guard`)
+                self.env.run(until=marker.fired)
         except RuntimeError as err:
             if marker.fired.triggered or "No scheduled events left" not in str(err):
                 raise

@@ -412,7 +412,7 @@ class HostAllocator:
         self.memory = memory
         self.blocks: dict[int, _PinnedBlock] = {}  # by id of each buffer it has had
         self.live: list[_PinnedBlock] = []
-        self.free: list[_PinnedBlock] = []  # in free order
+        self.free: dict[int, list[_PinnedBlock]] = {}  # by bucket, each in free order
         self.reused = 0
 
     def allocate(self, made: torch.Tensor, hint: str, site: Any = UNKNOWN) -> torch.Tensor:
@@ -423,21 +423,21 @@ class HostAllocator:
         where: Geometry = (tuple(made.size()), tuple(made.stride()), 0)
         bucket = _bucket(made.untyped_storage().nbytes())
         esize = made.element_size()
-        block = next(
-            (  # the latest freed first (PyTorch's free list pops its back)
-                b
-                for b in reversed(self.free)
-                if b.bucket == bucket
-                and (b.buffer.physical.dtype == dtype or bucket % esize == 0)
-                and all(m.query() for m in b.markers.values())
-            ),
-            None,
-        )
+        free = self.free.get(bucket)
+        block = None
+        if free:
+            for b in reversed(free):  # the latest freed first (PyTorch's free list pops its back)
+                if (b.buffer.physical.dtype == dtype or bucket % esize == 0) and all(
+                    m.query() for m in b.markers.values()
+                ):
+                    block = b
+                    break
         if block is not None:
+            assert free is not None
             for marker in block.markers.values():
                 self.runtime.observe(marker, why="pinned", site=site)
             block.markers = {}
-            self.free.remove(block)
+            free.remove(block)
             self.reused += 1
             old = block.buffer
             if old.logical is not old.physical and torch.equal(old.logical, old.physical):
@@ -503,5 +503,5 @@ class HostAllocator:
             if _use_count(block.storage) > block.own:
                 still.append(block)
             else:
-                self.free.append(block)
+                self.free.setdefault(block.bucket, []).append(block)
         self.live = still

@@ -588,7 +588,13 @@ class Interceptor:
         # traced: `touches` would find nothing)
         found = touches(aten.clone.default, (t,), {}, self.locate, self.logical) if located else []
         here, hint, site = origin()
-        copy = self._pinned(t.clone(), hint, site)
+        fresh = (  # a tensor that is its whole storage: the allocator copies it, and keeps none
+            not located
+            and t.storage_offset() == 0
+            and t.is_contiguous()
+            and t.untyped_storage().nbytes() == t.numel() * t.element_size()
+        )
+        copy = self._pinned(t if fresh else t.clone(), hint, site)
         if found:
             accesses = [Access(t.buffer.name, t.cells, t.mode) for t in found]  # type: ignore[arg-type]
             self._host_op(f"pin_memory @{here}", accesses, site)
@@ -683,12 +689,29 @@ class Interceptor:
         for t in found:  # pinned memory it writes: the logical copy now, the physical one later
             if t.mode == "w" and t.buffer.pinned:
                 t.buffer.split()
-        # pageable host sources are staged at the call
-        staged = {id(t): t.clone() for t in hosts if self.memory.pinned_of(t) is None}
         host_kwargs = dict(kwargs)
         if _is_cuda(host_kwargs.get("device")):
             host_kwargs["device"] = "cpu"
         host_kwargs.pop("pin_memory", None)
+        # What the op holds until it runs: its buffers and where in them (not the program's
+        # tensors), and pageable host sources staged now, at the call (one copy per tensor).
+        pinned_of = self.memory.pinned_of
+        staged: dict[int, torch.Tensor] = {}
+
+        def hold(x: Any) -> Any:
+            if isinstance(x, SimTensor):
+                return _Ref(x.buffer, geometry(x.phys))
+            if isinstance(x, torch.Tensor):
+                buffer = pinned_of(x)
+                if buffer is not None:
+                    return _Ref(buffer, geometry(x))
+                copy = staged.get(id(x))
+                if copy is None:
+                    copy = staged[id(x)] = x.clone()
+                return copy
+            return x
+
+        held_args, held_kwargs = _map(hold, args, host_kwargs)
         largs, lkwargs = _map(self.logical, args, host_kwargs)
         lout = info.call(*largs, **lkwargs)
         if info.empty and isinstance(lout, torch.Tensor):
@@ -734,18 +757,6 @@ class Interceptor:
         timing = self.device.timing
         duration, op.delay = timing.cost("kernel", KERNEL)
 
-        def hold(x: Any) -> Any:
-            if isinstance(x, SimTensor):
-                return _Ref(x.buffer, geometry(x.phys))
-            if isinstance(x, torch.Tensor):
-                if id(x) in staged:
-                    return staged[id(x)]
-                buffer = self.memory.pinned_of(x)
-                if buffer is not None:
-                    return _Ref(buffer, geometry(x))
-            return x
-
-        held_args, held_kwargs = _map(hold, args, host_kwargs)
         call = info.call
 
         def start() -> Callable[[], None]:
@@ -1117,13 +1128,14 @@ def pinning(factory: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]
 
 
 CUDA0 = torch.device("cuda", 0)
+_BARE_CUDA = torch.device("cuda")
 
 
 def indexed(device: Any) -> Any:
     """A device without an index ("cuda"), as the simulated device's ("cuda:0"): torch's argument
     parser asks the CUDA runtime for the current index of a bare "cuda", which a build without
     CUDA does not have; anything else as it is."""
-    if device == "cuda" or (isinstance(device, torch.device) and device == torch.device("cuda")):
+    if device == "cuda" or (isinstance(device, torch.device) and device == _BARE_CUDA):
         return CUDA0
     return device
 

@@ -150,7 +150,7 @@ class Memory:
         """A pinned buffer of `dtype` on `buffer`'s memory (its bytes, now as `dtype`), in its
         place: a later pinned tensor of another dtype the host allocator gave the memory to."""
         storage = buffer.physical.untyped_storage()
-        numel = storage.nbytes() // torch.empty(0, dtype=dtype).element_size()
+        numel = storage.nbytes() // dtype.itemsize
         flat = torch.empty(0, dtype=dtype).set_(storage, 0, (numel,), (1,))
         if buffer.logical is buffer.physical:  # (still one: the new buffer's are too)
             logical = flat

@@ -55,6 +55,7 @@ reports it).
 from __future__ import annotations
 
 from bisect import bisect_left, insort
+from ctypes import memmove
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -309,16 +310,14 @@ class DeviceAllocator:
                     source_cells=source_cells,
                 )
             )
-            # the new tensor's memory holds the old one's bytes (garbage, as on a GPU)
+            # the new tensor's memory holds the old one's bytes (garbage, as on a GPU): copied
+            # as bytes between the flat copies, in bounds of both (a block lies in each buffer)
             src, dst = lo - piece.origin, lo - start
             for new, former in (
                 (buffer.physical, piece.buffer.physical),
                 (buffer.logical, piece.buffer.logical),
             ):
-                _copy_into(
-                    new.view(torch.uint8)[dst : dst + hi - lo],
-                    former.view(torch.uint8)[src : src + hi - lo],
-                )
+                memmove(new.data_ptr() + dst, former.data_ptr() + src, hi - lo)
 
     def record_stream(self, buffer: Buffer, stream: SimStream) -> None:
         """`Tensor.record_stream(stream)` on a tensor of `buffer`."""

@@ -680,7 +680,8 @@ class Interceptor:
             _refuse(mixed_devices(func, args, kwargs) or _host_operand(info, args, kwargs))
         if info.generator is not None:
             _refuse(host_generator(func, info.generator, args, kwargs))
-        if info.dynamic and _data_dependent(func, args):
+        fixed = not (info.dynamic and _data_dependent(func, args))  # its output shapes
+        if not fixed:
             runtime.sync_current(f"{info.name} (data-dependent shape)")
         reading = (args[1:], kwargs) if info.like else (args, kwargs)
         found = touches(func, reading[0], reading[1], self.locate, self.logical)
@@ -741,11 +742,14 @@ class Interceptor:
             made = result(lout, aliases[0] if aliases else None)
         else:
             made = type(lout)(result(v, a) for v, a in zip(returns, aliases, strict=False))
+        prior = len(found)
         for buffer, like in fresh:
             found.append(Touch(buffer, view_cells(buffer, like), "w"))
         if info.empty:
             return made  # no kernel: the memory is allocated, its contents undefined
-        written = _written(found)
+        # What the kernel writes, restored from its start-time clone at its end; a fresh output
+        # whose shape the inputs' shapes fix is left out: written whole at the end anyway.
+        written = _written(found if not fixed else found[:prior])
         op = runtime.op_at(
             runtime.current.name,
             kind,
@@ -785,11 +789,11 @@ class Interceptor:
                         first = int(w.cells[0]) if n else 0
                         if n and w.cells is span(first, n):  # (a view's cells: a slice's copy)
                             _copy_into(
-                                w.buffer.physical[first : first + n], w.clone[first : first + n]
+                                w.buffer.physical.narrow(0, first, n), w.clone.narrow(0, first, n)
                             )
-                        else:
+                        else:  # (flat copies: `take` and `put_` index them as they are)
                             cells = torch.from_numpy(w.cells)
-                            w.buffer.physical[cells] = w.clone[cells]
+                            w.buffer.physical.put_(cells, w.clone.take(cells))
                     fresh_outs = [
                         o
                         for o, a in zip(_as_list(pout), aliases or (None,), strict=False)

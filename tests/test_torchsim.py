@@ -91,6 +91,25 @@ def test_item_of_a_device_value_is_an_implicit_sync_on_the_current_stream() -> N
     assert device.now() > 0
 
 
+def test_a_composite_runs_as_its_parts_as_on_a_gpu() -> None:
+    """Inference mode hands the mode `repeat_interleave` whole (the autograd key that splits a
+    `CompositeImplicitAutograd` op is skipped); on a GPU its parts run: a count of the output's
+    size from device values (an implicit sync) and an `index_select`, each a kernel."""
+    device = _device()
+    with SimulatedCuda(device, ("engine",)), torch.inference_mode():
+        torch.cuda.set_stream(torch.cuda.Stream())
+        values = torch.tensor([10, 20, 30], device="cuda")
+        repeated = values.repeat_interleave(torch.tensor([1, 0, 2], device="cuda"))
+        assert repeated.tolist() == [10, 30, 30]
+    labels = [op.label for op in device.trace.ops]
+    assert any(label.startswith("index_select") for label in labels)
+    waits = [op for op in device.trace.ops if op.kind == "host_wait"]
+    assert any("repeat_interleave (data-dependent shape)" in op.label for op in waits)
+    # the count (`repeat_interleave.Tensor`) and the gather, where the whole op was one kernel
+    kernels = [op.label.split(" @")[0] for op in device.trace.ops if op.kind == "kernel"]
+    assert kernels[-2:] == ["repeat_interleave", "index_select"]
+
+
 def test_views_at_offsets_are_cells_of_one_buffer() -> None:
     device = _device()
     cuda = SimulatedCuda(device, ("a", "b"))

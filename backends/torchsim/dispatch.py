@@ -211,6 +211,8 @@ _SEQUENCES = (list, tuple)
 # cells `footprint.touches` finds (an index op, a list of tensors).
 _DEVICE = object()
 _GENERAL = object()
+# What `Interceptor.dispatch` answers for device work by a composite op: the mode runs its parts
+DECOMPOSE = object()
 
 
 def _tensors(tree: Any) -> list[torch.Tensor]:
@@ -345,6 +347,8 @@ class Interceptor:
         if found is _DEVICE:
             if info.view:
                 return self._view(func, args, kwargs)
+            if info.composite:
+                return DECOMPOSE
             return self._kernel(func, args, kwargs)
         return self._run_host(info, args, kwargs, found)
 
@@ -1091,7 +1095,14 @@ class DispatchMode(TorchDispatchMode):
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
     ) -> Any:
         try:
-            return self.interceptor.dispatch(func, args, kwargs or {})
+            out = self.interceptor.dispatch(func, args, kwargs or {})
+            if out is DECOMPOSE:
+                # A composite (inference mode skips the autograd key that splits it before
+                # this mode): its parts through the mode, as a GPU runs them, each a kernel
+                # with its own checks, syncs and footprint.
+                with self:
+                    return func.decompose(*args, **(kwargs or {}))
+            return out
         except (OverlapcheckError, InvariantError):
             raise
         except Exception as err:

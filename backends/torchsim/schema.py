@@ -75,6 +75,11 @@ class OpInfo:
     one_device: bool
     indexed: bool  # addresses cells by index values (`INDEXED`)
     generator: int | None  # the position of its generator argument, if it takes one
+    # Made of other ops (a `CompositeImplicitAutograd` kernel, which the autograd key runs but
+    # inference mode skips): device work runs its parts, as on a GPU. Views, and ops that give
+    # the host a value (a truth test's `is_nonzero`: one sync, named as the program called it),
+    # stay whole.
+    composite: bool
     # Per return: the index of the argument it aliases when that one is written, else None.
     aliases: tuple[int | None, ...]
     written: tuple[bool, ...]  # per schema argument, by position: whether the op writes it
@@ -117,6 +122,12 @@ def _read(func: Any) -> OpInfo:
         one_device=torch.Tag.pointwise in func.tags or packet is aten.cat,
         indexed=packet in INDEXED,
         generator=next((i for i, a in enumerate(arguments) if "Generator" in str(a.type)), None),
+        composite=not view
+        and bool(schema.returns)
+        and all(str(r.type) == "Tensor" for r in schema.returns)
+        and torch._C._dispatch_has_kernel_for_dispatch_key(
+            func.name(), "CompositeImplicitAutograd"
+        ),
         aliases=_write_returns(schema),
         written=written,
         by_name={a.name: (i, w) for i, (a, w) in enumerate(zip(arguments, written, strict=True))},

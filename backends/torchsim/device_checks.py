@@ -36,6 +36,7 @@ _SAME_DEVICE = "Expected all tensors to be on the same device, but found at leas
 class _Tables:
     checked: frozenset[str]  # ops whose CUDA wrapper checks its tensors' devices
     structured_out: frozenset[str]  # structured kernels' `out=` variants with a CUDA kernel
+    composite: frozenset[str]  # ops whose CUDA kernel is their composite (no CUDA key of theirs)
 
 
 def _cuda_keys(entry: dict[str, Any]) -> bool:
@@ -51,26 +52,38 @@ def _tables() -> _Tables:
         import torchgen
         import yaml
     except ImportError:
-        return _Tables(frozenset(), frozenset())
+        return _Tables(frozenset(), frozenset(), frozenset())
     path = Path(torchgen.__file__).parent / _TABLE
     try:
         entries = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except (OSError, yaml.YAMLError):
-        return _Tables(frozenset(), frozenset())
+        return _Tables(frozenset(), frozenset(), frozenset())
     by_name: dict[str, dict[str, Any]] = {}
     for entry in entries:
         if isinstance(entry, dict) and "func" in entry:
             by_name[str(entry["func"]).split("(", 1)[0]] = entry
-    checked, structured_out = set(), set()
+    checked, structured_out, composite = set(), set(), set()
     for name, entry in by_name.items():
         if entry.get("structured") is True and _cuda_keys(entry):
             structured_out.add(name)
+        keys = {k.strip() for keys in entry.get("dispatch") or {} for k in str(keys).split(",")}
+        if keys & _COMPOSITE_KEYS and not _cuda_keys(entry):
+            composite.add(name)
         if entry.get("device_check") == "NoCheck":
             continue
         delegate = by_name.get(str(entry.get("structured_delegate", "")))
         if _cuda_keys(entry) or (delegate is not None and _cuda_keys(delegate)):
             checked.add(name)
-    return _Tables(frozenset(checked), frozenset(structured_out))
+    return _Tables(frozenset(checked), frozenset(structured_out), frozenset(composite))
+
+
+_COMPOSITE_KEYS = {"CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional"}
+
+
+def runs_as_composite(func: Any) -> bool:
+    """Whether a GPU runs `func` as its composite kernel (its parts, each through the
+    dispatcher, with their own checks): it has no CUDA kernel of its own."""
+    return func.namespace == "aten" and overload_name(func) in _tables().composite
 
 
 def overload_name(func: Any) -> str:

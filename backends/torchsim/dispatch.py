@@ -30,7 +30,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from overlapcheck.backends.sim.device import SimDevice, Unit
 from overlapcheck.backends.torchsim.allocators import DeviceAllocator, HostAllocator
-from overlapcheck.backends.torchsim.device_checks import host_generator, mixed_devices
+from overlapcheck.backends.torchsim.device_checks import (
+    host_generator,
+    mixed_devices,
+    runs_as_composite,
+)
 from overlapcheck.backends.torchsim.footprint import Touch, moves, touches
 from overlapcheck.backends.torchsim.guards import plain as plain  # (re-exported: its home was here)
 from overlapcheck.backends.torchsim.memory import (
@@ -215,6 +219,13 @@ _GENERAL = object()
 DECOMPOSE = object()
 
 
+def _has_host_tensor(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    return any(
+        isinstance(x, torch.Tensor) and not isinstance(x, SimTensor)
+        for x in _leaves((args, kwargs))
+    )
+
+
 def _tensors(tree: Any) -> list[torch.Tensor]:
     return [x for x in _leaves(tree) if isinstance(x, torch.Tensor)]
 
@@ -349,6 +360,12 @@ class Interceptor:
                 return self._view(func, args, kwargs)
             if info.composite:
                 return DECOMPOSE
+            if (
+                info.explicit is not None
+                and _has_host_tensor(args, kwargs)
+                and runs_as_composite(func)
+            ):
+                return DECOMPOSE  # its parts refuse what a GPU would
             return self._kernel(func, args, kwargs)
         return self._run_host(info, args, kwargs, found)
 
@@ -1097,11 +1114,14 @@ class DispatchMode(TorchDispatchMode):
         try:
             out = self.interceptor.dispatch(func, args, kwargs or {})
             if out is DECOMPOSE:
-                # A composite (inference mode skips the autograd key that splits it before
-                # this mode): its parts through the mode, as a GPU runs them, each a kernel
-                # with its own checks, syncs and footprint.
+                # A composite: its parts through the mode, as a GPU runs them, each a kernel
+                # with its own checks, syncs and footprint (inference mode skips the autograd
+                # key that splits an implicit one before this mode; an explicit one is split
+                # only where a host tensor is among its device tensors, for its parts' checks).
                 with self:
-                    return func.decompose(*args, **(kwargs or {}))
+                    if op_info(func).composite:
+                        return func.decompose(*args, **(kwargs or {}))
+                    return func._op_dk(op_info(func).explicit, *args, **(kwargs or {}))
             return out
         except (OverlapcheckError, InvariantError):
             raise

@@ -80,6 +80,9 @@ class OpInfo:
     # the host a value (a truth test's `is_nonzero`: one sync, named as the program called it),
     # stay whole.
     composite: bool
+    # Its composite kernel below autograd (`CompositeExplicitAutograd`, or None), which a GPU
+    # runs where it has no CUDA kernel of its own (`device_checks.runs_as_composite`).
+    explicit: Any
     # Per return: the index of the argument it aliases when that one is written, else None.
     aliases: tuple[int | None, ...]
     written: tuple[bool, ...]  # per schema argument, by position: whether the op writes it
@@ -128,6 +131,7 @@ def _read(func: Any) -> OpInfo:
         and torch._C._dispatch_has_kernel_for_dispatch_key(
             func.name(), "CompositeImplicitAutograd"
         ),
+        explicit=_explicit_key(func.name()),
         aliases=_write_returns(schema),
         written=written,
         by_name={a.name: (i, w) for i, (a, w) in enumerate(zip(arguments, written, strict=True))},
@@ -152,3 +156,16 @@ def _write_returns(schema: Any) -> tuple[int | None, ...]:
             found = next((sets[s] for s in info.before_set if s in sets), None)
         out.append(found)
     return tuple(out)
+
+
+_EXPLICIT = (
+    torch._C.DispatchKey.CompositeExplicitAutograd,
+    torch._C.DispatchKey.CompositeExplicitAutogradNonFunctional,
+)
+
+
+def _explicit_key(name: str) -> Any:
+    for key in _EXPLICIT:
+        if torch._C._dispatch_has_kernel_for_dispatch_key(name, key):
+            return key
+    return None

@@ -696,7 +696,32 @@ class Interceptor:
     ) -> Any:
         runtime = self.runtime
         info = op_info(func)
-        hosts = [t for t in _tensors((args, kwargs)) if not isinstance(t, SimTensor)]
+        host_kwargs = dict(kwargs)
+        if _is_cuda(host_kwargs.get("device")):
+            host_kwargs["device"] = "cpu"
+        host_kwargs.pop("pin_memory", None)
+        # What the op holds until it runs: its buffers and where in them (not the program's
+        # tensors), and pageable host sources staged now, at the call (one copy per tensor;
+        # streams write no pageable memory after a call returns). The host tensors, in order.
+        pinned_of = self.memory.pinned_of
+        staged: dict[int, torch.Tensor] = {}
+        hosts: list[torch.Tensor] = []
+
+        def hold(x: Any) -> Any:
+            if isinstance(x, SimTensor):
+                return _Ref(x.buffer, geometry(x.phys))
+            if isinstance(x, torch.Tensor):
+                hosts.append(x)
+                buffer = pinned_of(x)
+                if buffer is not None:
+                    return _Ref(buffer, geometry(x))
+                copy = staged.get(id(x))
+                if copy is None:
+                    copy = staged[id(x)] = x.clone()
+                return copy
+            return x
+
+        held_args, held_kwargs = _map(hold, args, host_kwargs)
         if hosts:  # a host tensor among device work: fine for some ops, an error for others
             _refuse(mixed_devices(func, args, kwargs) or _host_operand(info, args, kwargs))
         if info.generator is not None:
@@ -711,29 +736,6 @@ class Interceptor:
         for t in found:  # pinned memory it writes: the logical copy now, the physical one later
             if t.mode == "w" and t.buffer.pinned:
                 t.buffer.split()
-        host_kwargs = dict(kwargs)
-        if _is_cuda(host_kwargs.get("device")):
-            host_kwargs["device"] = "cpu"
-        host_kwargs.pop("pin_memory", None)
-        # What the op holds until it runs: its buffers and where in them (not the program's
-        # tensors), and pageable host sources staged now, at the call (one copy per tensor).
-        pinned_of = self.memory.pinned_of
-        staged: dict[int, torch.Tensor] = {}
-
-        def hold(x: Any) -> Any:
-            if isinstance(x, SimTensor):
-                return _Ref(x.buffer, geometry(x.phys))
-            if isinstance(x, torch.Tensor):
-                buffer = pinned_of(x)
-                if buffer is not None:
-                    return _Ref(buffer, geometry(x))
-                copy = staged.get(id(x))
-                if copy is None:
-                    copy = staged[id(x)] = x.clone()
-                return copy
-            return x
-
-        held_args, held_kwargs = _map(hold, args, host_kwargs)
         largs, lkwargs = _map(self.logical, args, host_kwargs)
         lout = info.call(*largs, **lkwargs)
         if info.empty and isinstance(lout, torch.Tensor):

@@ -17,12 +17,15 @@ from overlapcheck.backends.torchsim.session import SimulatedCuda  # noqa: E402
 from overlapcheck.invariants.base import Violation  # noqa: E402
 
 
-def _race_while_copying(touch: Callable[[Any], Any]) -> tuple[Violation | None, list[Any]]:
+def _race_while_copying(
+    touch: Callable[[Any], Any], inference: bool = True
+) -> tuple[Violation | None, list[Any]]:
     """A non-blocking copy into a pinned buffer, `touch(buffer)` on the host before the event
     that ends the copy is waited for, then the values read after the wait: the race found (or
-    None) and what the host saw."""
+    None) and what the host saw. In inference mode, or under `no_grad` only."""
     device = _device()
-    with SimulatedCuda(device, ("main",)), torch.inference_mode():
+    grad_mode = torch.inference_mode() if inference else torch.no_grad()
+    with SimulatedCuda(device, ("main",)), grad_mode:
         torch.cuda.set_stream(torch.cuda.Stream())
         source = torch.arange(16, dtype=torch.int32, device="cuda")
         host = torch.empty(16, dtype=torch.int32, pin_memory=True)
@@ -66,8 +69,13 @@ def test_a_view_or_a_factory_of_a_buffer_being_filled_reads_nothing(
     ],
     ids=["tolist", "numpy", "clone", "sum"],
 )
-def test_a_read_of_a_buffer_being_filled_is_a_race(touch: Callable[[Any], Any]) -> None:
-    found, _ = _race_while_copying(touch)
+@pytest.mark.parametrize("inference", [True, False], ids=["inference-mode", "no-grad"])
+def test_a_read_of_a_buffer_being_filled_is_a_race(
+    touch: Callable[[Any], Any], inference: bool
+) -> None:
+    """Outside inference mode too: there torch skips the `resolve_conj` it calls before
+    `tolist()` and `numpy()` read below the dispatcher, the one sign of their read."""
+    found, _ = _race_while_copying(touch, inference)
     assert found is not None
     assert found.details["kind"] == "RAW"
     assert found.details["second"]["agent"] == "host"

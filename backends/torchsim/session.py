@@ -72,6 +72,8 @@ class SimulatedCuda:
             (torch.cuda.nvtx, "mark", lambda *args, **kwargs: None),
             (torch.Tensor, "record_stream", record_stream),
             (torch.Tensor, "copy_", _copy),
+            (torch.Tensor, "tolist", _read_below(torch.Tensor.tolist)),
+            (torch.Tensor, "numpy", _read_below(torch.Tensor.numpy)),
         ]
         # (owner, name, what it was) for each attribute set, in the order set; and the mode
         self._undo: list[tuple[Any, str, Any]] | None = None
@@ -320,3 +322,19 @@ def _copy(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> 
     the binding's device guard (a build without CUDA has none)."""
     out: torch.Tensor = torch.ops.aten.copy_.default(self, src, non_blocking)
     return out
+
+
+def _read_below(method: Callable[..., Any]) -> Callable[..., Any]:
+    """`tolist()` or `numpy()`, which read memory below the dispatcher, where no mode sees it:
+    the `resolve_conj`/`resolve_neg` torch calls through the dispatcher first are the one sign
+    of the read (traced as it), and only inference mode lets them reach a mode (elsewhere the
+    autograd key resolves them). Run in inference mode, so a read of pinned memory is traced
+    under `no_grad` or autograd too."""
+
+    def read(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if torch.is_inference_mode_enabled():
+            return method(self, *args, **kwargs)
+        with torch.inference_mode():
+            return method(self, *args, **kwargs)
+
+    return read

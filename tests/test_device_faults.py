@@ -67,6 +67,12 @@ def host_index(cuda, moved):
     return pool.index_select(0, index)  # HOST INDEX
 
 
+def host_lookup(cuda):
+    table = torch.zeros(4, 2, device="cuda")
+    # a composite on a GPU: the `index_select` it calls refuses the host index
+    return torch.nn.functional.embedding(torch.tensor([1, 2]), table)  # HOST LOOKUP
+
+
 class Scheduler:
     def __init__(self, config, device, source, sink, kind):
         self.cuda = SimulatedCuda(device, ("engine", "scheduler"))
@@ -80,6 +86,8 @@ class Scheduler:
                 mixed_devices(self.cuda, moved=self.kind == "moved")
             elif self.kind in ("host-index", "device-index"):
                 host_index(self.cuda, moved=self.kind == "device-index")
+            elif self.kind == "host-lookup":
+                host_lookup(self.cuda)
             elif self.kind == "no-stand-in":
                 torch.cuda.get_rng_state()
             else:
@@ -223,3 +231,13 @@ def test_an_op_whose_cuda_wrapper_checks_devices_refuses_even_a_0_dim_host_tenso
     assert (where.file, where.line) == ("faulty_scheduler.py", _line("HOST INDEX"))
     result = _run(scheduler, "device-index")
     assert not [v for v in result.violations if v.invariant == "no-crash"]
+
+
+def test_a_composite_whose_part_refuses_a_host_tensor_is_the_programs_crash_at_its_call(
+    scheduler: tuple[Any, Path],
+) -> None:
+    result = _run(scheduler, "host-lookup")
+    (crash,) = [v for v in result.violations if v.invariant == "no-crash"]
+    assert "got index is on cpu" in crash.message
+    (where,) = crash.locations
+    assert (where.file, where.line) == ("faulty_scheduler.py", _line("HOST LOOKUP"))

@@ -129,6 +129,29 @@ def test_views_at_offsets_are_cells_of_one_buffer() -> None:
     assert race is not None and race.kind == "WAW" and set(race.cells) == {10, 11}
 
 
+def test_an_index_taking_a_dimension_whole_touches_the_cells_of_its_columns() -> None:
+    """`t[:, idx]` is `aten.index` with None for the dimension taken whole (not a new one):
+    its read, and the same assignment's write, are the picked columns of every row."""
+    device = _device()
+    with SimulatedCuda(device, ("a",)), torch.inference_mode():
+        t = torch.arange(12, device="cuda").reshape(3, 4)
+        idx = torch.tensor([0, 2], device="cuda")
+        picked = t[:, idx]
+        t[:, idx] = torch.zeros(3, 2, dtype=torch.int64, device="cuda")
+        assert picked.tolist() == [[0, 2], [4, 6], [8, 10]]
+    ops = device.trace.ops
+    pool = next(op.accesses[0].buffer for op in ops if op.label.startswith("arange"))
+    touched = {
+        (op.label.split()[0], a.mode): [int(c) for c in a.cells]
+        for op in ops
+        if op.label.startswith(("index ", "index_put_ "))
+        for a in op.accesses
+        if a.buffer == pool
+    }
+    columns = [0, 2, 4, 6, 8, 10]
+    assert touched == {("index", "r"): columns, ("index_put_", "w"): columns}
+
+
 # -- the caching allocators ----------------------------------------------------------------------
 
 

@@ -68,6 +68,15 @@ def _index_args(value: Any, logical: Callable[[Any], Any]) -> Any:
     return [None if v is None else logical(v) for v in value]
 
 
+def _picking(indices: list[Any]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """`aten.index`'s selection by `indices` (an index op's list: None for a dimension taken
+    whole). Python indexing reads a None as a new dimension, so only a list without one goes
+    through it (the faster way in)."""
+    if any(i is None for i in indices):
+        return lambda ids: aten.index.Tensor(ids, indices)
+    return lambda ids: ids[tuple(indices)]
+
+
 def touches(
     func: Any,
     args: Sequence[Any],
@@ -128,12 +137,12 @@ def _precise(
     packet = op_info(func).packet
     if packet in (aten.index_put_, aten._index_put_impl_) and len(args) >= 3:
         indices = _index_args(args[1], logical)
-        found = _indexed(locate, args[0], lambda ids: ids[tuple(indices)])
+        found = _indexed(locate, args[0], _picking(indices))
         accumulate = bool(args[3]) if len(args) > 3 else bool(kwargs.get("accumulate", False))
         return _picked(found, "w", 0, also_read=accumulate)
     if packet is aten.index and len(args) >= 2:
         indices = _index_args(args[1], logical)
-        return _picked(_indexed(locate, args[0], lambda ids: ids[tuple(indices)]), "r", 0)
+        return _picked(_indexed(locate, args[0], _picking(indices)), "r", 0)
     if packet is aten.index_select and len(args) >= 3:
         dim, index = int(args[1]), logical(args[2])
         return _picked(_indexed(locate, args[0], lambda ids: ids.index_select(dim, index)), "r", 0)

@@ -660,18 +660,26 @@ class Interceptor:
     # -- views ----------------------------------------------------------------------------------
 
     def _view(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        source = next(x for x in _leaves((args, kwargs)) if isinstance(x, SimTensor))
+        first = args[0] if args else None  # (a view's source is its first argument)
+        source = (
+            first
+            if isinstance(first, SimTensor)
+            else next(x for x in _leaves((args, kwargs)) if isinstance(x, SimTensor))
+        )
         call = op_info(func).call
         largs, lkwargs = _map(self.logical, args, kwargs)
         lout = call(*largs, **lkwargs)
-        ptr = source.buffer.logical.untyped_storage().data_ptr()
-        if not all(t.untyped_storage().data_ptr() == ptr for t in _tensors(lout)):
-            return self._kernel(func, args, kwargs)  # a copy after all (reshape of a strided view)
         buffer = source.buffer
+        ptr = buffer.logical.untyped_storage().data_ptr()
         physical = buffer.physical
-        if isinstance(lout, torch.Tensor) and lout.dtype == physical.dtype:
-            # the same view of the physical copy (the source's two views share a geometry)
-            return SimTensor(buffer, same_geometry(physical, lout), lout, self.cuda)
+        if isinstance(lout, torch.Tensor):
+            if lout.untyped_storage().data_ptr() != ptr:
+                return self._kernel(func, args, kwargs)  # a copy after all (see below)
+            if lout.dtype == physical.dtype:
+                # the same view of the physical copy (the source's two views share a geometry)
+                return SimTensor(buffer, same_geometry(physical, lout), lout, self.cuda)
+        elif not all(t.untyped_storage().data_ptr() == ptr for t in _tensors(lout)):
+            return self._kernel(func, args, kwargs)  # a copy after all (reshape of a strided view)
         pargs, pkwargs = _map(_physical, args, kwargs)
         pout = call(*pargs, **pkwargs)
 

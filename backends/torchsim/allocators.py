@@ -187,8 +187,10 @@ class DeviceAllocator:
         `like`'s geometry there as a view of the buffer's logical copy. `site`: the scheduler's
         frame that asked (None: none), when the caller found it already (else it is looked up
         on a reuse)."""
-        self.collect()
-        self._release()
+        if self.dead:
+            self.collect()
+        if self.held:
+            self._release()
         nbytes = like.untyped_storage().nbytes()
         if nbytes == 0:  # no block at all, as in PyTorch
             buffer = self.memory.new_device(0, like.dtype, hint)
@@ -248,8 +250,12 @@ class DeviceAllocator:
             and root.physical.dtype == dtype
             and old[0].start <= start
             and old[-1].end >= end
-            and all(
-                old[k].buffer is root and old[k].start == old[k - 1].end for k in range(1, len(old))
+            and (
+                len(old) == 1  # (the common case: one earlier tensor's block again)
+                or all(
+                    old[k].buffer is root and old[k].start == old[k - 1].end
+                    for k in range(1, len(old))
+                )
             )
         )
         if twin:
@@ -265,11 +271,14 @@ class DeviceAllocator:
         if old:
             self._reused(old, buffer, start, end, None if twin else esize, stream, site)
         # the block's bytes are the new piece's; the old pieces keep what lies outside them
-        kept = [p.cut(p.start, start) for p in old[:1] if p.start < start]
-        kept.append(piece)
-        kept += [p.cut(end, p.end) for p in old[-1:] if p.end > end]
-        segment.pieces[i:j] = kept
-        segment.starts[i:j] = [p.start for p in kept]
+        if j == i + 1 and old[0].start == start and old[0].end == end:
+            segment.pieces[i] = piece  # (exactly one earlier piece's bytes: its start stays)
+        else:
+            kept = [p.cut(p.start, start) for p in old[:1] if p.start < start]
+            kept.append(piece)
+            kept += [p.cut(end, p.end) for p in old[-1:] if p.end > end]
+            segment.pieces[i:j] = kept
+            segment.starts[i:j] = [p.start for p in kept]
         block.piece = piece
         return buffer, offset
 

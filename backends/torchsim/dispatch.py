@@ -1163,13 +1163,44 @@ def pinning(factory: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]
                 dtype=kwargs.get("dtype") or data.dtype,
             )
         if kwargs.get("pin_memory") is True:
-            return factory(*args, **{**kwargs, "pin_memory": False}).pin_memory()
+            return _built(factory, data, args, {**kwargs, "pin_memory": False}).pin_memory()
         device = kwargs.get("device")
         if _is_cuda(device):  # built on the host, then copied through the dispatcher
-            return factory(*args, **{**kwargs, "device": "cpu"}).to(indexed(device))
+            return _built(factory, data, args, {**kwargs, "device": "cpu"}).to(indexed(device))
         return factory(*args, **kwargs)
 
     return made
+
+
+_NUMBERS = (int, float, bool)
+
+
+def _built(
+    factory: Callable[..., torch.Tensor], data: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> torch.Tensor:
+    """A host tensor the factory builds for the simulation to pin or copy at once. From a flat
+    list of Python numbers on the host, with no torch function mode about, below no dispatch
+    mode: its only aten calls are `lift_fresh` and `detach_` of the fresh tensor, which trace
+    nothing (a list holding tensors reads them through the dispatcher: not so)."""
+    if (
+        type(data) in _SEQUENCES
+        and not _function_modes()
+        and not _is_cuda(kwargs.get("device"))
+        and all(type(x) in _NUMBERS for x in data)
+    ):
+        modes = [_pop_mode(None) for _ in range(_dispatch_modes())]
+        try:
+            return factory(*args, **kwargs)
+        finally:
+            for mode in reversed(modes):
+                _push_mode(mode)
+    return factory(*args, **kwargs)
+
+
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_function_modes = torch._C._len_torch_function_stack
+_pop_mode = torch._C._pop_torch_dispatch_stack
+_push_mode = torch._C._push_on_torch_dispatch_stack
 
 
 CUDA0 = torch.device("cuda", 0)

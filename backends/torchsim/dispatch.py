@@ -1179,21 +1179,22 @@ def _built(
     factory: Callable[..., torch.Tensor], data: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> torch.Tensor:
     """A host tensor the factory builds for the simulation to pin or copy at once. From a flat
-    list of Python numbers on the host, with no torch function mode about, below no dispatch
-    mode: its only aten calls are `lift_fresh` and `detach_` of the fresh tensor, which trace
-    nothing (a list holding tensors reads them through the dispatcher: not so)."""
+    list of Python numbers on the host, with no torch function mode about and the simulation's
+    mode the only dispatch mode, below that mode: its only aten calls are `lift_fresh` and
+    `detach_` of the fresh tensor, which trace nothing (a list holding tensors reads them
+    through the dispatcher: not so)."""
     if (
         type(data) in _SEQUENCES
+        and _dispatch_modes() == 1
         and not _function_modes()
         and not _is_cuda(kwargs.get("device"))
         and all(type(x) in _NUMBERS for x in data)
     ):
-        modes = [_pop_mode(None) for _ in range(_dispatch_modes())]
+        mode = _pop_mode(None)
         try:
             return factory(*args, **kwargs)
         finally:
-            for mode in reversed(modes):
-                _push_mode(mode)
+            _push_mode(mode)
     return factory(*args, **kwargs)
 
 

@@ -395,15 +395,17 @@ def gated_repeats(
         cex_file.write_text(json.dumps(cex.data))
         plan_file.write_text(json.dumps(plan.to_json()))
         while len(out) < repeat:
+            start = len(out)
             child = _child(
                 cex_file,
                 plan_file,
-                len(out),
+                start,
                 repeat,
                 lambda line: finished(Repeat.from_json(json.loads(line))),
             )
-            if len(out) >= repeat or (out and out[-1].crash is not None):
-                continue  # done, or it said which repeat the device stopped
+            if len(out) >= repeat or (len(out) > start and out[-1].crash is not None):
+                continue  # done, or it said which repeat the device stopped (judged by its
+                # own lines: an earlier process's crash line says nothing of this one)
             if child.silent:
                 return out, (
                     f"a repeat's process said nothing for {_SILENCE:.0f} s after repeat "

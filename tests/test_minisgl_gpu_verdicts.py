@@ -92,6 +92,37 @@ def test_a_process_the_device_aborts_is_the_race_and_the_next_goes_on(
     assert "index out of bounds" in repeats[2].line() and repeats[2].index == 2
 
 
+def test_a_process_aborted_before_its_line_after_one_that_said_its_crash_goes_on(
+    stand_ins: list[tuple[str, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Repeat 0's process says its crash; repeat 1's is aborted by the device before its line
+    (its output shows the assert): repeat 1 manifested, and the next process starts at 2. (Seen
+    on an H200: the first process's crash line was taken for the second's, which was started
+    again at 1 until the step's time ran out.)"""
+    crash0 = json.dumps(minisgl_gpu.Repeat(0, [], [], [], crash=ASSERT).to_json())
+
+    def child(
+        cex_file: Path, plan_file: Path, start: int, repeat: int, on_line: Callable[[str], None]
+    ) -> minisgl_gpu.ChildRun:
+        assert ("child", start) not in stand_ins, f"repeat {start}'s process started again"
+        stand_ins.append(("child", start))
+        if start == 0:
+            on_line(crash0)
+            return minisgl_gpu.ChildRun([crash0], 3, "")
+        if start == 1:
+            return minisgl_gpu.ChildRun([], -6, ASSERT)
+        lines = [_line(i) for i in range(start, repeat)]
+        for line in lines:
+            on_line(line)
+        return minisgl_gpu.ChildRun(lines, 0, "")
+
+    monkeypatch.setattr(minisgl_gpu, "_child", child)
+    out, unjudged = minisgl_gpu.gated_repeats(_Cex(), PLAN, 4)  # type: ignore[arg-type]
+    assert unjudged is None and stand_ins == [("child", 0), ("child", 1), ("child", 2)]
+    assert [r.index for r in out] == [0, 1, 2, 3]
+    assert [r.crash is not None for r in out] == [True, True, False, False]
+
+
 def test_a_process_that_dies_without_a_device_error_is_not_judged(
     stand_ins: list[tuple[str, int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:

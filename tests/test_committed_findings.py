@@ -37,6 +37,7 @@ MINISGL_SHIPPED = (
     "findings/mini-sglang/bug4-double-free.json",
     "findings/mini-sglang/bug5-radix-stale-row.json",
     "findings/mini-sglang/bug6-write-mapping.json",
+    "findings/mini-sglang/bug7-admission-pages.json",
     "gpu-replay/minisgl-record-stream.json",
 )
 

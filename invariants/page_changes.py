@@ -47,17 +47,18 @@ class PageChanges:
             elif n < m:
                 self.lost += before[n:]
             return n != m
+        # (each slice is a copy of the list: an end that differs rules its case out first)
         if n == m:
             if pages == before:
                 return False
         elif n > m:
-            if pages[:m] == before:
+            if (not m or pages[m - 1] == before[-1]) and pages[:m] == before:
                 self.gained += pages[m:]
                 return True
-        elif pages == before[:n]:
+        elif (not n or pages[n - 1] == before[n - 1]) and pages == before[:n]:
             self.lost += before[n:]
             return True
-        elif n and pages == before[m - n :]:
+        elif n and pages[0] == before[m - n] and pages == before[m - n :]:
             self.lost += before[: m - n]
             return True
         self.lost += before

@@ -25,6 +25,7 @@ from overlapcheck.invariants.locations import (
 )
 from overlapcheck.invariants.page_arrays import PageArrays
 from overlapcheck.invariants.page_changes import PageChanges
+from overlapcheck.invariants.page_tally import PageTally
 
 _ROW_BUFFERS = (TOKEN_POOL, PAGE_TABLE)  # the buffers a slot is a row of
 _min, _max = np.minimum.reduce, np.maximum.reduce
@@ -195,11 +196,19 @@ class PagesConserved(Invariant):
     def __init__(self) -> None:
         self._all: set[int] | None = None
         self._arrays = PageArrays()  # the books' lists as arrays, from one step to the next
-        # Since the last snapshot that listed every page exactly once (no sharing) and passed:
-        # its lists, and its locked pages (a subset of its cached ones).
+        # Since the last snapshot that passed, one of two bases to judge the next one's change
+        # from: where it listed every page exactly once, its lists (the cheapest: the pages
+        # lost and gained must be the same); where pages were shared through the cache, how
+        # often each page is listed free, cached and held (`PageTally`). And its locked pages.
         self._changes = PageChanges()
-        self._based = False
+        self._tally = PageTally()
+        self._once = False  # the base is `_changes` (True) or `_tally` (when valid)
         self._locked: Sequence[int] = ()
+
+    @property
+    def _based(self) -> bool:
+        """The next snapshot can be judged from its change (the last one passed: a base kept)."""
+        return self._once or self._tally.valid
 
     def on_step_end(self) -> None:
         books = self.run.books()  # the reference raises its own InvariantError here
@@ -213,12 +222,16 @@ class PagesConserved(Invariant):
         if self._based and self._judged_by_change(books):
             return
         once = self._once_each(books)
-        self._based = once is True
+        self._once, self._tally.valid = once is True, False
         if once:
             self._changes.start_over(self._lists(books))
             self._locked = books.locked_pages
             return
         if once is None and self._shared_ok(books):
+            lists = self._lists(books)
+            free, cached = lists.pop("free"), lists.pop("cached")
+            self._tally.start_over(self.run.config.num_pages, free, cached, lists)
+            self._locked = books.locked_pages
             return
         self._explain(books)
 
@@ -227,21 +240,22 @@ class PagesConserved(Invariant):
             return self._moved_only(books)
         except TypeError:  # a uid or page the books' contract does not allow: judged in full
             self._changes.start_over({})
+            self._tally.valid = False
             return False
 
     def _moved_only(self, books: Books) -> bool:
-        """Judged from the change since the last snapshot, which listed every page once: every
-        page a list lost, another list gained (so every page is still listed exactly once), and
-        the locked pages are still cached. False sends the snapshot to the full check."""
-        changes = self._changes
+        """Judged from the change since the last snapshot that passed, against its base: where
+        every page was listed once, every page a list lost another list gained (so every page is
+        still listed exactly once); where pages were shared, the counts of the pages a list lost
+        or gained move, and those pages are judged again (`PageTally`). The locked pages are
+        looked at when they or the cache changed. False sends the snapshot to the full check
+        (which says what is wrong, or passes what the tally could not count)."""
         live = books.live
         free_from, held_from = None, _NONE_FROM
         if type(books) is DerivedBooks:  # the scheduler says which lists it made from which
             free_from, held_from = books.free_from, books.held_from
         if len(held_from) != len(live):
             held_from = (None,) * len(live)
-        changes.add("free", books.free_pages, free_from)
-        cached_changed = changes.add("cached", books.cached_pages)
         keys: list[Hashable] = [h.uid for h in live]
         if len(set(keys)) != len(keys):  # a second holding of one uid (a broken scheduler's)
             seen: set[Hashable] = set()  # is another list
@@ -249,15 +263,30 @@ class PagesConserved(Invariant):
             for i, h in enumerate(live):
                 keys.append(h.uid if h.uid not in seen else (h.uid, i))
                 seen.add(h.uid)
-        changes.add_many(keys, [h.pages for h in live], held_from)
-        changes.done()
-        if not changes.moved_only():
+        held = [h.pages for h in live]
+        if self._once:
+            changes = self._changes
+            changes.add("free", books.free_pages, free_from)
+            cached_changed = changes.add("cached", books.cached_pages)
+            changes.add_many(keys, held, held_from)
+            changes.done()
+            right = changes.moved_only()
+        else:
+            tally = self._tally
+            right, cached_changed = tally.update(
+                books.free_pages, free_from, books.cached_pages, keys, held, held_from
+            )
+        if not right:
             return False
         locked = books.locked_pages
         if (
             locked
             and (cached_changed or locked != self._locked)
-            and not set(books.cached_pages).issuperset(locked)
+            and not (
+                set(books.cached_pages).issuperset(locked)
+                if self._once
+                else self._tally.cached(locked)
+            )
         ):
             return False
         self._locked = locked

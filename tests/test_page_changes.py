@@ -385,7 +385,7 @@ def test_each_fault_met_on_the_incremental_path_is_named_as_in_full(fault: str) 
     check = pages_conserved(N)
     for books in steps:
         assert verdict(check, fresh(books)) is None
-    assert check._based == (fault != "shared-then-freed")
+    assert check._based  # (a snapshot with shared pages is tallied too: `PageTally`)
     wrong = fresh(wrong_next(fault, steps[-1]))
     message = verdict(check, wrong)
     assert message is not None and message == verdict(pages_conserved(N), wrong)
@@ -525,11 +525,13 @@ def test_legal_sharing_after_many_right_iterations_passes_and_judging_by_change_
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     judged = count_judged_by_change(monkeypatch)
-    assert run_late(_shared_through_the_cache).ok  # shared from AFTER on: judged in full
-    assert AFTER - 2 <= judged[0] <= AFTER + 1
+    result = run_late(_shared_through_the_cache)  # shared from AFTER on: judged by change too
+    assert result.ok
+    assert judged[0] >= result.iterations - 3  # all but the first and the moves into sharing
     judged[0] = 0
-    assert run_late(_shared_through_the_cache, until=AFTER + 5).ok
-    assert judged[0] > AFTER + 20  # back to judging by the change once nothing is shared
+    result = run_late(_shared_through_the_cache, until=AFTER + 5)
+    assert result.ok
+    assert judged[0] >= result.iterations - 6  # and again once nothing is shared
 
 
 def count_judged_by_change(monkeypatch: pytest.MonkeyPatch) -> list[int]:

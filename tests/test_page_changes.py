@@ -10,6 +10,7 @@ the incremental path is the one that meets the fault.
 
 from __future__ import annotations
 
+import random
 from array import array
 from collections.abc import Callable, Sequence
 from itertools import pairwise
@@ -693,3 +694,60 @@ def test_add_many_is_add_one_by_one(
         one.add(key, pages, made_from)
     many.add_many([i[0] for i in items], [i[1] for i in items], [i[2] for i in items])
     assert (many.lost, many.gained, many._next) == (one.lost, one.gained, one._next)
+
+
+def test_shared_snapshots_judged_by_the_tally_as_in_full() -> None:
+    """Random walks through books with pages shared through the cache (held by two requests and
+    cached), some steps wrong (a page freed while held, held twice uncached, lost, locked but not
+    cached, outside the pool): at every step the verdict from the tally is the full check's, and
+    most legal steps are judged by the tally."""
+    rng = random.Random(7)
+    judged = 0
+    for _ in range(40):
+        check = pages_conserved(N)
+        free = list(range(N))
+        rng.shuffle(free)
+        cached: list[int] = []
+        held: list[list[int]] = [[], [], []]
+        for _ in range(30):
+            move = rng.random()
+            if move < 0.4 and free:  # a request takes a free page
+                rng.choice(held).append(free.pop())
+            elif move < 0.6 and free:  # a page cached and shared by two requests
+                page = free.pop()
+                cached.append(page)
+                for pages in rng.sample(held, 2):
+                    pages.append(page)
+            elif move < 0.8:  # a request finishes: its uncached pages freed
+                pages = rng.choice(held)
+                free.extend(p for p in pages if p not in cached)
+                pages.clear()
+            live = holdings(held)
+            wrong = rng.random() < 0.15
+            books = Books(live, (), tuple(free), tuple(cached), tuple(cached[:1]))
+            if wrong:
+                books = _one_wrong(books, rng)
+            expected = verdict(pages_conserved(N), books)
+            was_based = check._based
+            got = verdict(check, books)
+            assert got == expected
+            judged += was_based and got is None and check._based and not check._once
+    assert judged > 300
+
+
+def _one_wrong(books: Books, rng: random.Random) -> Books:
+    free, cached, live = list(books.free_pages), list(books.cached_pages), list(books.live)
+    kind = rng.randrange(5)
+    if kind == 0 and live[0].pages:  # a held page also free
+        free.append(live[0].pages[0])
+    elif kind == 1 and free:  # a free page held by two requests, uncached
+        page = free.pop()
+        live[0] = live[0]._replace(pages=(*live[0].pages, page))
+        live[1] = live[1]._replace(pages=(*live[1].pages, page))
+    elif kind == 2 and free:  # a page lost
+        free.pop()
+    elif kind == 3 and free:  # a free page locked
+        return books._replace(locked_pages=(free[0],))
+    else:  # a page outside the pool
+        free.append(N + 3)
+    return books._replace(free_pages=tuple(free), cached_pages=tuple(cached), live=tuple(live))

@@ -67,6 +67,7 @@ def render(report: ReportInput) -> str:
     parts += _where(v.locations, report.code) or [
         "The finding names no line of the scheduler's code."
     ]
+    parts += _call_path(v)
     parts += ["", "## Minimal workload", "", *_workload(report.scenario)]
     parts += ["", "## The interleaving", ""]
     if report.trace is not None:
@@ -158,6 +159,14 @@ def _where(locations: Sequence[Location], code: CodeFingerprint | None) -> list[
     trees = trees or ["the root of the scheduler's source tree (the file does not name it)"]
     lines += ["", "Paths are relative to " + "; and to ".join(trees) + "."]
     return lines
+
+
+def _call_path(v: Violation) -> list[str]:
+    """The frames an exception passed through, outermost first, where the finding kept them."""
+    frames = v.details.get("traceback") if isinstance(v.details, dict) else None
+    if not isinstance(frames, list) or not frames:
+        return []
+    return ["", "Call path (outermost first):", "", "```text", *map(str, frames), "```"]
 
 
 def _workload(scenario: Scenario) -> list[str]:

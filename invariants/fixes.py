@@ -102,7 +102,11 @@ _FIXES: Mapping[str, Callable[[Violation, Callable[[str], str]], str]] = {
         "The call broke the device seam's contract (`core/device.py`): do what the contract "
         "asks before it, at the line named."
     ),
-    "no-crash": lambda v, term: "Fix the exception at the line named.",
+    "no-crash": lambda v, term: (
+        "Fix the exception at the line named, or, where that line only met a state an earlier "
+        "decision made (an allocation a check admitted, say), that decision: the call path "
+        "above leads to it."
+    ),
     "liveness": lambda v, term: (
         "A request never finishes or resources stay held: check that admission can always "
         "make progress and that every path that ends a request gives back what it holds."

@@ -14,6 +14,7 @@ from overlapcheck.backends.sim.timing import Profile
 from overlapcheck.cli import main
 from overlapcheck.core.sites import Location
 from overlapcheck.formats import counterexample
+from overlapcheck.formats.finding_report import _call_path
 from overlapcheck.harness.fingerprint import CodeFingerprint, CodeRoot
 from overlapcheck.harness.runner import run_scenario
 from overlapcheck.harness.scheduler_spec import SchedulerSpec
@@ -182,3 +183,20 @@ def test_a_tree_that_is_no_checkout_is_named_by_its_metadata_and_folder_name(
     assert describe(str(tmp_path / "gone"), (), recorded).text() == (
         "the root of a git checkout: commit `0123abcd`, with local changes to tracked files"
     )
+
+
+def test_a_crash_report_shows_the_call_path_to_the_line_that_raised() -> None:
+    """The line that raised may only meet what an earlier decision made (an admission that let
+    too much in): the report keeps the frames the exception passed through, outermost first."""
+    frames = [
+        "sched/loop.py:10 in step",
+        "sched/cache.py:52 in allocate",
+        "kv/cache.py:35 in evict",
+    ]
+    crash = Violation(
+        "no-crash", 0, 0.0, (), "the scheduler raised NotImplementedError", {"traceback": frames}
+    )
+    shown = _call_path(crash)
+    assert shown[1] == "Call path (outermost first):" and shown[4:7] == frames
+    assert "earlier decision" in fix_to_try(crash)
+    assert _call_path(Violation("no-race", 0, 0.0, (), "WAR", {})) == []

@@ -18,7 +18,7 @@ from overlapcheck.core.scenario import Scenario
 from overlapcheck.formats.profile_file import read_profile
 from overlapcheck.harness.scheduler_spec import REFERENCE, SchedulerSpec
 from overlapcheck.invariants.base import Violation
-from overlapcheck.invariants.registry import INVARIANTS, make_invariant
+from overlapcheck.invariants.registry import INVARIANTS, RUN_ENDING, make_invariant
 from overlapcheck.reference.faults import FAULTS, UnknownFaultError, parse_faults
 from overlapcheck.scenarios.loader import ScenarioError, load_scenario_file
 from overlapcheck.scenarios.named import NAMED, named_scenario
@@ -233,15 +233,18 @@ def add_skip_option(parser: argparse.ArgumentParser) -> None:
         metavar="INVARIANT",
         help="do not check this invariant (repeatable; default: check all of them; e.g. "
         "--skip exact-length to look past a bug you know, --skip no-race to look for races that "
-        "corrupt tokens, the ones a GPU replay can show)",
+        "corrupt tokens, the ones a GPU replay can show; a search may also skip no-crash or "
+        "no-hang, to look past a crash or a hang it found)",
     )
 
 
-def skipped(args: argparse.Namespace) -> frozenset[str]:
-    """`--skip`, each a default invariant (one line naming the known ones otherwise)."""
-    unknown = sorted(set(args.skip) - set(INVARIANTS))
+def skipped(args: argparse.Namespace, run_ending: bool = False) -> frozenset[str]:
+    """`--skip`, each a default invariant, or (a search's, `run_ending`) a finding that ends a
+    run (`RUN_ENDING`); one line naming the known ones otherwise."""
+    known = [*INVARIANTS, *(RUN_ENDING if run_ending else ())]
+    unknown = sorted(set(args.skip) - set(known))
     if unknown:
-        raise UserError(f"unknown invariant {', '.join(unknown)} (known: {', '.join(INVARIANTS)})")
+        raise UserError(f"unknown invariant {', '.join(unknown)} (known: {', '.join(known)})")
     return frozenset(args.skip)
 
 

@@ -213,7 +213,7 @@ def _spec(args: argparse.Namespace, out: Path) -> SearchSpec:
     scenario: str | Scenario = args.scenario
     if scenario != "all" and scenario not in NAMED:
         scenario = resolve_scenario(args.scenario)  # a file, or one line naming the choices
-    skip = skipped(args)
+    skip = skipped(args, run_ending=True)
     database = _database(args.db, out)
     try:
         faults = parse_faults(args.fault)

@@ -20,7 +20,7 @@ from overlapcheck.harness.revision import checker_digest, git_revision
 from overlapcheck.harness.runner import RunResult
 from overlapcheck.harness.scheduler_spec import SchedulerSpec, parse_spec
 from overlapcheck.invariants.base import Violation
-from overlapcheck.invariants.registry import INVARIANTS, check_specs, make_invariant
+from overlapcheck.invariants.registry import INVARIANTS, RUN_ENDING, check_specs, make_invariant
 from overlapcheck.reference.faults import UnknownFaultError, parse_faults
 from overlapcheck.scenarios.loader import ScenarioError, scenario_from_dict
 
@@ -119,7 +119,7 @@ class Counterexample:
             self.draws = _draws(_object(timing.get("draws", {}), "timing.draws"))
             self.hang_timeout = _timeout(data.get("hang_timeout", DEFAULT_TIMEOUT))
             self.skip = frozenset(_text(i, "skip") for i in _list(data.get("skip", []), "skip"))
-            unknown = sorted(self.skip - set(INVARIANTS))
+            unknown = sorted(self.skip - set(INVARIANTS) - set(RUN_ENDING))
             if unknown:
                 raise ValueError(f"skip: unknown invariant {', '.join(unknown)}")
             self.extra_checks = tuple(

@@ -71,6 +71,11 @@ def make_invariant(spec: str) -> Invariant:
     raise ValueError(f"unknown invariant {spec!r} (known: {known})")
 
 
+# Findings that end a run rather than invariants a run checks: a search may look past them
+# (`explore --skip no-crash`), a run or a replay always reports them.
+RUN_ENDING = ("no-crash", "no-hang")
+
+
 def check_specs(
     skip: Iterable[str] = (), extra: Iterable[str] = (), among: Iterable[str] | None = None
 ) -> list[str]:

@@ -286,3 +286,21 @@ def test_checks_deferred_to_after_the_run_judge_as_online_ones(
     assert [(v.invariant, v.uids, v.step) for v in sorted(later.violations, key=str)] == [
         (v.invariant, v.uids, v.step) for v in sorted(online.violations, key=str)
     ]
+
+
+def test_a_search_can_look_past_a_crash_a_run_cannot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`explore` says "next: add --skip no-crash"; that command then runs and looks past the
+    crash (here every example crashes: nothing else is found, exit 0). A single run, or a
+    replay, always reports a crash: `run --skip no-crash` is one line, exit 2."""
+    plugin = tmp_path / "crashy.py"
+    plugin.write_text(CRASHY)
+    explore = ["explore", "--scheduler", f"{plugin}:make", "--out", str(tmp_path / "cex")]
+    explore += ["--max-examples", "5", "--budget", "30", "--no-timeline", "--workers", "1"]
+    assert main(explore) == 1
+    assert "next: add --skip no-crash to this command" in capsys.readouterr().out
+    assert main([*explore, "--skip", "no-crash"]) == 0
+    assert "no violation found" in capsys.readouterr().out
+    assert main(["run", "--scheduler", f"{plugin}:make", "--skip", "no-crash"]) == 2
+    assert "unknown invariant no-crash" in capsys.readouterr().err

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from overlapcheck.adapters.base import Loaded, UpstreamScheduler
-from overlapcheck.adapters.minisgl.books import read_books
+from overlapcheck.adapters.minisgl.books import LastList, read_books
 from overlapcheck.adapters.minisgl.checkout import RANK
 from overlapcheck.adapters.minisgl.checkout import current_features as _checkout_features
 from overlapcheck.adapters.minisgl.checkout import load as load_checkout
@@ -146,6 +146,7 @@ class MiniSglScheduler(UpstreamScheduler):
         self.clock = _Clock(device)
         self.normal_started = False
         self.can = _checkout_features()
+        self._free_list = LastList()  # (the books' free list, made from the last one's)
         with self._block(), self._building():
             self.sched = self._make()
             pool = getattr(self.sched, "token_pool", None)  # (once on its table manager only)
@@ -279,7 +280,7 @@ class MiniSglScheduler(UpstreamScheduler):
 
     def books(self) -> Books:
         defers = self.can.defers_frees
-        return read_books(self.sched, self.data, self.config, self.up, defers)
+        return read_books(self.sched, self.data, self.config, self.up, defers, self._free_list)
 
     # -- offline I/O --------------------------------------------------------------------------
 

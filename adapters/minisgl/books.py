@@ -55,11 +55,43 @@ def _pages(cells: list[int], page_size: int) -> tuple[int, ...]:
     return tuple(sorted({c // page_size for c in cells}))
 
 
+class LastList:
+    """The last list read off an array, to make the next one from where it only lost its head
+    or gained a tail (the free list an allocator takes from and gives back to): the same int
+    objects, so a checker comparing it with its last snapshot compares by identity, and only
+    the new values are converted."""
+
+    def __init__(self) -> None:
+        self.values: np.ndarray | None = None
+        self.pages: tuple[int, ...] = ()
+
+    def of(self, values: np.ndarray) -> tuple[int, ...]:
+        """`tuple(values.tolist())`, made from the last one where it can be."""
+        last, n = self.values, len(values)
+        pages: tuple[int, ...] | None = None
+        if last is not None and last.dtype == values.dtype:
+            m = len(last)
+            if n <= m and (values == last[m - n :]).all():
+                pages = self.pages[m - n :]
+            elif n > m and (values[:m] == last).all():
+                pages = self.pages + tuple(values[m:].tolist())
+        if pages is None:
+            pages = tuple(values.tolist())
+        self.values, self.pages = values.copy(), pages  # (`values` may be the tensor's own)
+        return pages
+
+
 def read_books(
-    sched: Any, data: Any, config: SchedulerConfig, up: Loaded, defers_frees: bool = False
+    sched: Any,
+    data: Any,
+    config: SchedulerConfig,
+    up: Loaded,
+    defers_frees: bool = False,
+    free_list: LastList | None = None,
 ) -> Books:
     """The books between iterations. `defers_frees`: the checkout keeps a finished request's row
-    and pages until no batch in flight holds it (`checkout.Features`)."""
+    and pages until no batch in flight holds it (`checkout.Features`). `free_list`: the last
+    free list read, kept by the caller from one call to the next."""
     chunked_cls = up["minisgl.scheduler.prefill"].ChunkedReq
     table = _view(sched.engine.page_table)
     page_size = config.page_size
@@ -97,7 +129,8 @@ def read_books(
             live.append(Holding(uid, int(req.table_idx), pages(req)))
     cache = sched.cache_manager
     cells = _values(_attr(cache, "free_slots", "_free_slots"))
-    free_pages = tuple((cells if page_size == 1 else cells // page_size).tolist())
+    free_values = cells if page_size == 1 else cells // page_size
+    free_pages = tuple(free_values.tolist()) if free_list is None else free_list.of(free_values)
     cached: list[int] = []
     locked: list[int] = []
     root = getattr(_attr(cache, "prefix_cache", "manager"), "root_node", None)

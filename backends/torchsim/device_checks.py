@@ -116,29 +116,37 @@ def _structured_outs(func: Any) -> tuple[tuple[int, str], ...]:
 @dataclass(frozen=True)
 class KernelCheck:
     """A device check a CUDA kernel makes itself: the argument it checks, whether a 0-dim host
-    tensor is refused too, and its message."""
+    tensor is refused too, its message, and its message when the op accumulates (`index_put_`'s
+    accumulating kernel words it its own way)."""
 
     argument: str
     any_dim: bool
     message: str
+    accumulating: str | None = None
 
 
-_INDEX_PUT = KernelCheck("values", False, f"{_SAME_DEVICE}, cuda:0 and cpu!")
-# (by overload packet: the out-of-place forms are composites of the in-place ones)
+_MASK = KernelCheck(
+    "mask",
+    True,
+    "expected self and mask to be on the same device, but got mask on cpu and self on cuda:0",
+)
+_INDEX = KernelCheck("index", True, f"{_SAME_DEVICE}, cuda:0 and cpu!")
+_VALUES = KernelCheck(
+    "values",
+    False,
+    f"{_SAME_DEVICE}, cuda:0 and cpu!",
+    "expected device cuda:0 but got device cpu for value tensor",
+)
+# By overload packet: the out-of-place forms are composites of the in-place ones.
 KERNEL_CHECKS: dict[str, KernelCheck] = {
-    "masked_fill_": KernelCheck(
-        "mask",
-        True,
-        "expected self and mask to be on the same device, but got mask on cpu and self on cuda:0",
-    ),
-    "index_fill_": KernelCheck("index", True, f"{_SAME_DEVICE}, cuda:0 and cpu!"),
-    "index_put_": _INDEX_PUT,
-    "_index_put_impl_": _INDEX_PUT,
+    "masked_fill_": _MASK,
+    "masked_fill": _MASK,
+    "index_fill_": _INDEX,
+    "index_fill": _INDEX,
+    "index_put_": _VALUES,
+    "index_put": _VALUES,
+    "_index_put_impl_": _VALUES,
 }
-KERNEL_CHECKS["masked_fill"] = KERNEL_CHECKS["masked_fill_"]
-KERNEL_CHECKS["index_fill"] = KERNEL_CHECKS["index_fill_"]
-KERNEL_CHECKS["index_put"] = _INDEX_PUT
-_ACCUMULATED = "expected device cuda:0 but got device cpu for value tensor"
 
 
 def _value(args: tuple[Any, ...], kwargs: dict[str, Any], at: int, name: str) -> Any:
@@ -181,7 +189,7 @@ def mixed_devices(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> s
                 accumulate = "accumulate" in names and _value(
                     args, kwargs, names.index("accumulate"), "accumulate"
                 )
-                return _ACCUMULATED if check is _INDEX_PUT and accumulate else check.message
+                return (check.accumulating if accumulate else None) or check.message
     return None
 
 

@@ -1128,10 +1128,11 @@ class DispatchMode(TorchDispatchMode):
                 # with its own checks, syncs and footprint (inference mode skips the autograd
                 # key that splits an implicit one before this mode; an explicit one is split
                 # only where a host tensor is among its device tensors, for its parts' checks).
+                info = op_info(func)
                 with self:
-                    if op_info(func).composite:
+                    if info.composite:
                         return func.decompose(*args, **(kwargs or {}))
-                    return func._op_dk(op_info(func).explicit, *args, **(kwargs or {}))
+                    return func._op_dk(info.explicit, *args, **(kwargs or {}))
             return out
         except (OverlapcheckError, InvariantError):
             raise

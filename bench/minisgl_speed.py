@@ -9,6 +9,7 @@ a dozen calls per iteration.
 
 from __future__ import annotations
 
+from overlapcheck.bench import dispatch_floor
 from overlapcheck.bench.adapter_speed import CHECK_SETS, REFERENCE, Row, measure, print_rows
 
 SPEC = "overlapcheck.adapters.minisgl:make_scheduler"
@@ -24,4 +25,5 @@ def main(repeats: int = 3) -> list[Row]:
         rows.append(measure(REFERENCE, None, checks, label, repeats))
         rows.append(measure("mini-sglang (simulated CUDA)", make_scheduler, checks, label, repeats))
     print_rows("mini-sglang vs reference", rows, repeats)
+    dispatch_floor.print_split("mini-sglang", dispatch_floor.measure(make_scheduler, repeats))
     return rows

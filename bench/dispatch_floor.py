@@ -1,0 +1,152 @@
+"""Where a run of real code under the simulated CUDA goes, and the best share of the reference's
+speed a Python dispatch mode could reach on it.
+
+A run splits into the time inside the dispatch mode (every aten op the program calls: our
+tracing, the op itself, the simulated time a sync runs) and the time outside it (the program's
+own Python, the adapter, the checks). Even a dispatch that cost nothing but torch's own crossing
+into a Python mode leaves the outside and one crossing an op; that sum, against the reference's
+run, bounds the share any tuning of our dispatch can reach.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from overlapcheck.backends.sim.backend import SimBackend
+from overlapcheck.bench.sim_speed import decode_workload
+from overlapcheck.core.protocol import SchedulerFactory
+from overlapcheck.harness.runner import run_scenario
+
+CROSSING_OPS = 3_000  # ops a crossing's cost is averaged over
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    """One run (the best of a few): its wall seconds, those inside the dispatch mode and its
+    ops; the reference's run and one bare crossing, for the bound."""
+
+    wall: float
+    inside: float
+    ops: int
+    reference: float
+    crossing: float
+
+    @property
+    def outside(self) -> float:
+        return self.wall - self.inside
+
+    @property
+    def floor(self) -> float:
+        """The run with a dispatch that cost only its crossings (the ops' own work not even
+        counted): what no tuning of the dispatch's Python gets below."""
+        return self.outside + self.ops * self.crossing
+
+    @property
+    def best_share(self) -> float:
+        return self.reference / self.floor
+
+
+class _Timed:
+    """Times the interceptor's top-level calls (a nested one is inside its caller's time)."""
+
+    def __init__(self) -> None:
+        self.inside = 0.0
+        self.ops = 0
+        self._depth = 0
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        from overlapcheck.backends.torchsim.dispatch import Interceptor
+
+        original = Interceptor.dispatch
+        timed = self
+
+        def dispatch(self: Interceptor, func: Any, args: Any, kwargs: Any) -> Any:
+            timed.ops += 1
+            if timed._depth:
+                return original(self, func, args, kwargs)
+            timed._depth += 1
+            start = time.perf_counter()
+            try:
+                return original(self, func, args, kwargs)
+            finally:
+                timed._depth -= 1
+                timed.inside += time.perf_counter() - start
+
+        Interceptor.dispatch = dispatch  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            Interceptor.dispatch = original  # type: ignore[method-assign]
+
+
+def crossing_seconds() -> float:
+    """What one op costs more under a TorchDispatchMode that only calls it, than bare: torch's
+    own crossing into Python and back (best of 5, small host ops)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Bare(TorchDispatchMode):
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
+            return func(*args, **(kwargs or {}))
+
+    cells = torch.zeros(64, dtype=torch.int32)
+
+    def ops() -> float:
+        best = float("inf")
+        for _ in range(5):
+            start = time.perf_counter()
+            for _ in range(CROSSING_OPS // 3):
+                view = cells[3:9]
+                view.fill_(2)
+                torch.arange(0, 6, out=view)
+            best = min(best, time.perf_counter() - start)
+        return best / CROSSING_OPS
+
+    with torch.inference_mode():
+        native = ops()
+        with Bare():  # type: ignore[no-untyped-call]
+            moded = ops()
+    return max(moded - native, 0.0)
+
+
+def measure(factory: SchedulerFactory, repeats: int = 3) -> Split:
+    """The workload of `bench --minisgl` (every invariant) with `factory`, then the reference."""
+    scenario = decode_workload(max_tokens=48)
+
+    def run(f: SchedulerFactory | None) -> float:
+        start = time.perf_counter()
+        run_scenario(scenario, SimBackend(), None, scheduler=f, keep_going=True)
+        return time.perf_counter() - start
+
+    run(factory)  # imports and first-call caches
+    best: tuple[float, _Timed] | None = None
+    for _ in range(repeats):
+        timed = _Timed()
+        with timed.installed():
+            wall = run(factory)
+        if best is None or wall < best[0]:
+            best = (wall, timed)
+    assert best is not None
+    wall, timed = best
+    reference = min(run(None) for _ in range(repeats))
+    return Split(wall, timed.inside, timed.ops, reference, crossing_seconds())
+
+
+def print_split(name: str, split: Split) -> None:
+    print(
+        f"where a run of {name} goes (every invariant, best of the runs): {split.wall:.3f} s ="
+        f" {split.inside:.3f} s inside the dispatch mode ({split.ops:,} ops) +"
+        f" {split.outside:.3f} s outside it (the program's Python, the adapter, the checks)"
+    )
+    print(
+        f"a bare dispatch mode costs {split.crossing * 1e6:.1f} us an op over the op here; a"
+        f" dispatch costing only that would leave {split.floor:.3f} s a run: at most"
+        f" {split.best_share:.1%} of the reference ({split.reference:.4f} s a run)"
+    )

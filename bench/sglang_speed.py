@@ -8,6 +8,7 @@ every aten op of it traced on its stream besides.
 
 from __future__ import annotations
 
+from overlapcheck.bench import dispatch_floor
 from overlapcheck.bench.adapter_speed import CHECK_SETS, REFERENCE, Row, measure, print_rows
 
 SPEC = "overlapcheck.adapters.sglang:make_scheduler"
@@ -24,4 +25,5 @@ def main(repeats: int = 3) -> list[Row]:
         rows.append(measure("SGLang (simulated CUDA)", make_scheduler, checks, label, repeats))
         rows.append(measure("SGLang (cpu)", make_cpu_scheduler, checks, label, repeats))
     print_rows("SGLang vs reference", rows, repeats)
+    dispatch_floor.print_split("SGLang", dispatch_floor.measure(make_scheduler))
     return rows

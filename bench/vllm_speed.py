@@ -9,6 +9,7 @@ through the simulated CUDA's dispatch mode and is traced with its cells.
 
 from __future__ import annotations
 
+from overlapcheck.bench import dispatch_floor
 from overlapcheck.bench.adapter_speed import CHECK_SETS, REFERENCE, Row, measure, print_rows
 
 
@@ -32,4 +33,5 @@ def main(repeats: int = 3) -> list[Row]:
             measure("vLLM Scheduler (sync)", make_sync_scheduler, checks, label, repeats, "normal")
         )
     print_rows("vLLM vs reference", rows, repeats)
+    dispatch_floor.print_split("vLLM AsyncScheduler", dispatch_floor.measure(make_scheduler))
     return rows

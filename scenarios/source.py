@@ -152,6 +152,11 @@ class WorkloadSource:
     # -- internals ----------------------------------------------------------------------------
 
     def _waits_done(self, e: _Event) -> bool:
+        if e.anchor is not None and self.prompts[e.anchor.request] is None:
+            # No point of a request not sent yet is reached: until it is sent, the message has
+            # no moment, and idle iterations (`_time`'s 0.0) must not stand in for that request's
+            # own arrival time (an idle host would poll until the liveness bound instead).
+            return False
         if e.kind == ABORT:
             return self.prompts[e.index] is not None
         previous = self._previous[e.index]

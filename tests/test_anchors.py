@@ -146,6 +146,20 @@ def test_a_point_never_reached_falls_back_to_the_end() -> None:
     assert _received(result, 1) == 1  # aborted at the receive of iteration 1: ended there
 
 
+
+@pytest.mark.parametrize("loop", LOOPS)
+@pytest.mark.parametrize("at", ["first-chunk", "finished", "extra-round", "abort"])
+def test_a_message_anchored_to_a_late_request_waits_for_its_arrival_time(
+    loop: LoopKind, at: str
+) -> None:
+    """Request 0 arrives late (50 ms: more idle iterations than the liveness bound), request 1
+    is anchored to it. The idle host sleeps until request 0's time, as with nothing anchored;
+    before, the anchored message (due 'by iterations') made it poll in place until the bound, a
+    false `liveness` ("not idle after 98 iterations; requests [] remain", first from vLLM)."""
+    first = RequestSpec(0, (3,), max_tokens=1, arrival=0.05)
+    result = _run(loop, _anchored(at), first)
+    assert [o.finish_reason for o in result.outcomes] == ["length", "length"]
+    assert _received(result, 0) <= 2  # one idle wait, not one poll per idle iteration
 def test_a_scenario_file_names_an_anchor_and_round_trips() -> None:
     data = {
         "config": {"num_slots": 2},

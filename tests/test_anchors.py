@@ -146,7 +146,6 @@ def test_a_point_never_reached_falls_back_to_the_end() -> None:
     assert _received(result, 1) == 1  # aborted at the receive of iteration 1: ended there
 
 
-
 @pytest.mark.parametrize("loop", LOOPS)
 @pytest.mark.parametrize("at", ["first-chunk", "finished", "extra-round", "abort"])
 def test_a_message_anchored_to_a_late_request_waits_for_its_arrival_time(
@@ -160,6 +159,8 @@ def test_a_message_anchored_to_a_late_request_waits_for_its_arrival_time(
     result = _run(loop, _anchored(at), first)
     assert [o.finish_reason for o in result.outcomes] == ["length", "length"]
     assert _received(result, 0) <= 2  # one idle wait, not one poll per idle iteration
+
+
 def test_a_scenario_file_names_an_anchor_and_round_trips() -> None:
     data = {
         "config": {"num_slots": 2},

@@ -134,7 +134,7 @@ def build(
         args, role="scheduler", ranks=context.SpawnRanks(world_rank=0, dp_rank=None, gpu_id=0)
     )
     try:
-        with _young_only_collections():
+        with _young_only_collections(), _no_watchdog(loaded):
             return scheduler_class(args, port_args)
     except TypeError as err:
         raise loaded.incompatible(f"Scheduler(server_args, port_args): {err}") from None
@@ -152,6 +152,31 @@ def admission(loaded: Loaded, config: SchedulerConfig) -> None:
     module: Any = loaded["sglang.srt.managers.schedule_policy"]
     shipped = _SHIPPED_CLIP.setdefault(str(module.__file__), module.CLIP_MAX_NEW_TOKENS)
     module.CLIP_MAX_NEW_TOKENS = ON_DEMAND_CLIP if config.page_alloc == "on-demand" else shipped
+
+
+class _NoWatchdog:
+    """What `Scheduler` keeps of its watchdog (it calls nothing on it): none is started."""
+
+
+@contextlib.contextmanager
+def _no_watchdog(loaded: Loaded) -> Iterator[None]:
+    """SGLang's scheduler watchdog is not started: a thread per `Scheduler` that signals the
+    parent process (SIGQUIT) when a batch makes no progress for `watchdog_timeout` (300 s), as a
+    server process that hangs is killed. overlapcheck's `no-hang` watches each step instead; and
+    a process here builds a `Scheduler` per run: each one's watchdog thread, which never ends,
+    kept it alive (its process groups, ZeroMQ context and their 14 threads) for the rest of the
+    process, and would signal a search's or a test run's parent 300 s after a run left a batch
+    in flight. Its other start-up work runs as it ships."""
+    module: Any = loaded["sglang.srt.managers.scheduler"]
+    shipped = getattr(module, "create_scheduler_watchdog", None)
+    if shipped is None:
+        yield
+        return
+    module.create_scheduler_watchdog = lambda *args, **kwargs: _NoWatchdog()
+    try:
+        yield
+    finally:
+        module.create_scheduler_watchdog = shipped
 
 
 @contextlib.contextmanager

@@ -172,6 +172,31 @@ FIX_6 = [
             mapping.record_stream(self.engine.stream)\n""",
     ),
 ]
+# 7 (not an overlap bug): admission counts a request's tokens against the free pages times
+# `page_size`, but `CacheManager.allocate_paged` hands each request whole pages (its cached part
+# is whole pages: the radix cache matches and inserts page-aligned prefixes, a chunk's rest starts
+# in a page it holds). Count each request's tokens rounded up to whole pages, at admission and in
+# the reservation the next requests of the same batch are admitted against.
+FIX_7 = [
+    (
+        "prefill.py",
+        "from minisgl.utils import init_logger\n",
+        "from minisgl.utils import align_ceil, init_logger\n",
+    ),
+    (
+        "prefill.py",
+        "        estimated_len = extend_len + req.output_len\n",
+        "        estimated_len = align_ceil(extend_len + req.output_len,"
+        " self.cache_manager.page_size)\n",
+    ),
+    (
+        "prefill.py",
+        "        self.reserved_size += remain_len + pending_req.output_len\n",
+        "        self.reserved_size += align_ceil(\n"
+        "            remain_len + pending_req.output_len, self.cache_manager.page_size\n"
+        "        )\n",
+    ),
+]
 FIXES = FIX_6 + FIX_1 + FIX_2 + FIX_3 + FIX_4
 
 # PR #111 defers an abort's free to `_free_pending_aborts`, called after `_process_last_data` at

@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 from minisgl_trees import (
     FIX_4_PR111,
+    FIX_7,
+    FIXES,
     PR111_FIXES,
     PR111_SNAPSHOT,
     SNAPSHOT,
@@ -27,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 MINISGL = "overlapcheck.adapters.minisgl:make_scheduler"
 PR111_FINDING = "findings/mini-sglang/pr111-abort-in-flight.json"
+BUG7_FINDING = "findings/mini-sglang/bug7-admission-pages.json"
 # mini-sglang's findings recorded on its tree as shipped (the GPU replay's fixed row needs a
 # patched tree; PR #111's finding, its patched tree: below).
 MINISGL_SHIPPED = (
@@ -116,3 +119,18 @@ def test_pr111_s_tree_is_clean_of_the_double_free_and_fix_4_on_top_of_it_of_the_
     fixed = unpack(tmp_path / "fix-4", PR111_FIXES + FIX_4_PR111, PR111_SNAPSHOT)
     report = _on(fixed, ["replay", str(DOCS / PR111_FINDING)], tmp_path)
     assert report["verdict"] == "fixed" and report["violations"] == [], report
+
+
+# Find, fix, confirm for bug 7: the counterexample was recorded on the tree with the overlap
+# bugs' patches; with FIX_7 (whole pages counted at admission) on top, the replay says fixed,
+# naming the one file the patch changed.
+def test_bug_7_s_admission_replays_fixed_with_fix_7(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    if not SNAPSHOT.is_file():
+        pytest.skip(f"no mini-sglang snapshot at {SNAPSHOT}")
+    assert load(DOCS / BUG7_FINDING).scheduler.text == MINISGL
+    fixed = unpack(tmp_path / "fix-7", FIXES + FIX_7)
+    done = run_cli("MINISGL_PATH", fixed, ["replay", str(DOCS / BUG7_FINDING), "--json"], tmp_path)
+    report = json.loads(done.stdout)
+    assert (done.returncode, report["verdict"], report["violations"]) == (0, "fixed", []), report
+    assert report["changed_files"] == ["python/minisgl/scheduler/prefill.py"]

@@ -19,6 +19,7 @@ from minisgl_trees import (
     FIX_2,
     FIX_3,
     FIX_6,
+    FIX_7,
     FIXES,
     NOT_A_FIX_5,
     SNAPSHOT,
@@ -135,7 +136,8 @@ SEARCHES = [
     (FIX_6 + FIX_1, (), 200, ("no-post-eos",)),
     (FIX_6 + FIX_1 + FIX_2, (), 200, ("slot-not-in-flight", "no-race")),
     (FIX_6 + FIX_1 + FIX_2 + FIX_3, (), 200, ("abort-silent", "pages-conserved")),
-    (FIXES, ("pages-conserved", "oracle"), 60, ()),
+    (FIXES, ("pages-conserved", "oracle"), 700, ("no-crash",)),
+    (FIXES + FIX_7, ("pages-conserved", "oracle"), 60, ()),
 ]
 
 
@@ -144,7 +146,7 @@ SEARCHES = [
 @pytest.mark.parametrize(
     ("fixed", "skipped", "examples", "found"),
     SEARCHES,
-    ids=["bug-6", "bug-1", "bug-2", "bug-3", "bug-4", "all-fixed"],
+    ids=["bug-6", "bug-1", "bug-2", "bug-3", "bug-4", "bug-7", "all-fixed"],
 )
 def test_a_search_finds_the_first_bug_not_fixed_and_none_with_all_fixed(
     tmp_path: Path,
@@ -186,6 +188,33 @@ def test_with_the_four_fixes_a_stale_page_table_row_reads_a_freed_page(tmp_path:
         overlapcheck(run, unpack(tmp_path / "kept", FIXES + NOT_A_FIX_5), tmp_path).stdout
     )
     assert kept["violations"][0]["invariant"] == "no-crash"  # eviction runs dry
+
+
+# Three one-token prompts on two free pages of four: each needs a page of its own.
+THREE_ON_TWO_PAGES = {
+    "name": "three-on-two-pages",
+    "config": {"num_slots": 3, "num_pages": 2, "page_size": 4, "cache": "naive"},
+    "requests": [{"uid": uid, "prompt": [3], "max_tokens": 1} for uid in range(3)],
+}
+
+
+@needs_snapshot
+@pytest.mark.slow
+def test_fix_7_counts_whole_pages_in_the_reservation_as_well_as_at_admission(
+    tmp_path: Path,
+) -> None:
+    """With only the admission's count rounded up to pages, each prompt is admitted against the
+    unrounded reservation of those before it (4 + 0, 4 + 2, 4 + 4 <= 8 tokens), and the third
+    allocation asks the naive cache to evict; FIX_7 rounds both."""
+    scenario = tmp_path / "three.json"
+    scenario.write_text(json.dumps(THREE_ON_TWO_PAGES))
+    run = ["run", "--scheduler", SPEC, "--scenario", str(scenario), "--json"]
+    half = unpack(tmp_path / "half", FIXES + FIX_7[:2])
+    crash = json.loads(overlapcheck(run, half, tmp_path).stdout)["violations"]
+    assert [v["invariant"] for v in crash] == ["no-crash"], crash
+    assert "evict" in crash[0]["message"]
+    whole = unpack(tmp_path / "whole", FIXES + FIX_7)
+    assert json.loads(overlapcheck(run, whole, tmp_path).stdout)["violations"] == []
 
 
 @needs_snapshot

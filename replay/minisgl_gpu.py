@@ -194,11 +194,14 @@ class Repeat:
 
     def line(self) -> str:
         if self.crash is not None:
-            what = f"the GPU run failed: {self.crash}"
-        elif self.differing:
+            # the gates' states lie in device memory, which a stopped run's context cannot read
+            return (
+                f"repeat {self.index}: the GPU run failed: {self.crash}; gates: not known (the "
+                "device stopped the run before they could be read)"
+            )
+        what = "tokens as the reference"
+        if self.differing:
             what = f"tokens differ for {self.differing}"
-        else:
-            what = "tokens as the reference"
         return f"repeat {self.index}: {what}; gates: {', '.join(self.gates) or 'none'}"
 
     def to_json(self) -> dict[str, Any]:
@@ -292,6 +295,8 @@ class ChildRun:
     silent: bool = False  # killed after `_SILENCE` seconds without a line
 
 
+# A repeats process's line after its warm-up without gates ran clean (its first repeat's index).
+WARM_LINE = "warm"
 _DEAD_CONTEXT_GRACE = 20.0  # seconds a process whose run the device stopped may take to exit
 # seconds a repeats process may go without a line (its imports and warm-up come first): past
 # them it is stuck (a device a killed process still holds, say), and nothing more is judged
@@ -390,19 +395,22 @@ def gated_repeats(
         out.append(repeat)
         on_repeat(repeat)
 
+    warmed: list[int] = []  # the first repeat of each process whose warm-up ran clean
+
+    def said(line: str) -> None:
+        raw = json.loads(line)
+        if WARM_LINE in raw:
+            warmed.append(int(raw[WARM_LINE]))
+        else:
+            finished(Repeat.from_json(raw))
+
     with tempfile.TemporaryDirectory() as tmp:
         cex_file, plan_file = Path(tmp, "cex.json"), Path(tmp, "plan.json")
         cex_file.write_text(json.dumps(cex.data))
         plan_file.write_text(json.dumps(plan.to_json()))
         while len(out) < repeat:
             start = len(out)
-            child = _child(
-                cex_file,
-                plan_file,
-                start,
-                repeat,
-                lambda line: finished(Repeat.from_json(json.loads(line))),
-            )
+            child = _child(cex_file, plan_file, start, repeat, said)
             if len(out) >= repeat or (len(out) > start and out[-1].crash is not None):
                 continue  # done, or it said which repeat the device stopped (judged by its
                 # own lines: an earlier process's crash line says nothing of this one)
@@ -411,11 +419,18 @@ def gated_repeats(
                     f"a repeat's process said nothing for {_SILENCE:.0f} s after repeat "
                     f"{len(out)} began (the device left stuck?)"
                 )
-            said = device_error(child.stderr)
-            if said is None:
+            error = device_error(child.stderr)
+            if error is None:
                 tail = (child.stderr.strip().splitlines() or [f"exit {child.returncode}"])[-1]
                 return out, f"a repeat's process failed without a device error ({tail})"
-            finished(Repeat(len(out), [], [], [], crash=said))
+            if start not in warmed:
+                # Its run without gates failed: no gate was set, so nothing says the racy
+                # order did it (as when the replay's own warm-up fails).
+                return out, (
+                    f"the warm-up without gates failed on the device in repeat {start}'s "
+                    f"process ({error})"
+                )
+            finished(Repeat(len(out), [], [], [], crash=error))
     return out, None
 
 
@@ -476,11 +491,18 @@ def report(
         return lines, "differs"
     hit = sum(r.manifested for r in repeats)
     forced = sum(all(s == OPENED for s in r.states) and bool(r.states) for r in repeats)
+    unread = sum(r.crash is not None for r in repeats)
     emit(
         f"manifested {hit}/{len(repeats)} (a token unlike the reference's, or the device "
         f"stopped the run), "
         f"clean {len(repeats) - hit}/{len(repeats)}"
         + (f"; the racy order forced in {forced}/{len(repeats)}" if plan.gates else "")
+        + (
+            f", not known in {unread} (the device stopped the run; each process's run without "
+            "gates before it ran clean)"
+            if plan.gates and unread
+            else ""
+        )
     )
     if hit:
         return lines, "reproduced"
@@ -516,6 +538,7 @@ def main(argv: list[str] | None = None) -> int:
         # unjudged, without gates: CUDA loads a kernel's module at its first launch, which
         # would wait behind a held spin, so a process's first gated run could force nothing
         CudaRun(cex.scenario.config, cex.scenario.requests, plan.deliveries).run()
+        print(json.dumps({WARM_LINE: args.start}), flush=True)  # a crash after it is gated
         for index in range(args.start, args.repeat):
             repeat = one_repeat(without_graphs(cex), plan, index)
             print(json.dumps(repeat.to_json()), flush=True)

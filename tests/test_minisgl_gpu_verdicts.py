@@ -62,6 +62,11 @@ def _line(i: int) -> str:
     return json.dumps(Repeat(i, [], ["forced (1.00 ms)"], [OPENED]).to_json())
 
 
+def _warm(start: int) -> str:
+    """A repeats process's line once its warm-up without gates ran clean."""
+    return json.dumps({minisgl_gpu.WARM_LINE: start})
+
+
 def test_a_process_the_device_aborts_is_the_race_and_the_next_goes_on(
     stand_ins: list[tuple[str, int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -73,6 +78,7 @@ def test_a_process_the_device_aborts_is_the_race_and_the_next_goes_on(
     ) -> minisgl_gpu.ChildRun:
         stand_ins.append(("child", start))
         lines = [_line(0), _line(1)] if start == 0 else [_line(i) for i in range(start, repeat)]
+        lines.insert(0, _warm(start))
         for line in lines:
             on_line(line)
         return minisgl_gpu.ChildRun(lines, -6 if start == 0 else 0, ASSERT if start == 0 else "")
@@ -106,11 +112,12 @@ def test_a_process_aborted_before_its_line_after_one_that_said_its_crash_goes_on
     ) -> minisgl_gpu.ChildRun:
         assert ("child", start) not in stand_ins, f"repeat {start}'s process started again"
         stand_ins.append(("child", start))
+        on_line(_warm(start))
         if start == 0:
             on_line(crash0)
-            return minisgl_gpu.ChildRun([crash0], 3, "")
+            return minisgl_gpu.ChildRun([_warm(0), crash0], 3, "")
         if start == 1:
-            return minisgl_gpu.ChildRun([], -6, ASSERT)
+            return minisgl_gpu.ChildRun([_warm(1)], -6, ASSERT)
         lines = [_line(i) for i in range(start, repeat)]
         for line in lines:
             on_line(line)
@@ -121,6 +128,48 @@ def test_a_process_aborted_before_its_line_after_one_that_said_its_crash_goes_on
     assert unjudged is None and stand_ins == [("child", 0), ("child", 1), ("child", 2)]
     assert [r.index for r in out] == [0, 1, 2, 3]
     assert [r.crash is not None for r in out] == [True, True, False, False]
+
+
+def test_a_process_the_device_aborts_in_its_run_without_gates_is_not_judged(
+    stand_ins: list[tuple[str, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Repeat 0's process warms up clean, says repeat 0 and is aborted by the device in repeat
+    1 (manifested); repeat 2's process is aborted before its warm-up without gates said it ran
+    clean: no gate was set, so the racy order is not what stopped it, and nothing more is
+    judged (as when the replay's own warm-up fails)."""
+
+    def child(
+        cex_file: Path, plan_file: Path, start: int, repeat: int, on_line: Callable[[str], None]
+    ) -> minisgl_gpu.ChildRun:
+        stand_ins.append(("child", start))
+        if start == 0:
+            for line in (_warm(0), _line(0)):
+                on_line(line)
+            return minisgl_gpu.ChildRun([_warm(0), _line(0)], -6, ASSERT)
+        return minisgl_gpu.ChildRun([], -6, ASSERT)
+
+    monkeypatch.setattr(minisgl_gpu, "_child", child)
+    out, unjudged = minisgl_gpu.gated_repeats(_Cex(), PLAN, 4)  # type: ignore[arg-type]
+    assert stand_ins == [("child", 0), ("child", 2)]
+    assert [r.index for r in out] == [0, 1] and [r.crash is None for r in out] == [True, False]
+    assert unjudged is not None
+    assert "warm-up without gates failed on the device in repeat 2's process" in unjudged
+    assert "index out of bounds" in unjudged
+
+
+def test_a_crashed_repeat_says_its_gates_are_not_known(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The spin's record of a gate lies in device memory, which a stopped run cannot read: the
+    line and the summary say so, never 'gates: none' or a bare 'forced in 0/2'."""
+    monkeypatch.setattr(minisgl_gpu, "simulated", lambda cex: Simulated(PLAN, NAMES, set()))
+    monkeypatch.setattr(minisgl_gpu, "without_graphs", lambda cex: cex)
+    repeats = [Repeat(0, [], [], [], crash="Assertion `index`"), Repeat(1, [1], ["x"], [OPENED])]
+    monkeypatch.setattr(minisgl_gpu, "replay", lambda *a: (repeats, None))
+    lines, got = minisgl_gpu.report(_Cex(), tmp_path / "plan.json", 2)  # type: ignore[arg-type]
+    assert got == "reproduced"
+    assert "gates: not known" in repeats[0].line() and "none" not in repeats[0].line()
+    assert "forced in 1/2, not known in 1 (the device stopped the run" in lines[-1]
 
 
 def test_a_process_that_dies_without_a_device_error_is_not_judged(

@@ -270,24 +270,28 @@ def test_slots_sglang_builds_no_row_for_are_free(
     assert run.ok, [v.message for v in run.violations]
 
 
-def test_a_finished_runs_scheduler_is_not_kept_alive_by_a_watchdog_thread(
+def test_finished_runs_schedulers_are_not_kept_alive_and_few_wait_for_collection(
     snapshot: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Each run builds a `Scheduler`; SGLang's watchdog thread (one per scheduler, never ending)
+    """Each run builds a `Scheduler`. SGLang's watchdog thread (one per scheduler, never ending)
     held every earlier one alive, with its process groups and their threads (14 a run: a 300 s
-    search ended with 1,966 threads and a load of 60), and would SIGQUIT the parent 300 s after a
-    run left a batch in flight. No watchdog is started: a collection frees an earlier run's."""
+    search ended with 1,966 threads at a load of 60), and would SIGQUIT the parent 300 s after a
+    run left a batch in flight: none is started. A finished one, freed only by a full collection,
+    waits for one with at most `WAITING_ENGINES` others (1 here)."""
     import gc
     import threading
 
-    from overlapcheck.adapters.sglang import make_scheduler
+    from overlapcheck.adapters.sglang import build, make_scheduler
     from overlapcheck.adapters.sglang.adapter import SglangScheduler
     from overlapcheck.adapters.sglang.upstream import load_sglang
 
     monkeypatch.setenv(ENV, str(snapshot))
+    monkeypatch.setattr(build, "WAITING_ENGINES", 1)
     load_sglang()  # its import keeps a traceback of the frames that imported it: not a run's
-    for _ in range(2):
+    gc.collect()
+    for _ in range(3):
         assert _run("single-slot", make_scheduler, loop="overlap").ok
+    assert len([o for o in gc.get_objects() if isinstance(o, SglangScheduler)]) <= 2
     gc.collect()
     assert not [t for t in threading.enumerate() if "watchdog" in repr(t).lower()]
     assert not [o for o in gc.get_objects() if isinstance(o, SglangScheduler)]

@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ from overlapcheck.commands.paths import output_folder
 from overlapcheck.core.config import LOOP_KINDS, POLICIES
 from overlapcheck.core.errors import UserError
 from overlapcheck.core.scenario import Scenario
+from overlapcheck.explore.coverage import SearchCoverage, combined, data_folder, scheduler_files
 from overlapcheck.explore.keeper import FailureKeeper
 from overlapcheck.explore.parallel import (
     Listener,
@@ -148,6 +150,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "from it: for a shrink that the budget or Ctrl-C cut short (default: a new search)",
     )
     p.add_argument(
+        "--coverage",
+        action="store_true",
+        help="measure which lines of the scheduler's code the search ran (coverage.py: pip "
+        "install 'overlapcheck[coverage]'): a summary at the end, coverage.json and "
+        "coverage-html/ beside the counterexamples (default: not measured)",
+    )
+    p.add_argument(
         "--no-timeline",
         action="store_true",
         help="do not draw timelines next to counterexamples (default: draw them)",
@@ -179,8 +188,22 @@ def main(args: argparse.Namespace) -> int:
     for line in probe_scheduler(spec):
         print(line, file=sys.stderr)
     keeper = FailureKeeper(out, lambda line: print(line, file=sys.stderr, flush=True))
-    outcome = _search(spec, args, keeper)
+    measured: SearchCoverage | None = None
+    if args.coverage:
+        if args.ray is not None:
+            raise UserError("--coverage measures local search streams: drop --ray")
+        files = scheduler_files(spec)
+        with data_folder() as data:
+            spec = replace(spec, coverage_files=tuple(p for p, _ in files), coverage_data=data)
+            outcome = _search(spec, args, keeper)
+            measured = combined(data, files, out)
+    else:
+        outcome = _search(spec, args, keeper)
     report = _Report(args.json, outcome, keeper)
+    if measured is not None:
+        report.coverage = measured.to_json()
+        for line in measured.lines():
+            say(line)
     stats = outcome.stats
     summary = (
         f"{stats.examples} examples, {stats.iterations} scheduler iterations simulated, "
@@ -388,6 +411,7 @@ class _Report:
         self.counterexample: Path | None = None
         self.violation: dict[str, Any] | None = None
         self.timelines: list[Path] = []
+        self.coverage: dict[str, Any] | None = None  # `--coverage`
 
     def end(self, code: int) -> int:
         if self.enabled:
@@ -428,6 +452,7 @@ class _Report:
             "size": data.size if data is not None else None,
             "timelines": [str(p) for p in self.timelines],
             "replay": f"overlapcheck replay {self.counterexample}" if self.counterexample else None,
+            "coverage": self.coverage,
         }
 
 

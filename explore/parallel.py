@@ -29,6 +29,7 @@ from multiprocessing import connection
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
+from overlapcheck.explore.coverage import measured
 from overlapcheck.explore.search import (
     CUT_BUDGET,
     CUT_INTERRUPTED,
@@ -338,7 +339,8 @@ def _process_main(spec: SearchSpec, index: int, channel: Connection, winner: Any
         return winner.value not in (NOBODY, index)
 
     try:
-        run_stream(spec, index, channel.send, claim, should_stop)
+        with measured(spec.coverage_files, spec.coverage_data):
+            run_stream(spec, index, channel.send, claim, should_stop)
     except CheckerBug as bug:  # ours: the driver saves its input (the traceback is text now)
         channel.send(Crashed(index, bug.scenario, str(bug), bug.traceback_text(), bug.extra))
         raise SystemExit(1) from None
@@ -481,7 +483,8 @@ def search_here(spec: SearchSpec, listener: Listener = QUIET) -> Outcome:
         listener.smaller(outcome.best)
 
     try:
-        result = search(spec, on_round, on_failure, on_smaller=on_smaller_found)
+        with measured(spec.coverage_files, spec.coverage_data):
+            result = search(spec, on_round, on_failure, on_smaller=on_smaller_found)
     except SearchInterrupted as stop:  # nothing found yet
         outcome.stats, outcome.interrupted = stop.stats, True
         return outcome

@@ -215,6 +215,10 @@ class SearchSpec:
     # Ranks of the scheduler run side by side (`core/ranks.py`); None: the scenario's, or 2
     # where a chosen fault is only reachable with several ranks.
     ranks: int | None = None
+    # `explore --coverage` (`explore/coverage.py`): the scheduler's code files each stream
+    # measures, and where its data go (None: not measured).
+    coverage_files: tuple[str, ...] = ()
+    coverage_data: str | None = None
     # Examples Hypothesis's shrinker may run on a generated workload's failure before the
     # workload passes (`explore/reduce.py`) take it over, and the runs those passes may take.
     shrink_examples: int = SHRINK_EXAMPLES

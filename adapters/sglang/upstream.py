@@ -80,7 +80,13 @@ def load_sglang() -> Loaded:
     given = os.environ.get(ENV)
     checkout = bool(given) and (Path(given or ".").expanduser() / "python" / MARKER).is_file()
     install_stand_ins()
-    loaded = load(_upstream("python" if checkout else ""))
+    import greenlet  # (one of its dependencies, checked above)
+
+    # Imported on a stack of its own: a module of SGLang's keeps an exception from its import
+    # (`torch_memory_saver_adapter.import_error`), whose frames' callers would otherwise be the
+    # run that imported it, kept with its scheduler and their threads for the whole process.
+    upstream = _upstream("python" if checkout else "")
+    loaded: Loaded = greenlet.greenlet(lambda: load(upstream)).switch()
     _quiet()
     return loaded
 

@@ -22,6 +22,7 @@ so the same program names its buffers the same way in any process.
 
 from __future__ import annotations
 
+import sys
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -69,7 +70,11 @@ class Buffer:
         if self.on_free is not None:
             self.holders.add(weakref.ref(tensor, self._released))
 
-    def _released(self, ref: weakref.ref[torch.Tensor]) -> None:
+    def _released(
+        self, ref: weakref.ref[torch.Tensor], finalizing: Callable[[], bool] = sys.is_finalizing
+    ) -> None:
+        if finalizing():  # the interpreter is tearing its modules down: nothing runs any more
+            return
         self.holders.discard(ref)
         if not self.holders and self.on_free is not None:
             self.on_free(self)

@@ -4,9 +4,9 @@ A clean search of real code is worth what it reached. With `--coverage`, each se
 runs under coverage.py, measuring only the scheduler's code as a counterexample fingerprints it
 (`harness/fingerprint.py`: the upstream engine an adapter drives, a user's scheduler file, the
 reference's package), found by building the scheduler once before the search. At the end the
-streams' data are combined and the driver prints the share of those files' lines that ran, and
-the files with the most lines that never did; coverage.py's JSON and HTML reports go beside the
-search's counterexamples.
+streams' data are combined and the driver prints the share of those files' lines that ran and,
+for the files it ran most, the lines that never did; coverage.py's JSON and HTML reports go
+beside the search's counterexamples.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from overlapcheck.explore.search import SearchSpec
 from overlapcheck.harness.runner import run_scenario
 from overlapcheck.scenarios.named import named_scenario
 
-SHOWN = 5  # files named in the summary, the most lines never run first
+SHOWN = 5  # files named in the summary
 DATA_FILE = ".coverage-search"  # in the search's own temporary folder (one file per stream)
 
 
@@ -109,8 +109,11 @@ class SearchCoverage:
             f"{self.statements:,} lines ran ({self.ran / self.statements:.1%}) in "
             f"{len(self.files)} files"
         ]
-        least = sorted((f for f in self.files if f.missing), key=lambda f: (-f.missing, f.name))
-        for f in least[:SHOWN]:
+        # The files the search ran most first: the scheduler's core, where a line never run is
+        # a path no example took (an engine's package holds much the search never meant to run:
+        # its configuration, other hardware's kernels).
+        busiest = sorted((f for f in self.files if f.missing), key=lambda f: (-f.ran, f.name))
+        for f in busiest[:SHOWN]:
             out.append(
                 f"  {f.name}: {f.ran} of {f.statements} ran; never: {_short(f.missing_text)}"
             )

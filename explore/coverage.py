@@ -91,6 +91,7 @@ class FileCoverage:
 @dataclass(frozen=True, slots=True)
 class SearchCoverage:
     files: tuple[FileCoverage, ...]
+    unwritten: str | None = None  # why coverage.py's own reports are missing
 
     @property
     def statements(self) -> int:
@@ -117,6 +118,8 @@ class SearchCoverage:
             out.append(
                 f"  {f.name}: {f.ran} of {f.statements} ran; never: {_short(f.missing_text)}"
             )
+        if self.unwritten is not None:
+            out.append(self.unwritten)
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -179,14 +182,18 @@ def combined(
         # stream started (the scheduler was built once first), and say nothing of the search.
         inside = _function_lines(path)
         counted = [line for line in statements if line in inside]
-        never = [line for line in counted if line in set(missing)]
+        unrun = set(missing)
+        never = [line for line in counted if line in unrun]
         name = os.path.relpath(path, root)
         per_file.append(FileCoverage(name, len(counted), len(never), _ranges(never, counted)))
+    unwritten = None
     if out is not None and per_file:
-        with contextlib.suppress(coverage.CoverageException):
+        try:
             cov.json_report(outfile=str(out / "coverage.json"))
             cov.html_report(directory=str(out / "coverage-html"))
-    return SearchCoverage(tuple(per_file))
+        except (OSError, coverage.CoverageException) as err:
+            unwritten = f"coverage.py's reports were not written to {out}: {err}"
+    return SearchCoverage(tuple(per_file), unwritten)
 
 
 @contextlib.contextmanager

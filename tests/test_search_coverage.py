@@ -4,6 +4,7 @@ from every stream, with coverage.py's own reports beside the counterexamples."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import subprocess
@@ -94,3 +95,26 @@ def test_ranges_are_runs_of_consecutive_statements() -> None:
     statements = [3, 4, 7, 9, 12, 13]
     assert search_coverage._ranges([3, 4, 7, 12], statements) == "3-7, 12"
     assert search_coverage._ranges([], statements) == ""
+
+
+def test_the_streams_data_are_combined_and_a_report_that_cannot_be_written_is_told(
+    tmp_path: Path,
+) -> None:
+    module = tmp_path / "measured_module.py"
+    module.write_text("def called(n):\n    return n + 1\n" + NEVER_CALLED)
+    spec = importlib.util.spec_from_file_location("measured_module", module)
+    assert spec is not None and spec.loader is not None
+    loaded = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loaded)
+    data = str(tmp_path / "data/.coverage-search")
+    Path(data).parent.mkdir()
+    for n in (1, 2):  # two streams, each its own data file
+        with search_coverage.measured((str(module),), data):
+            loaded.called(n)
+    not_a_folder = tmp_path / "a-file"
+    not_a_folder.write_text("")
+    got = search_coverage.combined(data, ((str(module), str(tmp_path)),), not_a_folder)
+    (only,) = got.files
+    assert only.name == "measured_module.py" and (only.statements, only.missing) == (3, 2)
+    assert got.unwritten is not None and "reports were not written" in got.unwritten
+    assert got.lines()[-1] == got.unwritten

@@ -42,7 +42,9 @@ def _coverage_module() -> Any:
 
 def scheduler_files(spec: SearchSpec) -> tuple[tuple[str, str], ...]:
     """The scheduler's code files, each with the folder it is named relative to (its code
-    root), after building it once on the `basic` scenario (an adapter loads its engine then)."""
+    root), after building it once on the `basic` scenario (an adapter loads its engine then).
+    Raises UserError first without coverage.py, before any search stream starts."""
+    _coverage_module()
     scenario = spec.scheduler.fit(named_scenario("basic"))
     if spec.loop is not None:
         scenario = scenario.with_config(loop=spec.loop)

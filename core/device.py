@@ -111,6 +111,10 @@ class Device(ABC):
     scheduler_stream: Stream
     engine_stream: Stream
     transfer_stream: Stream
+    # Whether the program's own tensors live on it (the simulated CUDA runs a scheduler's torch
+    # code on a simulator device): memory held in whatever reference cycles the program's objects
+    # make, so the run's end leaves them young (harness/runner.py, `_fewer_collections`).
+    holds_program_tensors: bool = False
 
     @abstractmethod
     def now(self) -> float:

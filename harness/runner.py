@@ -172,7 +172,7 @@ def run_scenario(
             "(see core/protocol.py); the black-box checks still run"
         )
         checks.checks = [inv for inv in checks.checks if inv not in skipped]
-    with _fewer_collections(move_out=backend.small_run_objects):
+    with _fewer_collections(backend.small_run_objects and not device.holds_program_tensors):
         watchdog = Watchdog(hang_timeout_for(backend, hang_timeout), deadline)
         completed = drive(stepped, ctx, checks, step_bound(scenario), harness.log, watchdog)
     violations, notices = checks.violations, ctx.notices
@@ -312,7 +312,10 @@ def _fewer_collections(move_out: bool) -> Iterator[None]:
     simulator's runs, whose objects are small. A real engine's hold device memory (its KV pool,
     the attention kernels' workspaces) in such cycles: left young, they are freed by the
     collections of the next few runs, where the oldest generation kept them until the H200 ran
-    out of memory in the CUDA suite. So they stay young (`move_out` False).
+    out of memory in the CUDA suite. So they stay young (`move_out` False), and so do those of a
+    run on the simulated CUDA (`Device.holds_program_tensors`): mini-sglang's objects hold its
+    tensors (host memory there) in cycles, and moved out, a search's process grew by about
+    1.4 MB an example (5 GB after 300 s) and spent minutes collecting it all at its exit.
 
     The caller's collector is left as found: the threshold is restored, and when the caller has
     frozen objects of its own (`gc.freeze()` before forking workers, say) nothing is frozen or

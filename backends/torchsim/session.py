@@ -53,6 +53,7 @@ class SimulatedCuda:
 
     def __init__(self, device: SimDevice, stream_names: Sequence[str] = ()) -> None:
         self.device = device
+        device.holds_program_tensors = True  # (the program's tensors: see `Device`)
         self.torch_device = torch.device("cuda", 0)
         self.runtime = StreamRuntime(device, self.torch_device, tuple(stream_names))
         self.memory = Memory()

@@ -19,10 +19,8 @@ from typing import Any
 
 import simpy
 
-from overlapcheck.backends.sim.backend import SimBackend
-from overlapcheck.bench.sim_speed import decode_workload
+from overlapcheck.bench import adapter_speed
 from overlapcheck.core.protocol import SchedulerFactory
-from overlapcheck.harness.runner import run_scenario
 
 CROSSING_OPS = 3_000  # ops a crossing's cost is averaged over
 
@@ -135,25 +133,19 @@ def crossing_seconds() -> float:
 
 
 def measure(factory: SchedulerFactory, repeats: int = 3) -> Split:
-    """The workload of `bench --minisgl` (every invariant) with `factory`, then the reference."""
-    scenario = decode_workload(max_tokens=48)
-
-    def run(f: SchedulerFactory | None) -> float:
-        start = time.perf_counter()
-        run_scenario(scenario, SimBackend(), None, scheduler=f, keep_going=True)
-        return time.perf_counter() - start
-
-    run(factory)  # imports and first-call caches
+    """The adapters' speed workload (`bench/adapter_speed.py`, every invariant) with `factory`,
+    timed run by run, then the reference's best beside it."""
+    adapter_speed.measure("", factory, None, "", 1)  # imports and first-call caches
     best: tuple[float, _Timed] | None = None
     for _ in range(repeats):
         timed = _Timed()
         with timed.installed():
-            wall = run(factory)
+            wall = adapter_speed.measure("", factory, None, "", 1).best_seconds
         if best is None or wall < best[0]:
             best = (wall, timed)
     assert best is not None
     wall, timed = best
-    reference = min(run(None) for _ in range(repeats))
+    reference = adapter_speed.measure("", None, None, "", repeats).best_seconds
     return Split(wall, timed.inside, timed.streams, timed.ops, reference, crossing_seconds())
 
 

@@ -54,6 +54,7 @@ from overlapcheck.explore.search import (
     CUT_INTERRUPTED,
     CUT_NONDETERMINISTIC,
     SearchSpec,
+    basic_run,
     probe_scheduler,
 )
 from overlapcheck.formats import counterexample
@@ -185,14 +186,16 @@ def main(args: argparse.Namespace) -> int:
     def say(line: str) -> None:
         print(line, file=human, flush=True)
 
-    for line in probe_scheduler(spec):
+    if args.coverage and args.ray is not None:
+        raise UserError("--coverage measures local search streams: drop --ray")
+    # With --coverage the probe's run is also the one that finds the scheduler's files.
+    probed = basic_run(spec) if args.coverage else None
+    for line in probe_scheduler(spec, probed):
         print(line, file=sys.stderr)
     keeper = FailureKeeper(out, lambda line: print(line, file=sys.stderr, flush=True))
     measured: SearchCoverage | None = None
-    if args.coverage:
-        if args.ray is not None:
-            raise UserError("--coverage measures local search streams: drop --ray")
-        files = scheduler_files(spec)
+    if probed is not None:
+        files = scheduler_files(spec, probed)
         with data_folder() as data:
             spec = replace(spec, coverage_files=tuple(p for p, _ in files), coverage_data=data)
             outcome = _search(spec, args, keeper)

@@ -20,11 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.core.errors import UserError
 from overlapcheck.explore.search import SearchSpec
-from overlapcheck.harness.runner import run_scenario
-from overlapcheck.scenarios.named import named_scenario
+from overlapcheck.harness.runner import RunResult
 
 SHOWN = 5  # files named in the summary
 DATA_FILE = ".coverage-search"  # in the search's own temporary folder (one file per stream)
@@ -40,18 +38,12 @@ def _coverage_module() -> Any:
     return coverage
 
 
-def scheduler_files(spec: SearchSpec) -> tuple[tuple[str, str], ...]:
+def scheduler_files(spec: SearchSpec, built: RunResult) -> tuple[tuple[str, str], ...]:
     """The scheduler's code files, each with the folder it is named relative to (its code
-    root), after building it once on the `basic` scenario (an adapter loads its engine then).
-    Raises UserError first without coverage.py, before any search stream starts."""
+    root), after `built` built it once (`explore.search.basic_run`: an adapter loads its engine
+    then). Raises UserError first without coverage.py, before any search stream starts."""
     _coverage_module()
-    scenario = spec.scheduler.fit(named_scenario("basic"))
-    if spec.loop is not None:
-        scenario = scenario.with_config(loop=spec.loop)
-    result = run_scenario(
-        scenario, SimBackend(), [], scheduler=spec.scheduler, hang_timeout=spec.hang_timeout
-    )
-    code = spec.scheduler.fingerprint(result.scheduler)
+    code = spec.scheduler.fingerprint(built.scheduler)
     return tuple(
         (str(Path(root.path, name)), root.path)
         for root in code.roots

@@ -331,16 +331,22 @@ def run_example(
     )
 
 
-def probe_scheduler(spec: SearchSpec) -> list[str]:
-    """Build and run the scheduler under test once (the `basic` scenario, nominal timing) before
-    a search: a factory that fails or builds no scheduler is one UserError here, not a finding
-    in every stream, and the checks it cannot have (no `books()`) are named once."""
-    if spec.scheduler.is_reference:
-        return []
+def basic_run(spec: SearchSpec) -> RunResult:
+    """The scheduler under test built and run once on the `basic` scenario (nominal timing), as
+    the search would run it."""
     basic = spec.scheduler.fit(named_scenario("basic"))
     if spec.loop is not None:  # a scheduler with only a normal loop is searched with it pinned
         basic = basic.with_config(loop=spec.loop)
-    result = run_example(basic, SimBackend(), spec.checks, spec.scheduler, spec.hang_timeout)
+    return run_example(basic, SimBackend(), spec.checks, spec.scheduler, spec.hang_timeout)
+
+
+def probe_scheduler(spec: SearchSpec, probed: RunResult | None = None) -> list[str]:
+    """Build and run the scheduler under test once (`basic_run`, or the run `probed` already
+    made) before a search: a factory that fails or builds no scheduler is one UserError here,
+    not a finding in every stream, and the checks it cannot have (no `books()`) are named once."""
+    if spec.scheduler.is_reference:
+        return []
+    result = probed if probed is not None else basic_run(spec)
     return list(dict.fromkeys(result.notices))
 
 

@@ -6,6 +6,9 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import pytest
+
+pytest.importorskip("torch")  # (the adapter's package imports it)
 
 from overlapcheck.adapters.minisgl.books import LastList
 

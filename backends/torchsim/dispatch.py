@@ -18,7 +18,6 @@ import os
 import sys
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 from types import CodeType, FrameType
 from typing import Any
@@ -80,35 +79,47 @@ def not_program(path: str) -> None:
     """Frames of the file `path` (a stand-in for a program's kernels) are not the program's:
     what it issues is labelled with its caller's file and line."""
     _STAND_INS.add(path)
-    _program_file.cache_clear()
+    _FILES.clear()
 
 
-@cache
+# Each file's `_program_file`, by its name: looked up for every frame of every walk below, a
+# dictionary's `get` rather than a cached function's call.
+_FILES: dict[str, str | None] = {}
+_UNSEEN: Any = object()
+
+
 def _program_file(path: str) -> str | None:
     """The base name of a file of the program's, or None for torch's and this package's."""
-    if path.startswith(_SKIP) or path[0] == "<" or path in _STAND_INS:
-        return None
-    return os.path.basename(path)
+    found = _FILES.get(path, _UNSEEN)
+    if found is _UNSEEN:
+        found = None
+        if not (path.startswith(_SKIP) or path[0] == "<" or path in _STAND_INS):
+            found = os.path.basename(path)
+        _FILES[path] = found
+    return found  # type: ignore[no-any-return]
 
 
-# A program frame's label part, its function's name, whether it is the scheduler's own frame
-# (then it is its own trace site: `core.sites.site_of` would stop at it), and its code, by the
-# code's identity and the instruction offset: the same few call sites issue every op, `f_lineno`
-# decodes the line table at each read, and a code object's hash hashes its constants again at
-# every call (the code kept in the entry tells a reused identity apart).
-_LABELS: dict[tuple[int, int], tuple[str, str, bool, CodeType]] = {}
+# A program frame's label part, its function's name, its trace site when it is the scheduler's
+# own frame (then it is its own site: `core.sites.site_of` would stop at it; one tuple for
+# every op from there), and its code, by the code's identity and the instruction offset (one
+# integer): the same few call sites issue every op, `f_lineno` decodes the line table at each
+# read, and a code object's hash hashes its constants again at every call (the code kept in
+# the entry tells a reused identity apart).
+_LABELS: dict[int, tuple[str, str, Site | None, CodeType]] = {}
 
 
-def _label(frame: FrameType, name: str) -> tuple[str, str, bool, CodeType]:
+def _label(frame: FrameType, name: str) -> tuple[str, str, Site | None, CodeType]:
     """`file:line function` for the scheduler's own frame; for an adapter's stand-in (a frame
     of overlapcheck's that the program's calls run through), `file function`: its lines move
     with every edit of ours, and the trace (its digest) must not."""
     code = frame.f_code
-    found = _LABELS.get((id(code), frame.f_lasti))
+    lasti = frame.f_lasti
+    key = id(code) << 32 | lasti  # (an offset in a code object's bytecode: under 2**32)
+    found = _LABELS.get(key)
     if found is None or found[3] is not code:
-        own = site_of(frame) == (code, frame.f_lasti)
+        own = site_of(frame) == (code, lasti)
         here = f"{name}:{frame.f_lineno} {code.co_name}" if own else f"{name} {code.co_name}"
-        found = _LABELS[id(code), frame.f_lasti] = (here, code.co_name, own, code)
+        found = _LABELS[key] = (here, code.co_name, (code, lasti) if own else None, code)
     return found
 
 
@@ -116,8 +127,12 @@ def where() -> tuple[str, str]:
     """The program's innermost frame outside torch and this package: (`file:line function`, the
     function's name), for labels and buffer names."""
     frame: FrameType | None = sys._getframe(1)
+    files = _FILES
     while frame is not None:
-        name = _program_file(frame.f_code.co_filename)
+        path = frame.f_code.co_filename
+        name = files.get(path, _UNSEEN)
+        if name is _UNSEEN:
+            name = _program_file(path)
         if name is not None:
             here, function, _, _ = _label(frame, name)
             return here, function
@@ -130,11 +145,15 @@ def origin() -> tuple[str, str, Site | None]:
     found from where's frame on (the frames below it are torch's and this package's, which the
     site's walk skips too)."""
     frame: FrameType | None = sys._getframe(1)
+    files = _FILES
     while frame is not None:
-        name = _program_file(frame.f_code.co_filename)
+        path = frame.f_code.co_filename
+        name = files.get(path, _UNSEEN)
+        if name is _UNSEEN:
+            name = _program_file(path)
         if name is not None:
-            here, function, own, code = _label(frame, name)
-            return here, function, (code, frame.f_lasti) if own else site_of(frame)
+            here, function, site, _ = _label(frame, name)
+            return here, function, site if site is not None else site_of(frame)
         frame = frame.f_back
     return "?", "tensor", None
 
@@ -146,7 +165,7 @@ def _issued_by_program() -> bool:
     while frame is not None:
         name = _program_file(frame.f_code.co_filename)
         if name is not None:
-            return _label(frame, name)[2]
+            return _label(frame, name)[2] is not None
         frame = frame.f_back
     return False
 

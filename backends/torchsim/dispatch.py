@@ -267,6 +267,15 @@ class _Ref:
     where: Geometry
 
 
+@dataclass(frozen=True, slots=True)
+class _Held:
+    """A stream op's hold on a device tensor argument: its buffer and its view of the buffer's
+    physical copy (ours, not the program's tensor, whose death frees the buffer)."""
+
+    buffer: Buffer
+    view: torch.Tensor
+
+
 @dataclass
 class _Launch:
     """One stream op: its trace op, when it runs, what it computes."""
@@ -447,20 +456,17 @@ class Interceptor:
 
     def _allocated(
         self, buffer: Buffer, like: torch.Tensor, here: str, what: str, site: Site | None
-    ) -> None:
-        """A new tensor got `like`'s cells of `buffer` (fresh or reused): never written since."""
+    ) -> np.ndarray:
+        """A new tensor got `like`'s cells of `buffer` (fresh or reused): never written since.
+        Returns those cells."""
         trace = self.device.trace
+        cells = view_cells(buffer, like)
         trace.allocations.append(
             Allocation(
-                len(trace.ops),
-                self.device.recorder.step,
-                buffer.name,
-                view_cells(buffer, like),
-                here,
-                what,
-                site,
+                len(trace.ops), self.device.recorder.step, buffer.name, cells, here, what, site
             )
         )
+        return cells
 
     # -- host work ------------------------------------------------------------------------------
 
@@ -723,20 +729,23 @@ class Interceptor:
     ) -> Any:
         runtime = self.runtime
         info = op_info(func)
-        host_kwargs = dict(kwargs)
-        if _is_cuda(host_kwargs.get("device")):
-            host_kwargs["device"] = "cpu"
-        host_kwargs.pop("pin_memory", None)
+        host_kwargs = kwargs
+        if kwargs:
+            host_kwargs = dict(kwargs)
+            if _is_cuda(host_kwargs.get("device")):
+                host_kwargs["device"] = "cpu"
+            host_kwargs.pop("pin_memory", None)
         # What the op holds until it runs: its buffers and where in them (not the program's
-        # tensors), and pageable host sources staged now, at the call (one copy per tensor;
-        # streams write no pageable memory after a call returns). The host tensors, in order.
+        # tensors: a device tensor's view of its physical copy, a pinned one's geometry), and
+        # pageable host sources staged now, at the call (one copy per tensor; streams write no
+        # pageable memory after a call returns). The host tensors, in order.
         pinned_of = self.memory.pinned_of
         staged: dict[int, torch.Tensor] = {}
         hosts: list[torch.Tensor] = []
 
         def hold(x: Any) -> Any:
             if isinstance(x, SimTensor):
-                return _Ref(x.buffer, geometry(x.phys))
+                return _Held(x.buffer, x.phys)
             if isinstance(x, torch.Tensor):
                 hosts.append(x)
                 buffer = pinned_of(x)
@@ -767,10 +776,10 @@ class Interceptor:
         lout = info.call(*largs, **lkwargs)
         if info.empty and isinstance(lout, torch.Tensor):
             lout.fill_(poison(lout.dtype))  # undefined, but the same in every process
-        if not _tensors(lout) and lout is not None:  # a host value from device values
-            return self._read_to_host(func, args, kwargs, info.name)
+        if not isinstance(lout, torch.Tensor) and not _tensors(lout) and lout is not None:
+            return self._read_to_host(func, args, kwargs, info.name)  # a host value
         aliases = info.aliases
-        fresh: list[tuple[Buffer, torch.Tensor]] = []  # (buffer, geometry) of each new output
+        fresh: list[tuple[Buffer, torch.Tensor, np.ndarray]] = []  # each new output's
         here, name_hint, site = origin()
 
         def result(value: Any, alias: int | None) -> Any:
@@ -782,8 +791,8 @@ class Interceptor:
                 buffer, placed = self.device_memory.allocate(value, name_hint, site)
                 self.device.trace.sizes[buffer.name] = buffer.numel
                 _copy_into(placed, value)
-                fresh.append((buffer, placed))
-                self._allocated(buffer, placed, here, info.name, site)
+                cells = self._allocated(buffer, placed, here, info.name, site)
+                fresh.append((buffer, placed, cells))
                 return self.wrap(buffer, placed)
             raise SimulatedCudaError(f"{func}: an output on {out_device}")
 
@@ -793,8 +802,8 @@ class Interceptor:
         else:
             made = type(lout)(result(v, a) for v, a in zip(returns, aliases, strict=False))
         prior = len(found)
-        for buffer, like in fresh:
-            found.append(Touch(buffer, view_cells(buffer, like), "w"))
+        for buffer, _, cells in fresh:
+            found.append(Touch(buffer, cells, "w"))
         if info.empty:
             return made  # no kernel: the memory is allocated, its contents undefined
         # What the kernel writes, restored from its start-time clone at its end; a fresh output
@@ -810,6 +819,7 @@ class Interceptor:
         op.moves = moves(func, found)
         timing = self.device.timing
         duration, op.delay = timing.cost("kernel", KERNEL)
+        targets = [(buffer.physical, placed) for buffer, placed, _ in fresh]
 
         call = info.call
 
@@ -819,6 +829,11 @@ class Interceptor:
                     w.clone = w.buffer.physical.clone()
 
                 def phys(x: Any) -> Any:
+                    if isinstance(x, _Held):
+                        w = written.get(id(x.buffer))
+                        if w is None or w.clone is None:
+                            return x.view
+                        return same_geometry(w.clone, x.view)
                     if isinstance(x, _Ref):
                         w = written.get(id(x.buffer))
                         base = w.clone if w is not None and w.clone is not None else None
@@ -844,13 +859,15 @@ class Interceptor:
                         else:  # (flat copies: `take` and `put_` index them as they are)
                             cells = torch.from_numpy(w.cells)
                             w.buffer.physical.put_(cells, w.clone.take(cells))
+                    if not targets:
+                        return
                     fresh_outs = [
                         o
                         for o, a in zip(_as_list(pout), aliases or (None,), strict=False)
                         if a is None and isinstance(o, torch.Tensor)
                     ]
-                    for (buffer, geometry), value in zip(fresh, fresh_outs, strict=False):
-                        target = same_geometry(buffer.physical, geometry)
+                    for (physical, placed), value in zip(targets, fresh_outs, strict=False):
+                        target = same_geometry(physical, placed)
                         if target.shape == value.shape:
                             _copy_into(target, value)
 
@@ -886,28 +903,34 @@ class Interceptor:
 
     def _to(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """`Tensor.to(...)`: itself when nothing changes, else a copy (`_to_copy`)."""
-        info = op_info(func)
-        names = info.names
-        by_name = dict(zip(names, args, strict=False))  # (the schema names every positional)
-        if kwargs:
-            known = info.by_name
-            by_name.update((k, v) for k, v in kwargs.items() if k in known)
-        x = by_name.pop("self")
-        other = by_name.pop("other", None)
-        device = by_name.get("device")
-        dtype = by_name.get("dtype")
+        if len(args) == 1:  # (`to.dtype_layout`, what `Tensor.to` mostly is: the rest by name)
+            x = args[0]
+            get = kwargs.get
+            other, device, dtype = get("other"), get("device"), get("dtype")
+            copy, non_blocking = get("copy", False), get("non_blocking", False)
+        else:
+            info = op_info(func)
+            by_name = dict(zip(info.names, args, strict=False))  # (the schema names them all)
+            if kwargs:
+                known = info.by_name
+                by_name.update((k, v) for k, v in kwargs.items() if k in known)
+            x = by_name.pop("self")
+            other = by_name.pop("other", None)
+            device, dtype = by_name.get("device"), by_name.get("dtype")
+            copy, non_blocking = by_name.get("copy", False), by_name.get("non_blocking", False)
         if isinstance(other, torch.Tensor):
             device, dtype = other.device, other.dtype
-        target_device = torch.device(device) if device is not None else x.device
+        if device is None:
+            target_device = x.device
+        else:
+            target_device = device if isinstance(device, torch.device) else torch.device(device)
         if target_device.type == "cuda":
             target_device = self.cuda
         target_dtype = dtype if dtype is not None else x.dtype
         same = target_device.type == x.device.type and target_dtype == x.dtype
-        if same and not by_name.get("copy", False):
+        if same and not copy:
             return x
-        return self._to_copy(
-            x, target_dtype, target_device, bool(by_name.get("non_blocking", False))
-        )
+        return self._to_copy(x, target_dtype, target_device, bool(non_blocking))
 
     def _to_copy_op(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         x = args[0]
@@ -929,7 +952,10 @@ class Interceptor:
             return self._kernel(aten._to_copy.default, (x,), {"dtype": dtype}, kind="kernel")
         here, hint, site = origin()
         if cuda_dst:  # host to device into a fresh buffer
-            logical = self.logical(x)
+            src_buffer = self.memory.pinned_of(x)
+            logical = x  # (`logical(x)`, with the buffer looked up once for `_h2d` too)
+            if src_buffer is not None and src_buffer.logical is not src_buffer.physical:
+                logical = same_geometry(src_buffer.logical, x)
             if logical.dtype != dtype:
                 logical = logical.to(dtype)
             buffer, placed = self.device_memory.allocate(logical, hint, site)
@@ -937,7 +963,7 @@ class Interceptor:
             _copy_into(placed, logical)
             out = self.wrap(buffer, placed)
             self._allocated(buffer, placed, here, "to", site)
-            self._h2d(out, x, non_blocking, here, site, logical_done=True)
+            self._h2d(out, x, non_blocking, here, site, src_buffer)
             return out
         # device to host: pinned when non-blocking (as PyTorch's `_to_copy` does)
         assert isinstance(x, SimTensor)
@@ -969,17 +995,18 @@ class Interceptor:
         non_blocking: bool,
         here: str,
         site: Site | None,
-        logical_done: bool = False,
+        fresh: Any = _UNSEEN,
     ) -> None:
-        """A copy from host memory into `dst` (`logical_done`: the logical copy already holds
-        the values, as in a fresh tensor `_to_copy` made)."""
+        """A copy from host memory into `dst`. `fresh`: the source's pinned buffer (None:
+        pageable), where `dst` is a fresh tensor `_to_copy` made, whose logical copy already
+        holds the values."""
         runtime = self.runtime
-        src_buffer = self.memory.pinned_of(src)
+        src_buffer = self.memory.pinned_of(src) if fresh is _UNSEEN else fresh
         asynchronous = non_blocking and src_buffer is not None
         # what the copy reads when it starts: the pinned source then (held by its buffer, not
         # by the program's tensor), or pageable memory staged now
         source: _Ref | torch.Tensor
-        if not logical_done:
+        if fresh is _UNSEEN:
             with plain():
                 _copy_into(same_geometry(dst.buffer.logical, dst.logic), self.logical(src))
         written = Access(dst.buffer.name, view_cells(dst.buffer, dst.logic), "w")

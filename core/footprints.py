@@ -243,10 +243,10 @@ class FootprintRecorder:
         # table's width, so the input ids' cells are the page table cells at those positions.
         counts = ends - starts
         if _count(counts != 1):
-            new = _ranges(np.cumsum(ends) - counts, counts)
+            new = ranges(np.cumsum(ends) - counts, counts)
         else:  # a decode batch: each sequence's one new position is the last of its context
             new = np.cumsum(ends) - 1
-        table = _ranges(rows, ends)
+        table = ranges(rows, ends)
         context = self._context(seqs, table, int(ends.sum()))
         check_kv_cells(self.config, batch, context)  # on the array, not sequence by sequence
         accesses = [
@@ -381,7 +381,7 @@ class FootprintRecorder:
         )
 
 
-def _ranges(begins: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+def ranges(begins: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """The concatenation of `arange(b, b + n)` for each (b, n), in a few vectorised steps."""
     total = int(lengths.sum())
     offsets = np.cumsum(lengths) - lengths

@@ -338,6 +338,7 @@ def test_a_decode_batch_is_padded_to_the_captured_size_and_replayed_as_one_kerne
         assert set((padding.cells // width).tolist()) == {SLOTS}
         assert SLOTS not in set((own.cells // width).tolist())
         assert len(padding.cells) == 4 - len(op.uids)  # one cell per dummy row: its length is 1
+    _shapes_as_derived(forwards, width)
     # the sampler reads the logits of the batch's own rows only
     argmax = [op for op in result.trace.ops if op.label.startswith("argmax")]
     assert len(argmax) == len(graphed)
@@ -346,6 +347,22 @@ def test_a_decode_batch_is_padded_to_the_captured_size_and_replayed_as_one_kerne
     assert {v.invariant for v in plain.violations} == found
     assert not any("graph" in op.label for op in plain.trace.ops)
     assert [m.token for m in plain.trace.messages] == [m.token for m in result.trace.messages]
+    _shapes_as_derived([op for op in plain.trace.ops if op.kind == "forward"], width)
+
+
+def _shapes_as_derived(forwards: list[Any], width: int) -> None:
+    """Each forward kernel gives its rows and context lengths (`Op.shape`): the same as the
+    checks derive from its page-table read (the batch's own rows, not the padding's)."""
+    from dataclasses import replace
+
+    from overlapcheck.invariants.forward_shape import forward_shape
+
+    assert forwards
+    for op in forwards:
+        assert op.shape is not None, op.label
+        derived = forward_shape(replace(op, shape=None), width)
+        assert [a.tolist() for a in op.shape] == [d.tolist() for d in derived], op.label
+        assert [a.dtype for a in op.shape] == [d.dtype for d in derived]
 
 
 class _Recorder:

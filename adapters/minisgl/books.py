@@ -144,11 +144,15 @@ def read_books(
         if node.ref_count > 0:
             locked.extend(node_pages)
         stack.extend(node.children.values())
+    cached_pages = tuple(sorted(set(cached)))
+    # (the same list when every node is locked, as while each cached prefix serves a running
+    # request: unlocked nodes added nothing to it)
+    locked_pages = cached_pages if len(locked) == len(cached) else tuple(sorted(set(locked)))
     return Books(
         live=tuple(live),
         free_slots=free_slots,
         free_pages=free_pages,
-        cached_pages=tuple(sorted(set(cached))),
-        locked_pages=tuple(sorted(set(locked))),
+        cached_pages=cached_pages,
+        locked_pages=locked_pages,
         pending=tuple(pending),
     )

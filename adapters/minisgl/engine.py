@@ -28,7 +28,8 @@ from overlapcheck.backends.torchsim.dispatch import plain
 from overlapcheck.backends.torchsim.session import FREE_BYTES, SimulatedCuda
 from overlapcheck.backends.torchsim.tensor import SimTensor
 from overlapcheck.core.config import SchedulerConfig
-from overlapcheck.core.trace import Launch
+from overlapcheck.core.footprints import ranges
+from overlapcheck.core.trace import PAGE_TABLE, Launch, Op
 
 
 class StandInMetadata:
@@ -339,24 +340,17 @@ def _launch_model(
     new_tokens = sum(e - b for b, e in zip(begins, ends, strict=True))
     cost = timing.forward(new_tokens, sum(ends))
 
+    cached = _Cached(rows, width, begins, ends)
+
     def compute(
         pool: torch.Tensor, table_values: torch.Tensor, ids: torch.Tensor, loc: torch.Tensor
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Next tokens from what the kernel reads: each request's context is its cached KV
         through its page-table row, then its new input ids."""
         kv_all = pool.numpy()
-        table_np = table_values.reshape(-1).numpy()
         ids_np = ids.numpy()
-        values = np.empty(len(reqs), dtype=DTYPE)
-        offset = 0
-        for i, (row, begin, end) in enumerate(zip(rows, begins, ends, strict=True)):
-            cells = np.mod(
-                table_np[row * width : row * width + begin].astype(np.int64), len(kv_all)
-            )
-            new = ids_np[offset : offset + end - begin]
-            offset += end - begin
-            context = np.concatenate([kv_all[cells], new]).astype(DTYPE)
-            values[i] = model.next_token_of(context.tobytes())
+        contexts = cached.contexts(kv_all, table_values.reshape(-1).numpy(), ids_np)
+        values = np.fromiter(map(model.next_token_of, contexts), DTYPE, len(contexts))
         return values, np.mod(loc.numpy().astype(np.int64), len(kv_all)), ids_np.astype(DTYPE)
 
     # program order: the logical copies get the same computation at issue
@@ -387,9 +381,78 @@ def _launch_model(
     trace = cuda.device.trace
     seq = len(trace.ops)  # the forward's op, next
     cuda.launch(kind, label, accesses, cost, start, batch=batch_id, uids=uids)
+    if width == parts.config.max_seq_len:
+        _give_shape(trace.ops[seq], own_table, rows[:real], ends[:real], width)
     if trace.launches is not None:  # ranks compare what they launch (core/ranks.py)
         positions = tuple(zip(begins[:real], ends[:real], strict=True))
         trace.launches.append(Launch(seq, "prefill" if prefill else "decode", uids, positions))
+
+
+def _give_shape(
+    op: Op, table_cells: np.ndarray, rows: list[int], ends: list[int], width: int
+) -> None:
+    """The forward's `Op.shape`, where it is what `forward_shape` derives from the op's first
+    page-table read: that read is this kernel's own rows (`table_cells`), each sequence's part
+    one to `width` cells from column 0 of its row. The checks then read it at every forward
+    without deriving it."""
+    if op.shape is not None or not rows or not all(0 < end <= width for end in ends):
+        return
+    first = next((a for a in op.accesses if a.buffer == PAGE_TABLE and a.mode == "r"), None)
+    if first is not None and first.cells is table_cells:
+        op.shape = (np.array(rows, dtype=np.int64), np.array(ends, dtype=np.int64))
+
+
+class _Cached:
+    """Where a forward's sequences' cached KV is named: `table[row * width + k]` for k below
+    `begin`, each sequence's after the last's. A forward kernel reads its contexts twice (the
+    logical copies at issue, the physical ones when it runs): the cells are found once."""
+
+    def __init__(self, rows: list[int], width: int, begins: list[int], ends: list[int]) -> None:
+        self.starts = [row * width for row in rows]
+        self.begins, self.ends = begins, ends
+        # (one gather for every sequence where each row's slice is a plain one: no negative
+        # bound, which a slice reads from the end)
+        plain_slices = all(s >= 0 and b >= 0 for s, b in zip(self.starts, begins, strict=True))
+        self.index: np.ndarray | None = None
+        self.top = 0  # the table cells the gather needs
+        if plain_slices:
+            lengths = np.array(begins, dtype=np.int64)
+            self.index = ranges(np.array(self.starts, dtype=np.int64), lengths)
+            self.top = max((s + b for s, b in zip(self.starts, begins, strict=True)), default=0)
+
+    def contexts(self, kv: np.ndarray, table: np.ndarray, ids: np.ndarray) -> list[bytes]:
+        """Each sequence's context as DTYPE bytes: the KV values its page-table row names
+        (modulo the pool's size), then its new input ids (those the batch's ids hold)."""
+        starts, begins, ends = self.starts, self.begins, self.ends
+        parts: list[np.ndarray] = []
+        offset = 0
+        if self.index is not None and self.top <= len(table):
+            values = kv[np.mod(table[self.index].astype(np.int64), len(kv))]
+            at = 0
+            for begin, end in zip(begins, ends, strict=True):
+                parts.append(values[at : at + begin])
+                at += begin
+                parts.append(ids[offset : offset + end - begin])
+                offset += end - begin
+        else:  # (each row's slice as it is, clipped to the table as a slice is)
+            for start, begin, end in zip(starts, begins, ends, strict=True):
+                cells = np.mod(table[start : start + begin].astype(np.int64), len(kv))
+                parts.append(kv[cells])
+                parts.append(ids[offset : offset + end - begin])
+                offset += end - begin
+        if not parts:
+            return []
+        # one conversion for all: each context's DTYPE values are its pieces', promoted as
+        # the pair of them would be (every sequence's pieces have the same two dtypes)
+        data = np.concatenate(parts).astype(DTYPE)
+        raw, size = data.tobytes(), data.itemsize
+        out: list[bytes] = []
+        at = 0
+        for k in range(0, len(parts), 2):
+            n = (len(parts[k]) + len(parts[k + 1])) * size
+            out.append(raw[at : at + n])
+            at += n
+        return out
 
 
 class StandInGraph:

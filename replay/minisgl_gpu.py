@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from overlapcheck.adapters.minisgl.cuda import CudaGate, CudaRun, Point, reference, unnumbered
+from overlapcheck.backends import gate_record
 from overlapcheck.backends.gates import OPENED, RELEASED, TIMED_OUT
 from overlapcheck.core.trace import HOST, Op, TraceView
 from overlapcheck.formats.counterexample import Counterexample
@@ -193,11 +194,16 @@ class Repeat:
         return bool(self.differing) or self.crash is not None
 
     def line(self) -> str:
-        if self.crash is not None:
-            # the gates' states lie in device memory, which a stopped run's context cannot read
+        if self.crash is not None and not self.states:
+            # the record was not readable (in device memory, which a stopped context cannot
+            # read, where CUDA would not map the record file) or not written yet
             return (
                 f"repeat {self.index}: the GPU run failed: {self.crash}; gates: not known (the "
                 "device stopped the run before they could be read)"
+            )
+        if self.crash is not None:
+            return f"repeat {self.index}: the GPU run failed: {self.crash}; gates: " + ", ".join(
+                self.gates
             )
         what = "tokens as the reference"
         if self.differing:
@@ -224,13 +230,21 @@ class Repeat:
         )
 
 
-def one_repeat(cex: Counterexample, plan: Plan, index: int) -> Repeat:
+def one_repeat(cex: Counterexample, plan: Plan, index: int, record: Path | None = None) -> Repeat:
     """One gated run on the GPU, judged against the reference. A run the device stops (a
     device-side assert: the racy order put an index out of bounds) is the race, manifested;
-    the process's CUDA context is then unusable (`gated_repeats` goes on in a new process)."""
+    the process's CUDA context is then unusable (`gated_repeats` goes on in a new process).
+    The gates write their record into `record`'s mapped pages when given: a stopped run's
+    gates are then read from there."""
     scenario = cex.scenario
     expected = reference(scenario.config, scenario.requests)
-    run = CudaRun(scenario.config, scenario.requests, plan.deliveries, plan.gates)
+    run = CudaRun(
+        scenario.config,
+        scenario.requests,
+        plan.deliveries,
+        plan.gates,
+        gate_record=None if record is None else (record, index),
+    )
     _fresh_allocator()
     try:
         tokens = run.run()
@@ -238,17 +252,36 @@ def one_repeat(cex: Counterexample, plan: Plan, index: int) -> Repeat:
         said = device_error(str(err))
         if said is None:
             raise  # not the device's doing: never counted as the race
-        return Repeat(index, [], [], [], crash=said)
+        return crashed(index, said, plan, record)
     differing = sorted(
         uid
         for uid, want in expected.items()
         if tokens.get(uid, [])[: len(want)] != want[: len(tokens.get(uid, []))]
     )
     results = run.gate_results()
-    gates = [
+    return Repeat(index, differing, _said(results), [state for state, _ in results])
+
+
+def _said(results: list[tuple[int, float]]) -> list[str]:
+    return [
         f"{_STATES.get(state, 'not reached')} ({waited * 1e3:.2f} ms)" for state, waited in results
     ]
-    return Repeat(index, differing, gates, [state for state, _ in results])
+
+
+def crashed(index: int, error: str, plan: Plan, record: Path | None) -> Repeat:
+    """Repeat `index`, stopped by the device: its gates as their record file kept them (read
+    with no CUDA call: the context is dead, the process may be too), else not known."""
+    results = None
+    if record is not None and plan.gates:
+        results = gate_record.read(record, len(plan.gates), index)
+    if results is None:
+        return Repeat(index, [], [], [], crash=error)
+    return Repeat(index, [], _said(results), [state for state, _ in results], crash=error)
+
+
+def record_file(plan_file: Path) -> Path:
+    """The gates' record file of the repeats processes of the plan in `plan_file`."""
+    return plan_file.with_name(plan_file.name + ".gates")
 
 
 def _fresh_allocator() -> None:
@@ -310,7 +343,14 @@ def _child(
     comes (a replay shows its progress; a cut run keeps what it had)."""
     env = {**os.environ, "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED", "0")}
     command = [sys.executable, "-m", __name__, str(cex_file), "--plan", str(plan_file)]
-    command += ["--from", str(start), "--repeat", str(repeat)]
+    command += [
+        "--from",
+        str(start),
+        "--repeat",
+        str(repeat),
+        "--record",
+        str(record_file(plan_file)),
+    ]
     return read_repeats(command, env, on_line)
 
 
@@ -430,7 +470,7 @@ def gated_repeats(
                     f"the warm-up without gates failed on the device in repeat {start}'s "
                     f"process ({error})"
                 )
-            finished(Repeat(len(out), [], [], [], crash=error))
+            finished(crashed(len(out), error, plan, record_file(plan_file)))
     return out, None
 
 
@@ -491,7 +531,7 @@ def report(
         return lines, "differs"
     hit = sum(r.manifested for r in repeats)
     forced = sum(all(s == OPENED for s in r.states) and bool(r.states) for r in repeats)
-    unread = sum(r.crash is not None for r in repeats)
+    unread = sum(r.crash is not None and not r.states for r in repeats)
     emit(
         f"manifested {hit}/{len(repeats)} (a token unlike the reference's, or the device "
         f"stopped the run), "
@@ -530,6 +570,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=20)
     p.add_argument("--plan", help="the plan's JSON file (default: FILE.cuda-plan.json)")
     p.add_argument("--from", dest="start", type=int, help=argparse.SUPPRESS)  # gated_repeats
+    p.add_argument("--record", type=Path, help=argparse.SUPPRESS)  # the gates' record file
     args = p.parse_args(argv)
     cex = load_counterexample(args.counterexample)
     path = Path(args.plan or args.counterexample + PLAN_SUFFIX)
@@ -540,7 +581,7 @@ def main(argv: list[str] | None = None) -> int:
         CudaRun(cex.scenario.config, cex.scenario.requests, plan.deliveries).run()
         print(json.dumps({WARM_LINE: args.start}), flush=True)  # a crash after it is gated
         for index in range(args.start, args.repeat):
-            repeat = one_repeat(without_graphs(cex), plan, index)
+            repeat = one_repeat(without_graphs(cex), plan, index, args.record)
             print(json.dumps(repeat.to_json()), flush=True)
             if repeat.crash is not None:
                 # The CUDA context is dead: the next process goes on. Out at once, past the

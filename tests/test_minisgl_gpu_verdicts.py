@@ -13,11 +13,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 pytest.importorskip("torch")
 
 from overlapcheck.adapters.minisgl.cuda import CudaGate, Point
+from overlapcheck.backends import gate_record
 from overlapcheck.backends.gates import OPENED, TIMED_OUT
 from overlapcheck.replay import minisgl_gpu
 from overlapcheck.replay.minisgl_gpu import Plan, Repeat, Simulated
@@ -170,6 +172,87 @@ def test_a_crashed_repeat_says_its_gates_are_not_known(
     assert got == "reproduced"
     assert "gates: not known" in repeats[0].line() and "none" not in repeats[0].line()
     assert "forced in 1/2, not known in 1 (the device stopped the run" in lines[-1]
+
+
+def _record(plan_file: Path, repeat: int, states: list[int]) -> None:
+    """A gates' record as a repeat's spins leave it in the record file's mapped pages."""
+    path = minisgl_gpu.record_file(plan_file)
+    gate_record.start(path, len(states), repeat)
+    values = np.frombuffer(bytearray(path.read_bytes()), dtype=np.int64).copy()
+    values[1 : 1 + len(states)] = states
+    values[2 + len(states) : 2 + 2 * len(states)] = 1_500_000  # 1.5 ms waited each
+    path.write_bytes(values.tobytes())
+
+
+def test_a_process_the_device_aborts_leaves_its_gates_in_the_record_file(
+    stand_ins: list[tuple[str, int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Repeat 1's process is aborted by the device before its line; its spin had written
+    'opened' into the record file's pages first: the parent reads it there, and the repeat
+    says its gate was forced. Repeat 2's record is another repeat's (its process died before
+    its gates began): not known, never a stale record read as this repeat's."""
+
+    def child(
+        cex_file: Path, plan_file: Path, start: int, repeat: int, on_line: Callable[[str], None]
+    ) -> minisgl_gpu.ChildRun:
+        stand_ins.append(("child", start))
+        on_line(_warm(start))
+        if start == 0:
+            on_line(_line(0))
+            _record(plan_file, 1, [OPENED])
+            return minisgl_gpu.ChildRun([_warm(0), _line(0)], -6, ASSERT)
+        if start == 2:
+            return minisgl_gpu.ChildRun([_warm(2)], -6, ASSERT)  # repeat 1's record still there
+        lines = [_line(i) for i in range(start, repeat)]
+        for line in lines:
+            on_line(line)
+        return minisgl_gpu.ChildRun([_warm(start), *lines], 0, "")
+
+    monkeypatch.setattr(minisgl_gpu, "_child", child)
+    out, unjudged = minisgl_gpu.gated_repeats(_Cex(), PLAN, 4)  # type: ignore[arg-type]
+    assert unjudged is None and [r.index for r in out] == [0, 1, 2, 3]
+    assert out[1].crash is not None and out[1].states == [OPENED]
+    assert out[1].line().endswith("gates: forced (1.50 ms)")
+    assert out[2].crash is not None and out[2].states == []
+    assert "gates: not known" in out[2].line()
+
+
+def test_a_crashed_repeat_read_from_its_record_counts_as_forced(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(minisgl_gpu, "simulated", lambda cex: Simulated(PLAN, NAMES, set()))
+    monkeypatch.setattr(minisgl_gpu, "without_graphs", lambda cex: cex)
+    repeats = [
+        Repeat(0, [], ["forced (1.00 ms)"], [OPENED], crash="Assertion `index`"),
+        Repeat(1, [], [], [], crash="Assertion `index`"),
+    ]
+    monkeypatch.setattr(minisgl_gpu, "replay", lambda *a: (repeats, None))
+    lines, got = minisgl_gpu.report(_Cex(), tmp_path / "plan.json", 2)  # type: ignore[arg-type]
+    assert got == "reproduced"
+    assert "the racy order forced in 1/2, not known in 1 (" in lines[-1]
+
+
+def test_a_repeat_run_in_process_reads_its_record_after_the_device_stops_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`one_repeat`: the run raises the device's error; the gates' record comes from the file,
+    with no CUDA call (the context is dead)."""
+    record = tmp_path / "plan.json.gates"
+
+    class _Stopped:
+        def __init__(self, *args: Any, gate_record: tuple[Path, int] | None = None) -> None:
+            assert gate_record == (record, 3)
+
+        def run(self) -> dict[int, list[int]]:
+            _record(tmp_path / "plan.json", 3, [TIMED_OUT])
+            raise RuntimeError("CUDA error: device-side assert triggered")
+
+    monkeypatch.setattr(minisgl_gpu, "CudaRun", _Stopped)
+    monkeypatch.setattr(minisgl_gpu, "reference", lambda *a: {})
+    monkeypatch.setattr(minisgl_gpu, "_fresh_allocator", lambda: None)
+    got = minisgl_gpu.one_repeat(_Cex(), PLAN, 3, record)  # type: ignore[arg-type]
+    assert got.crash is not None and got.states == [TIMED_OUT]
+    assert got.gates == ["timed out (1.50 ms)"]
 
 
 def test_a_process_that_dies_without_a_device_error_is_not_judged(

@@ -16,10 +16,12 @@ ordered after the held op (the fix) waits out its bound, then the run goes on.
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -240,6 +242,8 @@ class CudaRun:
     bound: float = 0.2  # seconds a held op waits at most
     max_iterations: int = 400
     record_names: bool = False  # keep the scheduler's named device calls in `mode.named`
+    # (file, repeat): the spins' record in that file's pages (`backends/gate_record.py`)
+    gate_record: tuple[Path, int] | None = None
     outputs: dict[int, list[int]] = field(default_factory=dict)
     finished: set[int] = field(default_factory=set)
 
@@ -255,7 +259,7 @@ class CudaRun:
             if driver is None:
                 from overlapcheck.backends.gpu.spin_gates import SpinGates
 
-                driver = SpinGates
+                driver = functools.partial(SpinGates, record=self.gate_record)
             self.spins = driver(len(self.gates), streams, self.bound) if self.gates else None
             mode = GateMode(self.gates, self.spins, streams)
             mode.named = [] if self.record_names else None

@@ -1,6 +1,8 @@
 """How the search scales with worker processes (`explore --workers N`).
 
     python -m overlapcheck.bench.scaling --workers 1,2,4,8,16 [--seconds 20] [--seeds 3]
+    python -m overlapcheck.bench.scaling --scheduler overlapcheck.adapters.minisgl:make_scheduler \
+        --no-find        # another scheduler's search (real code under the simulated CUDA)
 
 Three measurements per worker count:
 - throughput: the shipped scheduler (nothing to find) searched for `--seconds`: examples/s and
@@ -13,6 +15,10 @@ Three measurements per worker count:
   and the slowest-to-find mutant of the mutation bench (`--mutant`, default `evict-locked-node`,
   the slowest in docs/faults.md's table), median over `--seeds` seeds, each search from an empty
   example database.
+
+With `--scheduler`, the throughput and the ceiling are that scheduler's (its search, and N
+processes running it on the bench's decode workload); the time to find needs faults or mutants of
+the reference, so it goes with `--no-find`.
 
 Target: at least 0.8 N speed-up on N cores. Run it on a quiet machine with at least as
 many cores as the largest count; the numbers go into docs/scaling.md's table.
@@ -33,10 +39,13 @@ from overlapcheck.backends.sim.backend import SimBackend
 from overlapcheck.bench.mutants import BY_ID
 from overlapcheck.bench.mutation_score import materialize
 from overlapcheck.bench.sim_speed import decode_workload
+from overlapcheck.core.errors import UserError
 from overlapcheck.explore.parallel import Listener, Live, available_cores, search_streams
 from overlapcheck.explore.search import SearchSpec
 from overlapcheck.harness.heap import keep_freed_heap
 from overlapcheck.harness.runner import run_scenario
+from overlapcheck.harness.scheduler_spec import SchedulerSpec
+from overlapcheck.invariants.registry import INVARIANTS, RUN_ENDING
 from overlapcheck.reference.faults import FAULTS
 
 if TYPE_CHECKING:
@@ -44,7 +53,12 @@ if TYPE_CHECKING:
     from multiprocessing.synchronize import Barrier
 
 
-def throughput(workers: int, seconds: float) -> tuple[float, float]:
+def throughput(
+    workers: int,
+    seconds: float,
+    scheduler: SchedulerSpec | None = None,
+    skip: frozenset[str] = frozenset(),
+) -> tuple[float, float]:
     """(examples/s, iterations/s) of `workers` streams with nothing to find, measured between the
     first progress report after every stream has started and the last one (process start-up
     is not search time)."""
@@ -53,7 +67,14 @@ def throughput(workers: int, seconds: float) -> tuple[float, float]:
     def on_progress(live: Live) -> None:
         samples.append(live)
 
-    spec = SearchSpec(budget=seconds, max_examples=10**9, seed=0, round_size=10)
+    spec = SearchSpec(
+        budget=seconds,
+        max_examples=10**9,
+        seed=0,
+        round_size=10,
+        scheduler=scheduler or SchedulerSpec(),
+        skip=skip,
+    )
     outcome = search_streams(spec, workers, Listener(progress=on_progress))
     assert outcome.found is None, outcome.found and outcome.found.violation
     steady = [s for s in samples if s.examples > 0 and s.alive == workers]
@@ -65,24 +86,27 @@ def throughput(workers: int, seconds: float) -> tuple[float, float]:
     return (last.examples - first.examples) / wall, (last.iterations - first.iterations) / wall
 
 
-def _simulate(seconds: float, start: Barrier, out: Queue[float]) -> None:
+def _simulate(seconds: float, scheduler: str, start: Barrier, out: Queue[float]) -> None:
     keep_freed_heap()  # as a search's worker does
     scenario = decode_workload()
-    run_scenario(scenario, SimBackend(), None)  # warm: imports and first-run caches
+    spec = SchedulerSpec.load(scheduler)
+    run_scenario(scenario, SimBackend(), None, scheduler=spec)  # warm: imports, first-run caches
     start.wait()
     began = time.perf_counter()
     iterations = 0
     while time.perf_counter() - began < seconds:
-        iterations += run_scenario(scenario, SimBackend(), None).iterations
+        iterations += run_scenario(scenario, SimBackend(), None, scheduler=spec).iterations
     out.put(iterations / (time.perf_counter() - began))
 
 
-def ceiling(workers: int, seconds: float) -> float:
+def ceiling(workers: int, seconds: float, scheduler: str = "reference") -> float:
     """Simulated iterations/s (every invariant on) of `workers` processes that only simulate,
     started together."""
     ctx = mp.get_context("spawn")
     start, out = ctx.Barrier(workers), ctx.Queue()
-    procs = [ctx.Process(target=_simulate, args=(seconds, start, out)) for _ in range(workers)]
+    procs = [
+        ctx.Process(target=_simulate, args=(seconds, scheduler, start, out)) for _ in range(workers)
+    ]
     for proc in procs:
         proc.start()
     total: float = sum(out.get() for _ in procs)
@@ -132,9 +156,31 @@ def main() -> None:
     )
     parser.add_argument("--no-mutant", action="store_true", help="do not time a mutant")
     parser.add_argument("--no-find", action="store_true", help="throughput and ceiling only")
+    parser.add_argument(
+        "--scheduler",
+        default="reference",
+        help="search this scheduler (a spec as explore's --scheduler; with --no-find)",
+    )
+    parser.add_argument(
+        "--skip",
+        action="append",
+        default=[],
+        metavar="INVARIANT",
+        help="the throughput's search does not check it (repeatable): a finding ends a search",
+    )
     args = parser.parse_args()
+    if args.scheduler != "reference" and not args.no_find:
+        parser.error("--scheduler: the time to find is the reference's faults; add --no-find")
+    try:
+        scheduler = SchedulerSpec.load(args.scheduler)
+    except UserError as err:
+        parser.error(str(err))
+    skip = frozenset(args.skip)
+    unknown = sorted(skip - {*INVARIANTS, *RUN_ENDING})
+    if unknown:
+        parser.error(f"--skip: unknown invariant {', '.join(unknown)}")
     counts = [int(c) for c in args.workers.split(",")]
-    print(f"{available_cores()} cores available; worker counts {counts}")
+    print(f"{available_cores()} cores available; worker counts {counts}; {args.scheduler}")
     if max(counts) > available_cores():
         print("  (more workers than cores: the larger counts measure oversubscription)")
     fault = args.fault
@@ -156,10 +202,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="overlapcheck-scaling-") as tmp:
         mutant = SearchSpec(scheduler=materialize(BY_ID[args.mutant], Path(tmp)))
         for n in counts:
-            eps, ips = throughput(n, args.seconds)
+            eps, ips = throughput(n, args.seconds, scheduler, skip)
             base = base or eps
             speed = eps / base
-            machine = ceiling(n, args.seconds)
+            machine = ceiling(n, args.seconds, args.scheduler)
             ceiling_base = ceiling_base or machine
             machine_speed = machine / ceiling_base
             row = (

@@ -280,7 +280,8 @@ def crashed(index: int, error: str, plan: Plan, record: Path | None) -> Repeat:
 
 
 def record_file(plan_file: Path) -> Path:
-    """The gates' record file of the repeats processes of the plan in `plan_file`."""
+    """The gates' record file of the repeats processes of the plan in `plan_file` (beside it:
+    `gated_repeats` puts both in shared memory where it can, `gate_record.shared_dir`)."""
     return plan_file.with_name(plan_file.name + ".gates")
 
 
@@ -303,13 +304,23 @@ def _first_line(err: BaseException) -> str:
 
 # What a process's stderr says when the device stopped a run: a device-side assert (an index
 # out of bounds) or a fault; anything else that kills a repeat's process is not the race's doing.
-_DEVICE_ERRORS = ("Assertion `", "illegal memory access", "device-side assert", "CUDA error")
+# Only what a kernel's own access can cause counts: another CUDA error (an invalid argument to
+# an API call, out of memory) is not the racy order's doing, and torch's advice line "Compile
+# with `TORCH_USE_CUDA_DSA` to enable device-side assertions" follows every CUDA error.
+_DEVICE_ERRORS = (
+    "Assertion `",
+    "device-side assert triggered",
+    "an illegal memory access",
+    "an illegal instruction",
+    "misaligned address",
+    "unspecified launch failure",
+)
 
 
 def device_error(stderr: str) -> str | None:
     """The line that says how the device stopped a run (the kernel's assertion first), or None
     when the output shows no device error."""
-    lines = [line.strip() for line in stderr.splitlines()]
+    lines = [line.strip() for line in stderr.splitlines() if "TORCH_USE_CUDA_DSA" not in line]
     for marker in _DEVICE_ERRORS:
         found = next((line for line in lines if marker in line), None)
         if found is not None:
@@ -444,7 +455,7 @@ def gated_repeats(
         else:
             finished(Repeat.from_json(raw))
 
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(dir=gate_record.shared_dir()) as tmp:
         cex_file, plan_file = Path(tmp, "cex.json"), Path(tmp, "plan.json")
         cex_file.write_text(json.dumps(cex.data))
         plan_file.write_text(json.dumps(plan.to_json()))

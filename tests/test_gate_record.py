@@ -12,10 +12,11 @@ from overlapcheck.backends.gates import CLOSED, OPENED, TIMED_OUT
 
 
 def _write(path: Path, states: list[int], waited_ns: list[int]) -> None:
+    """As the spins would: each gate's state and wait in its slot."""
     values = np.frombuffer(path.read_bytes(), dtype=np.int64).copy()
     n = len(states)
-    values[1 : 1 + n] = states
-    values[2 + n : 2 + 2 * n] = waited_ns
+    values[gate_record.states(n)][:n] = states
+    values[gate_record.waits(n)][:n] = waited_ns
     path.write_bytes(values.tobytes())
 
 
@@ -44,3 +45,18 @@ def test_another_repeats_or_a_broken_record_is_none(tmp_path: Path) -> None:
     assert gate_record.read(path, 2, 4) is None  # laid out for another count of gates
     path.write_bytes(path.read_bytes()[:-8])
     assert gate_record.read(path, 1, 4) is None  # cut short
+
+
+def test_only_tmpfs_counts_as_shared_memory(tmp_path: Path) -> None:
+    mounts = tmp_path / "mounts"
+    mounts.write_text(
+        "overlay / overlay rw 0 0\n"
+        "tmpfs /dev/shm tmpfs rw,nosuid 0 0\n"
+        "/dev/sda1 /dev/shm/disk ext4 rw 0 0\n"
+    )
+    assert gate_record.on_shared_memory("/dev/shm", mounts)
+    assert gate_record.on_shared_memory("/dev/shm/overlapcheck-x/plan.json", mounts)
+    assert not gate_record.on_shared_memory("/dev/shm/disk/plan.json", mounts)  # longest wins
+    assert not gate_record.on_shared_memory("/tmp/plan.json", mounts)
+    assert not gate_record.on_shared_memory("/dev/shmx", mounts)
+    assert not gate_record.on_shared_memory("/tmp", tmp_path / "no-such-file")

@@ -51,8 +51,8 @@ class SpinGates:
         self.side = torch.cuda.Stream()
         self.mapped = None if record is None else _mapped_record(*record, count)
         if self.mapped is not None:
-            self.status = self.mapped[1 : count + 2]
-            self.waited = self.mapped[count + 2 :]
+            self.status = self.mapped[gate_record.states(count)]
+            self.waited = self.mapped[gate_record.waits(count)]
             # pages a later repeat's record may map again: registered once at a time
             weakref.finalize(self, torch.cuda.cudart().cudaHostUnregister, self.mapped.data_ptr())
             try:
@@ -101,12 +101,13 @@ def _mapped_record(path: Path, repeat: int, count: int) -> torch.Tensor | None:
     pinned, and mapped at the same address under unified addressing), or None where CUDA will not
     map them (the record then stays in device memory, unreadable after a device error)."""
     gate_record.start(path, count, repeat)
-    mapped = torch.from_file(
-        str(path), shared=True, size=gate_record.slots(count), dtype=torch.int64
-    )
-    cudart = torch.cuda.cudart()
-    # flags 0 (cudaHostRegisterDefault): mapped and portable under unified addressing
-    if cudart.cudaHostRegister(mapped.data_ptr(), mapped.numel() * 8, 0) != 0:
+    if not gate_record.on_shared_memory(path.parent):
+        return None  # (a failed registration would leave its error for torch's next check)
+    nbytes = gate_record.size(count)
+    mapped = torch.from_file(str(path), shared=True, size=nbytes // 8, dtype=torch.int64)
+    # flags 1 (cudaHostRegisterPortable), as torch pins shared memory: mapped too under
+    # unified addressing, at the same address
+    if torch.cuda.cudart().cudaHostRegister(mapped.data_ptr(), nbytes, 1) != 0:
         return None
     if not mapped.is_pinned():
         return None

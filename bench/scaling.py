@@ -209,7 +209,7 @@ def main() -> None:
             ceiling_base = ceiling_base or machine
             machine_speed = machine / ceiling_base
             row = (
-                f"{n:>7}{eps:>12.0f}{ips:>10.0f}{speed:>9.2f}x{speed / n:>10.2f}"
+                f"{n:>7}{eps:>12.1f}{ips:>10.0f}{speed:>9.2f}x{speed / n:>10.2f}"
                 f"{machine_speed:>8.2f}x{speed / machine_speed:>9.2f}"
             )
             targets: list[tuple[SearchSpec, int]] = []

@@ -48,6 +48,23 @@ class DeadlineReached(KeyboardInterrupt):
     example nor saves it), as it lets Ctrl-C."""
 
 
+def _quiet_when_lost() -> None:
+    """Once a process: an exception of the watchdog's that lands in a finalizer (a weakref
+    callback the collector ran inside the step) is lost there, and Python would print it with a
+    traceback. Lost is fine (the timer raises it again `REPEAT` seconds later, into the step);
+    the traceback is not: it is not the scheduler's nor a bug of ours."""
+    hook = sys.unraisablehook
+    if getattr(hook, "overlapcheck_watchdog", False):
+        return
+
+    def quiet(unraisable: Any) -> None:
+        if not isinstance(unraisable.exc_value, (StepHung, DeadlineReached)):
+            hook(unraisable)
+
+    quiet.overlapcheck_watchdog = True  # type: ignore[attr-defined]
+    sys.unraisablehook = quiet
+
+
 class Watchdog:
     """Times each step against `timeout` seconds (None: no limit) and a `deadline` on the
     `time.monotonic()` clock (None: none). `stack` holds the frames of the step that hung,
@@ -81,6 +98,7 @@ class Watchdog:
     def __enter__(self) -> Watchdog:
         if not self.active:
             return self
+        _quiet_when_lost()
         if self._main:
             self._old_handler = signal.signal(signal.SIGALRM, self._on_alarm)
             self._old_timer = signal.setitimer(signal.ITIMER_REAL, 0)

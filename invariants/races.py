@@ -345,13 +345,21 @@ class RaceDetector:
         # the writers and every known agent's read clocks at once (rows of one 2-D view)
         rows = shadow.table[: shadow.agents + 1]
         was = rows[:, old + c : old + d]
-        # (the methods' and functions' Python wrappers cost more than these small arrays)
-        if n > m:  # a smaller dtype: each old cell is several new ones
-            was = was.repeat(n // m, axis=1)
-        elif n < m:  # a larger one: each new cell is several old ones
-            was = _max(was.reshape(len(rows), n, m // n), axis=2)
         into = rows[:, new + a : new + b]
-        np.maximum(into, was, out=into)
+        # (the methods' and functions' Python wrappers cost more than these small arrays)
+        if n < m and m % n == 0 and source != buffer:
+            # a larger dtype, each new cell k old ones (int64 over int32's memory: k=2): the
+            # latest of them, one share at a time into the new cells, costs half a reduce over
+            # a 3-D view
+            shares = was.reshape(len(rows), n, m // n)
+            for j in range(m // n):
+                np.maximum(into, shares[:, :, j], out=into)
+        else:
+            if n > m:  # a smaller dtype: each old cell is several new ones
+                was = was.repeat(n // m, axis=1)
+            elif n < m:  # a larger one: each new cell is several old ones
+                was = _max(was.reshape(len(rows), n, m // n), axis=2)
+            np.maximum(into, was, out=into)
         marks = self.marks.get(source)
         if marks is not None:
             mine = self.marks.get(buffer)

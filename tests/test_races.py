@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from overlapcheck.core.trace import HOST, Access, Op, Trace
+from overlapcheck.core.trace import HOST, Access, Op, Reuse, Trace
 from overlapcheck.invariants.hbgraph import clock_ordered, explain, hb_graph, ordered
 from overlapcheck.invariants.races import Clocks, RaceDetector
 
@@ -198,3 +198,22 @@ def test_the_clocks_order_two_accesses_exactly_as_the_graph_does(
     for i, first in enumerate(with_access):
         for second in with_access[i + 1 :]:
             assert clock_ordered(clocks, first, second) == ordered(b.trace, first, second)
+
+
+@pytest.mark.parametrize("k", [2, 4, 3])
+@pytest.mark.parametrize("mode", ["r", "w"])
+def test_memory_reused_by_a_larger_dtype_carries_each_old_cells_accesses(k: int, mode: str) -> None:
+    # `old` (8 cells) is freed and its memory given to `new`, k old cells a new cell (3: not a
+    # multiple of 8, only its first 2 new cells carried); an unordered write of the new buffer
+    # races exactly with the new cells over old cells the engine accessed
+    n = 8 // k
+    b = Builder()
+    b.op("engine", ("old", mode, [1, 6]))
+    b.trace.reuses.append(
+        Reuse("new", len(b.trace.ops), "scheduler", None, 0, None, 0, "old", (0, n), (0, n * k))
+    )
+    b.op("scheduler", ("new", "w", list(range(n))))
+    race = b.race()
+    assert race is not None and race.kind == ("WAR" if mode == "r" else "WAW")
+    assert race.buffer == "new" and race.first == 0 and race.second == 1
+    assert race.cells == tuple(sorted({c // k for c in (1, 6) if c < n * k}))

@@ -1,9 +1,11 @@
 """The mini-sglang mutants bench (`bench/minisgl_mutants.py`): every mutant's edit fits the fixed
-20fcd7f tree exactly once (a drifted anchor would test something else), and a bad `--tree` or
-mutant name is one line, exit 2."""
+20fcd7f tree exactly once (a drifted anchor would test something else), each mutant's tree still
+compiles and imports (a mutant that fails at import tests nothing of the search), and a bad
+`--tree`, `--set` or mutant name is one line, exit 2."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -11,23 +13,78 @@ from pathlib import Path
 import pytest
 from minisgl_trees import FIXES, SNAPSHOT, unpack
 
-from overlapcheck.bench.minisgl_mutants import MUTANTS
+from overlapcheck.bench.minisgl_mutants import BLIND, MUTANTS, SETS
 from overlapcheck.bench.text_edits import apply_edits
 
 pytestmark = pytest.mark.skipif(
     not SNAPSHOT.is_file(), reason=f"no mini-sglang snapshot at {SNAPSHOT}"
 )
 
+# Run in a child (one mini-sglang per process): each mutant's edits applied in turn, the modules
+# they touch imported afresh from the tree, the tree put back. Prints the mutants that failed.
+IMPORT_EACH = """
+import importlib, json, sys
+from pathlib import Path
+from overlapcheck.adapters.base import install_stand_ins
+from overlapcheck.adapters.minisgl.checkout import MINISGL
+from overlapcheck.bench.text_edits import apply_edits
+tree, mutants = Path(sys.argv[1]), json.loads(sys.argv[2])
+sys.path.insert(0, str(tree / "python"))
+install_stand_ins(MINISGL.stand_ins, MINISGL.name)
+failed = []
+for name, edits in mutants:
+    before = {file: (tree / file).read_text() for file, _, _ in edits}
+    apply_edits(tree, [tuple(e) for e in edits], name)
+    for module in [m for m in sys.modules if m == "minisgl" or m.startswith("minisgl.")]:
+        del sys.modules[module]
+    try:
+        for file in ["python/minisgl/scheduler/scheduler.py", *before]:
+            importlib.import_module(file[len("python/"):-len(".py")].replace("/", "."))
+    except Exception as err:
+        failed.append(f"{name}: {type(err).__name__}: {err}")
+    for file, text in before.items():
+        (tree / file).write_text(text)
+print(json.dumps(failed))
+"""
 
-def test_each_mutant_changes_the_fixed_tree_where_it_says(tmp_path: Path) -> None:
+
+@pytest.mark.parametrize("which", sorted(SETS))
+def test_each_mutant_changes_the_fixed_tree_where_it_says(tmp_path: Path, which: str) -> None:
     tree = unpack(tmp_path, FIXES)
-    for mutant in MUTANTS:
+    mutants = SETS[which]
+    for mutant in mutants:
         before = {name: (tree / name).read_text() for name, _, _ in mutant.edits}
-        apply_edits(tree, mutant.edits, mutant.name)
+        apply_edits(tree, mutant.edits, mutant.name)  # (exits when an anchor is not there once)
         for name, text in before.items():
-            assert (tree / name).read_text() != text, mutant.name
+            after = (tree / name).read_text()
+            assert after != text, mutant.name
+            compile(after, name, "exec")
             (tree / name).write_text(text)  # back to the fixed tree for the next one
-    assert MUTANTS[0].name == "control" and not MUTANTS[0].edits
+    assert mutants[0].name == "control" and not mutants[0].edits
+    assert len({m.name for m in mutants}) == len(mutants)
+
+
+def test_the_blind_set_is_new_and_spread_over_the_code() -> None:
+    assert len(BLIND) - 1 >= 12
+    assert not {m.name for m in BLIND[1:]} & {m.name for m in MUTANTS}
+    files = {name for m in BLIND for name, _, _ in m.edits}
+    assert len(files) >= 6  # beyond the scheduler: managers, radix cache, core, graph runner
+
+
+def test_each_mutant_tree_imports(tmp_path: Path) -> None:
+    tree = unpack(tmp_path, FIXES)
+    mutants = [(m.name, m.edits) for m in (*MUTANTS[1:], *BLIND[1:])]
+    # (and one that breaks the import: the check can fail)
+    broken = ("broken", (("python/minisgl/scheduler/table.py", "import torch\n", "\n"),))
+    done = subprocess.run(
+        [sys.executable, "-B", "-c", IMPORT_EACH, str(tree), json.dumps([*mutants, broken])],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    failed = json.loads(done.stdout.splitlines()[-1])
+    assert failed == ["broken: NameError: name 'torch' is not defined"]
 
 
 @pytest.mark.parametrize(
@@ -35,6 +92,7 @@ def test_each_mutant_changes_the_fixed_tree_where_it_says(tmp_path: Path) -> Non
     [
         (["--tree", "/nonexistent"], "is not a mini-sglang tree"),
         (["--tree", str(Path(__file__).parent), "--only", "x"], "is not a mini-sglang tree"),
+        (["--tree", "/nonexistent", "--set", "x"], "invalid choice"),
     ],
 )
 def test_bad_input_is_one_line(argv: list[str], says: str) -> None:
@@ -44,4 +102,5 @@ def test_bad_input_is_one_line(argv: list[str], says: str) -> None:
         text=True,
         check=False,
     )
-    assert done.returncode == 2 and says in done.stderr and len(done.stderr.splitlines()) == 1
+    assert done.returncode == 2 and says in done.stderr
+    assert len(done.stderr.splitlines()) == 1 or "usage:" in done.stderr

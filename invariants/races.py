@@ -154,9 +154,8 @@ class HappensBefore:
         # Each op's agent, in issue order (`Clocks.agent`): an agent's clock counts its ops, so
         # the op behind (agent, clock) is found there, for a race's report only.
         self.issued: list[int] = []
-        # `issued` by agent, up to `_indexed` (filled when a race is reported: `op_of`)
+        # Per agent, where its first ops are in `issued` (found when a race is reported: `op_of`)
         self._by_agent: dict[int, list[int]] = {}
-        self._indexed = 0
         self._index_of: list[int] | None = None
         # The host's clock changes only at host ops: per agent, how many host ops its clock has
         # taken in (a stream op after no new host op need not take the host's past in again).
@@ -165,20 +164,25 @@ class HappensBefore:
 
     def op_of(self, agent: int, clock: int) -> int:
         """Where `agent`'s op at `clock` (its clock-th op) is in issue order."""
-        issued, by_agent = self.issued, self._by_agent
+        issued = self.issued
         if issued is not self._index_of:  # (another list of agents: index it again)
-            self._index_of, self._indexed, by_agent = issued, 0, {}
-            self._by_agent = by_agent
-        for i in range(self._indexed, len(issued)):
-            found = by_agent.get(issued[i])
-            if found is None:
-                found = by_agent[issued[i]] = []
-            found.append(i)
-        self._indexed = len(issued)
-        ops = by_agent.get(agent, [])
-        if not 0 < clock <= len(ops):
+            self._index_of, self._by_agent = issued, {}
+        found = self._by_agent.get(agent)
+        if found is None:
+            found = self._by_agent[agent] = []
+        # this agent's ops up to the clock-th, each found once, in C (`list.index`): a race
+        # reported again every iteration asks for one op of the last few
+        at = found[-1] + 1 if found else 0
+        while len(found) < clock:
+            try:
+                at = issued.index(agent, at)
+            except ValueError:
+                break
+            found.append(at)
+            at += 1
+        if not 0 < clock <= len(found):
             raise ValueError(f"agent {agent} has no op at clock {clock}")
-        return ops[clock - 1]
+        return found[clock - 1]
 
     def index(self, agent: str) -> int:
         if agent not in self.agents:
@@ -480,7 +484,10 @@ class RaceDetector:
         view = shadow.writers.get(buffer)
         if view is None:
             view = shadow.writer_view(buffer)
-        view[cells] = vc[0] * MAX_AGENTS  # the reads stay: see `_store`
+        if len(cells) == 1:  # (most of them: one element, set without a fancy index)
+            view[cells[0]] = vc[0] * MAX_AGENTS  # the reads stay: see `_store`
+        else:
+            view[cells] = vc[0] * MAX_AGENTS
         writes[0] = vc[0]
         return None
 

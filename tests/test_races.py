@@ -217,3 +217,25 @@ def test_memory_reused_by_a_larger_dtype_carries_each_old_cells_accesses(k: int,
     assert race is not None and race.kind == ("WAR" if mode == "r" else "WAW")
     assert race.buffer == "new" and race.first == 0 and race.second == 1
     assert race.cells == tuple(sorted({c // k for c in (1, 6) if c < n * k}))
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.sampled_from([HOST, "engine", "scheduler"]), min_size=1, max_size=30), st.data())
+def test_op_of_finds_each_agents_clock_th_op(agents: list[str], data: st.DataObject) -> None:
+    b = Builder()
+    for agent in agents:
+        b.op(agent, ("buf", "r", [0]))
+    clocks = Clocks(b.trace)
+    clocks.advance()
+    hb = clocks.hb
+    # asked in any order (a race reported late may name an early op), each answer the one the
+    # agent's own count of ops gives
+    asks = data.draw(st.lists(st.sampled_from(sorted(set(agents))), max_size=20))
+    for name in asks + sorted(set(agents)):
+        a = hb.agents[name]
+        mine = [i for i, x in enumerate(clocks.agent) if x == a]
+        clock = data.draw(st.integers(1, len(mine)))
+        assert hb.op_of(a, clock) == mine[clock - 1]
+        for bad in (0, len(mine) + 1):
+            with pytest.raises(ValueError, match="no op at clock"):
+                hb.op_of(a, bad)

@@ -11,6 +11,8 @@ below are that tree's text. Each row is one `explore` process (import, search, s
 to fear is "overlapcheck bug" (exit 3: the checker blamed itself for the program's fault) and the
 one to read twice is a mutant reported as the control is. Two sets: `first` (default), written by
 the people who built the checks, and `blind`, a second set over all the code the adapter runs.
+Each mutant's counterexample is replayed on the tree without the mutant: "the tree's own" is a
+finding of the tree's bug (bug 5), not of the mutant (the search stopped there first).
 `--workers N` runs N mutants' searches at once and prints the rows in the set's order at the end.
 """
 
@@ -351,11 +353,17 @@ BLIND = (
 SETS = {"first": MUTANTS, "blind": BLIND}
 
 
+# What replaying a mutant's counterexample on the tree without the mutant says (`replay`'s first
+# word): `fixed` is the mutant's own finding; `reproduced` is a bug of the tree itself (bug 5).
+ON_TREE = {"fixed": "the mutant's", "reproduced": "the tree's own", "": ""}
+
+
 def measure(
     tree: Path, mutant: Mutant, budget: int, seed: int, keep: Path | None = None
-) -> tuple[str, float, str]:
-    """(what the search said, its wall seconds, the found example's shape); the search's
-    counterexample folder is copied to `keep / mutant.name` when `keep` is given."""
+) -> tuple[str, float, str, str]:
+    """(what the search said, its wall seconds, the found example's shape, whose bug it is: its
+    counterexample replayed on `tree`); the search's counterexample folder is copied to
+    `keep / mutant.name` when `keep` is given."""
     with tempfile.TemporaryDirectory(prefix=f"overlapcheck-mutant-{mutant.name}-") as tmp:
         work = Path(tmp)
         copy = work / tree.name
@@ -365,6 +373,12 @@ def measure(
         started = time.monotonic()
         said = overlapcheck([*search, "--seed", str(seed), "--out", "out"], copy, work)
         seconds = time.monotonic() - started
+        files = sorted(p for p in (work / "out").glob("*.json") if "unshrunk" not in p.name)
+        whose = ""
+        if files and mutant.edits:
+            replay = overlapcheck(["replay", str(files[0])], tree.resolve(), work).strip()
+            first = replay.splitlines()[0] if replay else "nothing printed"
+            whose = ON_TREE.get(first.split(":")[0], first)
         if keep is not None and (work / "out").is_dir():
             shutil.copytree(work / "out", keep / mutant.name, dirs_exist_ok=True)
     lines = said.splitlines()
@@ -377,7 +391,7 @@ def measure(
         if shape
         else ""
     )
-    return verdict.splitlines()[0] if verdict else "", seconds, found
+    return verdict.splitlines()[0] if verdict else "", seconds, found, whose
 
 
 def main() -> int:
@@ -414,10 +428,13 @@ def main() -> int:
         rows = list(
             pool.map(lambda m: measure(args.tree, m, args.budget, args.seed, keep), mutants)
         )
-    print("| mutant | the bug | verdict | wall | search |")
-    print("| --- | --- | --- | --- | --- |")
-    for mutant, (verdict, seconds, shape) in zip(mutants, rows, strict=True):
-        print(f"| {mutant.name} | {mutant.summary} | {verdict} | {seconds:.0f} s | {shape} |")
+    print("| mutant | the bug | verdict | wall | search | whose (replayed without the mutant) |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for mutant, (verdict, seconds, shape, whose) in zip(mutants, rows, strict=True):
+        print(
+            f"| {mutant.name} | {mutant.summary} | {verdict} | {seconds:.0f} s | {shape} "
+            f"| {whose} |"
+        )
     return 0
 
 

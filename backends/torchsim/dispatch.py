@@ -188,9 +188,16 @@ def _fault(op: Op, err: Exception) -> DeviceFault:
 def _is_cuda(device: Any) -> bool:
     if device is None:
         return False
-    if isinstance(device, torch.device):  # (what the dispatcher passes: no new device object)
-        return device.type == "cuda"
+    kind = type(device)
+    if kind is torch.device or kind is str:  # (a device's `type` is a new string at each read)
+        found = _CUDA.get(device)
+        if found is None:
+            found = _CUDA[device] = torch.device(device).type == "cuda"
+        return found
     return torch.device(device).type == "cuda"
+
+
+_CUDA: dict[Any, bool] = {}  # `_is_cuda` of each device (and device name) seen
 
 
 def _leaves(tree: Any) -> list[Any]:
@@ -674,8 +681,7 @@ class Interceptor:
         pargs, pkwargs = _map(_physical, args, kwargs)
 
         def start() -> Callable[[], None]:
-            with plain():
-                seen.append(func(*pargs, **pkwargs))
+            seen.append(func(*pargs, **pkwargs))  # (in simulated time: under `plain` already)
             return lambda: None
 
         self._enqueue(_Launch(op, self.device.d2h_engine, duration, start))
@@ -823,53 +829,51 @@ class Interceptor:
 
         call = info.call
 
-        def start() -> Callable[[], None]:
-            with plain():
-                for w in written.values():
-                    w.clone = w.buffer.physical.clone()
+        def start() -> Callable[[], None]:  # (in simulated time: under `plain` already)
+            for w in written.values():
+                w.clone = w.buffer.physical.clone()
 
-                def phys(x: Any) -> Any:
-                    if isinstance(x, _Held):
-                        w = written.get(id(x.buffer))
-                        if w is None or w.clone is None:
-                            return x.view
-                        return same_geometry(w.clone, x.view)
-                    if isinstance(x, _Ref):
-                        w = written.get(id(x.buffer))
-                        base = w.clone if w is not None and w.clone is not None else None
-                        return at(x.buffer.physical if base is None else base, x.where)
-                    return x
+            def phys(x: Any) -> Any:
+                if isinstance(x, _Held):
+                    w = written.get(id(x.buffer))
+                    if w is None or w.clone is None:
+                        return x.view
+                    return same_geometry(w.clone, x.view)
+                if isinstance(x, _Ref):
+                    w = written.get(id(x.buffer))
+                    base = w.clone if w is not None and w.clone is not None else None
+                    return at(x.buffer.physical if base is None else base, x.where)
+                return x
 
-                pargs, pkwargs = _map(phys, held_args, held_kwargs)
-                try:
-                    pout = call(*pargs, **pkwargs)
-                except Exception as err:  # (it ran on the program's values when issued)
-                    raise _fault(op, err) from err
+            pargs, pkwargs = _map(phys, held_args, held_kwargs)
+            try:
+                pout = call(*pargs, **pkwargs)
+            except Exception as err:  # (it ran on the program's values when issued)
+                raise _fault(op, err) from err
 
             def end() -> None:
-                with plain():
-                    for w in written.values():
-                        assert w.clone is not None
-                        n = len(w.cells)
-                        first = int(w.cells[0]) if n else 0
-                        if n and w.cells is span(first, n):  # (a view's cells: a slice's copy)
-                            _copy_into(
-                                w.buffer.physical.narrow(0, first, n), w.clone.narrow(0, first, n)
-                            )
-                        else:  # (flat copies: `take` and `put_` index them as they are)
-                            cells = torch.from_numpy(w.cells)
-                            w.buffer.physical.put_(cells, w.clone.take(cells))
-                    if not targets:
-                        return
-                    fresh_outs = [
-                        o
-                        for o, a in zip(_as_list(pout), aliases or (None,), strict=False)
-                        if a is None and isinstance(o, torch.Tensor)
-                    ]
-                    for (physical, placed), value in zip(targets, fresh_outs, strict=False):
-                        target = same_geometry(physical, placed)
-                        if target.shape == value.shape:
-                            _copy_into(target, value)
+                for w in written.values():
+                    assert w.clone is not None
+                    n = len(w.cells)
+                    first = int(w.cells[0]) if n else 0
+                    if n and w.cells is span(first, n):  # (a view's cells: a slice's copy)
+                        _copy_into(
+                            w.buffer.physical.narrow(0, first, n), w.clone.narrow(0, first, n)
+                        )
+                    else:  # (flat copies: `take` and `put_` index them as they are)
+                        cells = torch.from_numpy(w.cells)
+                        w.buffer.physical.put_(cells, w.clone.take(cells))
+                if not targets:
+                    return
+                fresh_outs = [
+                    o
+                    for o, a in zip(_as_list(pout), aliases or (None,), strict=False)
+                    if a is None and isinstance(o, torch.Tensor)
+                ]
+                for (physical, placed), value in zip(targets, fresh_outs, strict=False):
+                    target = same_geometry(physical, placed)
+                    if target.shape == value.shape:
+                        _copy_into(target, value)
 
             return end
 
@@ -1024,15 +1028,13 @@ class Interceptor:
         duration, op.delay = timing.h2d(dst.numel())
         target = dst.phys
 
-        def start() -> Callable[[], None]:
-            with plain():
-                value = (
-                    at(source.buffer.physical, source.where) if isinstance(source, _Ref) else source
-                ).clone()
+        def start() -> Callable[[], None]:  # (in simulated time: under `plain` already)
+            value = (
+                at(source.buffer.physical, source.where) if isinstance(source, _Ref) else source
+            ).clone()
 
             def end() -> None:
-                with plain():
-                    _copy_into(target, value)
+                _copy_into(target, value)
 
             return end
 
@@ -1067,16 +1069,14 @@ class Interceptor:
         target = _Ref(dst_buffer, geometry(dst)) if dst_buffer is not None else None
         pageable = dst if target is None else None  # the host waits for it below
 
-        def start() -> Callable[[], None]:
-            with plain():
-                value = source.to(dst_dtype)
+        def start() -> Callable[[], None]:  # (in simulated time: under `plain` already)
+            value = source.to(dst_dtype)
 
             def end() -> None:
-                with plain():
-                    if target is not None:
-                        _copy_into(at(target.buffer.physical, target.where), value)
-                    elif pageable is not None:
-                        _copy_into(pageable, value)
+                if target is not None:
+                    _copy_into(at(target.buffer.physical, target.where), value)
+                elif pageable is not None:
+                    _copy_into(pageable, value)
 
             return end
 

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from overlapcheck.backends.torchsim.memory import Buffer, same_geometry, view_cells
+from overlapcheck.backends.torchsim.memory import Buffer, as_numpy, same_geometry, view_cells
 from overlapcheck.backends.torchsim.schema import op_info
 from overlapcheck.core.trace import Move
 
@@ -60,7 +60,7 @@ def _indexed(
         return None
     buffer, where = found
     ids = same_geometry(buffer.cell_ids(), where)
-    picked: np.ndarray = pick(ids).reshape(-1).numpy().astype(np.int64, copy=False)
+    picked: np.ndarray = as_numpy(pick(ids).reshape(-1)).astype(np.int64, copy=False)
     return buffer, picked
 
 

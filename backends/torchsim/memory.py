@@ -33,6 +33,9 @@ import numpy as np
 import torch
 
 HOST_PREFIX = "host:"
+# `Tensor.numpy` itself, for the simulation's own cell numbers: inside the block it is a Python
+# stand-in (`session._read_below`) that traces a program's reads of pinned memory.
+as_numpy = torch._C.TensorBase.numpy
 # A view's sizes, strides and storage offset: what a stream op keeps of a tensor it will run on,
 # so that it holds its buffer but none of the program's tensors (their lifetimes are the frees).
 Geometry = tuple[tuple[int, ...], tuple[int, ...], int]
@@ -125,7 +128,7 @@ def view_cells(buffer: Buffer, view: torch.Tensor) -> np.ndarray:
     """The cells of `buffer` that `view` (a view of it, same dtype) covers, in the view's order."""
     if view.is_contiguous():
         return span(view.storage_offset(), view.numel())
-    ids: np.ndarray = same_geometry(buffer.cell_ids(), view).reshape(-1).numpy()
+    ids: np.ndarray = as_numpy(same_geometry(buffer.cell_ids(), view).reshape(-1))
     return ids
 
 

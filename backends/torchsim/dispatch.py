@@ -16,18 +16,17 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import CodeType, FrameType
 from typing import Any
 
 import numpy as np
-import simpy
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from overlapcheck.backends.sim.device import SimDevice, Unit
+from overlapcheck.backends.sim.device import SimDevice
 from overlapcheck.backends.torchsim.allocators import DeviceAllocator, HostAllocator
 from overlapcheck.backends.torchsim.device_checks import (
     host_generator,
@@ -48,7 +47,7 @@ from overlapcheck.backends.torchsim.memory import (
     view_cells,
 )
 from overlapcheck.backends.torchsim.schema import OpInfo, op_info
-from overlapcheck.backends.torchsim.streams import UNKNOWN, SimStream, StreamRuntime
+from overlapcheck.backends.torchsim.streams import UNKNOWN, Launch, SimStream, StreamRuntime
 from overlapcheck.backends.torchsim.tensor import SimTensor, SimulatedCudaError
 from overlapcheck.core.errors import (
     DeviceFault,
@@ -281,16 +280,6 @@ class _Held:
 
     buffer: Buffer
     view: torch.Tensor
-
-
-@dataclass
-class _Launch:
-    """One stream op: its trace op, when it runs, what it computes."""
-
-    op: Op
-    unit: Unit
-    duration: float
-    start: Callable[[], Callable[[], None]]  # at its start, returns what to do at its end
 
 
 class Interceptor:
@@ -684,7 +673,7 @@ class Interceptor:
             seen.append(func(*pargs, **pkwargs))  # (in simulated time: under `plain` already)
             return lambda: None
 
-        self._enqueue(_Launch(op, self.device.d2h_engine, duration, start))
+        self._enqueue(Launch(op, self.device.d2h_engine, duration, start))
         runtime.sync_current(f"{what} (implicit sync)")
         return seen[0]
 
@@ -877,31 +866,13 @@ class Interceptor:
 
             return end
 
-        self._enqueue(_Launch(op, self.device.compute, duration, start))
+        self._enqueue(Launch(op, self.device.compute, duration, start))
         self.host_memory.copied([t.buffer for t in found if t.buffer.pinned], runtime.current, site)
         return made
 
-    def _enqueue(self, launch: _Launch) -> None:
+    def _enqueue(self, launch: Launch) -> None:
         """Queue `launch` on the current stream."""
-        runtime = self.runtime
-        stream = runtime.current
-        env = runtime.env
-
-        def body() -> Generator[simpy.Event, Any, None]:
-            # `runtime.acquire`, inline: one generator less for every op
-            unit, duration = launch.unit, launch.duration
-            now = env.now
-            start = max(float(now), unit.free_at)
-            unit.free_at = start + duration
-            if start > now:
-                yield env.timeout(start - now)
-            launch.op.start = start
-            end = launch.start()
-            yield env.timeout(duration)
-            end()
-            launch.op.end = float(env.now)
-
-        stream.enqueue(body)
+        self.runtime.current.enqueue(launch)
 
     # -- copies ---------------------------------------------------------------------------------
 
@@ -1038,7 +1009,7 @@ class Interceptor:
 
             return end
 
-        self._enqueue(_Launch(op, self.device.h2d_engine, duration, start))
+        self._enqueue(Launch(op, self.device.h2d_engine, duration, start))
         if isinstance(source, _Ref):
             self.host_memory.copied([source.buffer], runtime.current, site)
         if not non_blocking:
@@ -1080,7 +1051,7 @@ class Interceptor:
 
             return end
 
-        self._enqueue(_Launch(op, self.device.d2h_engine, duration, start))
+        self._enqueue(Launch(op, self.device.d2h_engine, duration, start))
         if asynchronous and dst_buffer is not None:
             self.host_memory.copied([dst_buffer], runtime.current, site)
         if not asynchronous:

@@ -23,13 +23,12 @@ from overlapcheck.backends.sim.timing import Cost
 from overlapcheck.backends.torchsim.dispatch import (
     DispatchMode,
     Interceptor,
-    _Launch,
     indexing_to,
     pinning,
     plain,
 )
 from overlapcheck.backends.torchsim.memory import Memory, view_cells
-from overlapcheck.backends.torchsim.streams import SimCudaEvent, SimStream, StreamRuntime
+from overlapcheck.backends.torchsim.streams import Launch, SimCudaEvent, SimStream, StreamRuntime
 from overlapcheck.backends.torchsim.tensor import SimTensor, SimulatedCudaError, nonzero_of
 from overlapcheck.core.trace import Access
 
@@ -227,7 +226,7 @@ class SimulatedCuda:
         if shape is not None:
             op.shape = shape
         op.drafts = drafts
-        self.interceptor._enqueue(_Launch(op, unit or self.device.compute, cost.seconds, start))
+        self.interceptor._enqueue(Launch(op, unit or self.device.compute, cost.seconds, start))
 
     def drain(self) -> None:
         with plain():

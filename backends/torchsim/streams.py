@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Generator
+from dataclasses import dataclass
 from typing import Any
 
 import simpy
@@ -24,6 +25,35 @@ from overlapcheck.core.sites import Site, caller
 from overlapcheck.core.trace import HOST, Op
 
 Body = Callable[[], Generator[simpy.Event, Any, None]]
+
+
+@dataclass
+class Launch:
+    """One stream op: its trace op, the unit it books for how long, and what it computes: at
+    its start, `start` runs and returns what to run at its end."""
+
+    op: Op
+    unit: Unit
+    duration: float
+    start: Callable[[], Callable[[], None]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Fire:
+    """A recording's turn on its stream: the marker fires (`op`: its trace op, if traced)."""
+
+    op: Op | None
+    marker: Marker
+
+
+@dataclass(frozen=True, slots=True)
+class _Wait:
+    """A stream's wait for a marker (`StreamRuntime.wait_event`), traced as `op`."""
+
+    op: Op
+    marker: Marker
+
+
 # Host time one poll of `Event.query()` costs: a loop that spins on it moves simulated time.
 POLL = 1e-6
 # A site not looked up yet (`StreamRuntime.record`'s caller found none): distinct from None, a
@@ -37,7 +67,9 @@ class SimStream:
     def __init__(self, runtime: StreamRuntime, name: str) -> None:
         self.runtime = runtime
         self.name = name
-        self.ops: deque[Body] = deque()
+        # what it runs, in issue order: the kinds `_loop` runs itself (no generator of their
+        # own: thousands an iteration), or a body
+        self.ops: deque[Launch | _Fire | _Wait | Body] = deque()
         self.wakeup: simpy.Event | None = None
         self.device = runtime.torch_device
         self.device_index = 0
@@ -47,14 +79,46 @@ class SimStream:
         runtime.env.process(self._loop())
 
     def _loop(self) -> Generator[simpy.Event, Any, None]:
-        env = self.runtime.env
+        runtime = self.runtime
+        env = runtime.env
+        ops = self.ops
         while True:
-            if not self.ops:
+            if not ops:
                 self.wakeup = env.event()
                 yield self.wakeup
-            yield from self.ops.popleft()()
+            item = ops.popleft()
+            kind = type(item)
+            if kind is Launch:
+                assert isinstance(item, Launch)
+                # wait for its unit (FIFO) and book it (`StreamRuntime.acquire`, inline)
+                unit, duration = item.unit, item.duration
+                now = env.now
+                start = max(float(now), unit.free_at)
+                unit.free_at = start + duration
+                if start > now:
+                    yield env.timeout(start - now)
+                item.op.start = start
+                end = item.start()
+                yield env.timeout(duration)
+                end()
+                item.op.end = float(env.now)
+            elif kind is _Fire:
+                assert isinstance(item, _Fire)
+                at = float(env.now)
+                if item.op is not None:
+                    item.op.start = item.op.end = at
+                runtime.fired_at[item.marker.id] = at
+                item.marker.fired.succeed()
+            elif kind is _Wait:
+                assert isinstance(item, _Wait)
+                item.op.start = float(env.now)
+                yield item.marker.fired
+                item.op.end = float(env.now)
+            else:
+                assert callable(item)
+                yield from item()
 
-    def enqueue(self, body: Body) -> None:
+    def enqueue(self, body: Launch | _Fire | _Wait | Body) -> None:
         self.ops.append(body)
         if self.wakeup is not None and not self.wakeup.triggered:
             self.wakeup.succeed()
@@ -211,27 +275,13 @@ class StreamRuntime:
             op = self.device.recorder.op_at(
                 stream.name, "record", float(self.env.now), site, label=label, records=marker.id
             )
-
-        def body() -> Generator[simpy.Event, Any, None]:
-            if op is not None:
-                op.start = op.end = self.now()
-            self.fired_at[marker.id] = self.now()
-            marker.fired.succeed()
-            yield from ()
-
-        stream.enqueue(body)
+        stream.enqueue(_Fire(op, marker))
         return marker
 
     def wait_event(self, stream: SimStream, marker: Marker) -> None:
         """Work issued on `stream` from now on runs after `marker` fired."""
         op = self.op(stream.name, "wait", label=f"wait e{marker.id}", waits=marker.id)
-
-        def body() -> Generator[simpy.Event, Any, None]:
-            op.start = self.now()
-            yield marker.fired
-            op.end = self.now()
-
-        stream.enqueue(body)
+        stream.enqueue(_Wait(op, marker))
 
     def host_wait(self, marker: Marker, why: str) -> None:
         """Block the host until `marker` fired (traced as a host wait)."""

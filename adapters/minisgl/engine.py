@@ -317,9 +317,7 @@ def _launch_model(
             for row, end in zip(rows, ends, strict=True)
         ]
         table_cells = np.concatenate(row_cells)
-        kv_of_table = (
-            table.logic.reshape(-1)[torch.from_numpy(table_cells)].numpy().astype(np.int64)
-        )
+        kv_of_table = _gather(table.logic.reshape(-1), table_cells, rows, ends, width)
         kv_cells = np.mod(kv_of_table, kv.numel())
         written = np.mod(out_loc.logic.numpy().astype(np.int64), kv.numel())
     own_table = table_cells if real == len(reqs) else np.concatenate(row_cells[:real])
@@ -358,7 +356,7 @@ def _launch_model(
         logical_tokens, logical_loc, logical_ids = compute(
             kv.logic, table.logic, inputs.logic, out_loc.logic
         )
-        kv.logic[torch.from_numpy(logical_loc)] = torch.from_numpy(logical_ids)
+        _put(kv.logic, logical_loc, logical_ids)
         out.tensor.logic.copy_(out.values(logical_tokens))
     # what the kernel runs on: the physical copies, not the program's tensors (it drops them when
     # it likes; the allocator decides what happens to their memory)
@@ -371,7 +369,7 @@ def _launch_model(
 
         def end() -> None:
             with plain():
-                kv_phys[torch.from_numpy(loc)] = torch.from_numpy(ids)
+                _put(kv_phys, loc, ids)
                 out_phys.copy_(out.values(values))
 
         return end
@@ -386,6 +384,34 @@ def _launch_model(
     if trace.launches is not None:  # ranks compare what they launch (core/ranks.py)
         positions = tuple(zip(begins[:real], ends[:real], strict=True))
         trace.launches.append(Launch(seq, "prefill" if prefill else "decode", uids, positions))
+
+
+def _gather(
+    flat: torch.Tensor, cells: np.ndarray, rows: list[int], ends: list[int], width: int
+) -> np.ndarray:
+    """`flat[cells]` as int64 (`cells`: each row's first `end` cells of a table `width` wide),
+    through numpy's view where every cell is inside the table (torch's indexing costs several
+    times more; an index outside it is torch's to refuse, in its own words)."""
+    parts = [(row * width, row * width + end - 1) for row, end in zip(rows, ends, strict=True)]
+    parts = [p for p in parts if p[1] >= p[0]]
+    size = flat.shape[0]
+    if flat.dim() == 1 and all(-size <= lo and hi < size for lo, hi in parts):
+        values: np.ndarray = flat.numpy()[cells].astype(np.int64)
+    else:
+        values = flat[torch.from_numpy(cells)].numpy().astype(np.int64)
+    return values
+
+
+def _put(target: torch.Tensor, cells: np.ndarray, values: np.ndarray) -> None:
+    """`target[cells] = values` for cells inside `target` (taken modulo its size), through
+    numpy's view of it: torch's `index_put_` costs several times more for a few cells. Values
+    it would refuse (another length or dtype) go to torch, to be refused in its words."""
+    if target.dim() == 1 and len(cells) == len(values):
+        view = target.numpy()
+        if view.dtype == values.dtype:
+            view[cells] = values  # (a repeated cell takes its last value, as torch's on the CPU)
+            return
+    target[torch.from_numpy(cells)] = torch.from_numpy(values)
 
 
 def _give_shape(

@@ -18,6 +18,7 @@ from minisgl_trees import (
     FIX_1,
     FIX_2,
     FIX_3,
+    FIX_4,
     FIX_6,
     FIX_7,
     FIXES,
@@ -127,30 +128,41 @@ def test_the_shipped_scheduler_reuses_the_write_mapping_under_the_engine_and_fin
     assert {op.agent for op in first.trace.ops} >= {"host", "engine", "scheduler"}
 
 
-# One search per row: with the fixes so far patched in, the first violation it reports (one of
-# `found`), shrunk and saved; with all of them (and the two invariants that judge the fifth bug
-# skipped), no violation at all.
+# What bugs 3 and 4 break, where a search of a tree before their fixes reaches them before the
+# row's own bug: an example holds several, and which one shows first is the generated stream's
+# (measured 2026-12-05 on the tree with fixes 6 and 1: at 7f13a94 bug 3 at example 5; since
+# 6095f62's workloads bug 4 at example 6, then bugs 3 and 2 at example 10). Skipped, as by the
+# user who found them (`next: add --skip`), so that the row's own bug is what must be found.
+BUG_3_BREAKS = ("slot-not-in-flight", "no-race")  # a row freed while in flight
+BUG_4_BREAKS = ("abort-silent",)  # an abort's batch in flight still answers
+
+# One search per row: with the fixes so far patched in (and the later bugs it would reach first
+# skipped), the first violation it reports (one of `found`), shrunk and saved, and gone from its
+# replay once the row's own fix is added (so the finding is that bug's, not a later one's); with
+# all of them (and the two invariants that judge the fifth bug skipped), no violation at all.
 SEARCHES = [
-    ([], (), 200, ("no-race",)),
-    (FIX_6, (), 200, ("exact-length",)),
-    (FIX_6 + FIX_1, (), 200, ("no-post-eos",)),
-    (FIX_6 + FIX_1 + FIX_2, (), 200, ("slot-not-in-flight", "no-race")),
-    (FIX_6 + FIX_1 + FIX_2 + FIX_3, (), 200, ("abort-silent", "pages-conserved")),
-    (FIXES, ("pages-conserved", "oracle"), 700, ("no-crash",)),
-    (FIXES + FIX_7, ("pages-conserved", "oracle"), 60, ()),
+    ([], FIX_6, (), 200, ("no-race",)),
+    (FIX_6, FIX_1, (), 200, ("exact-length",)),
+    # (bug 2's token after the end may show first as a wrong token: `oracle`)
+    (FIX_6 + FIX_1, FIX_2, BUG_3_BREAKS + BUG_4_BREAKS, 200, ("no-post-eos", "oracle")),
+    (FIX_6 + FIX_1 + FIX_2, FIX_3, BUG_4_BREAKS, 200, ("slot-not-in-flight", "no-race")),
+    (FIX_6 + FIX_1 + FIX_2 + FIX_3, FIX_4, (), 200, ("abort-silent", "pages-conserved")),
+    (FIXES, FIX_7, ("pages-conserved", "oracle"), 700, ("no-crash",)),
+    (FIXES + FIX_7, [], ("pages-conserved", "oracle"), 60, ()),
 ]
 
 
 @needs_snapshot
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("fixed", "skipped", "examples", "found"),
+    ("fixed", "fix", "skipped", "examples", "found"),
     SEARCHES,
     ids=["bug-6", "bug-1", "bug-2", "bug-3", "bug-4", "bug-7", "all-fixed"],
 )
 def test_a_search_finds_the_first_bug_not_fixed_and_none_with_all_fixed(
     tmp_path: Path,
     fixed: list[Edit],
+    fix: list[Edit],
     skipped: tuple[str, ...],
     examples: int,
     found: tuple[str, ...],
@@ -168,7 +180,11 @@ def test_a_search_finds_the_first_bug_not_fixed_and_none_with_all_fixed(
     assert done.returncode == 1, done.stdout + done.stderr
     line = next(x for x in done.stdout.splitlines() if x.startswith("VIOLATION"))
     assert any(f"[{inv}]" in line for inv in found), done.stdout
-    assert "replay:" in done.stdout  # shrunk and saved
+    (saved,) = [x.split()[-1] for x in done.stdout.splitlines() if x.startswith("replay:")]
+    with_fix = unpack(tmp_path / "with-fix", fixed + fix)
+    replay = overlapcheck(["replay", saved, "--json"], with_fix, tmp_path)
+    report = json.loads(replay.stdout)
+    assert report["verdict"] in ("fixed", "other"), replay.stdout + replay.stderr
 
 
 @needs_snapshot

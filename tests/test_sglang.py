@@ -397,9 +397,12 @@ def test_the_barrier_experiment_shrinks_replays_and_draws_three_lanes(
 
     tree = _without_barrier(snapshot, tmp_path)
     out = tmp_path / "found"
+    # past SGLang's headroom (finding 2 of docs/sglang.md, by design), as its searches look:
+    # since 6095f62's workloads the example at this seed that races holds it too, and its
+    # `exact-length` came first (measured 2026-12-05)
     done = overlapcheck(
         ["explore", "--scheduler", SPEC, "--budget", "240", "--loop", "overlap",
-         "--workers", "1", "--out", str(out), "--seed", "1"],
+         "--workers", "1", "--out", str(out), "--seed", "1", "--skip", "exact-length"],
         tree,
         tmp_path,
     )  # fmt: skip

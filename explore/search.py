@@ -245,6 +245,10 @@ class SearchSpec:
             drawn = scenarios(self.scenario, self.faults, self.policy)
         loop, ranks = self.loop, self.pinned_ranks
         if self.scheduler.fits:  # only what the scheduler serves (its pool floor, ...)
+            # Once first, outside any draw: a first fit may import the scheduler's code (an
+            # adapter's upstream checkout), whose imports can touch the global `random`, which
+            # Hypothesis warns of inside a strategy (seen in worker processes on Python 3.12).
+            self.scheduler.fit(named_scenario("basic"))
             drawn = drawn.map(self.scheduler.fit)
         if ranks is not None:
             drawn = drawn.map(lambda scenario: scenario.with_config(num_ranks=ranks))

@@ -177,3 +177,43 @@ def test_the_examples_of_a_seed_do_not_depend_on_the_modules_imported(
     given(st.lists(st.integers(0, 400)))(lambda values: None)()
     search(spec)
     assert len(before) >= 12 and seen == before  # (examples a draw overran are not counted)
+
+
+# A scheduler whose first fit loads its code, and the load draws from the global `random` (as an
+# upstream checkout's imports may).
+LOADS_ON_FIRST_FIT = """
+import random
+
+from overlapcheck.reference.scheduler import Scheduler
+
+loaded = []
+
+
+def make(config, device, source, sink):
+    return Scheduler(config, device, source, sink)
+
+
+def fit(scenario):
+    if not loaded:
+        random.random()
+        loaded.append(True)
+    return scenario
+
+
+make.fit_scenario = fit
+"""
+
+
+def test_a_first_fit_that_loads_code_runs_outside_hypothesis_draws(tmp_path: Path) -> None:
+    """Hypothesis warns (HypothesisDeprecationWarning, and may one day fail) when a strategy
+    touches the global `random`: the search fits once before any draw."""
+    import warnings
+
+    plugin = tmp_path / "loads.py"
+    plugin.write_text(LOADS_ON_FIRST_FIT)
+    spec = SchedulerSpec(f"{plugin}:make")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = search(SearchSpec(budget=3600, max_examples=3, scheduler=spec))
+    assert result.found is None
+    assert not [w for w in caught if "random" in str(w.message)], [str(w.message) for w in caught]

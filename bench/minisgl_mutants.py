@@ -12,13 +12,16 @@ to fear is "overlapcheck bug" (exit 3: the checker blamed itself for the program
 one to read twice is a mutant reported as the control is. Two sets: `first` (default), written by
 the people who built the checks, and `blind`, a second set over all the code the adapter runs.
 Each mutant's counterexample is replayed on the tree without the mutant: "the tree's own" is a
-finding of the tree's bug (bug 5), not of the mutant (the search stopped there first).
+finding of the tree's bug (bug 5), not of the mutant (the search stopped there first); such a
+mutant is searched again past that invariant (`--skip`), and its row is that search's.
+`--out DIR` keeps each search's counterexamples (`DIR/<mutant>/out`, `.../past`).
 `--workers N` runs N mutants' searches at once and prints the rows in the set's order at the end.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import sys
 import tempfile
@@ -355,43 +358,79 @@ SETS = {"first": MUTANTS, "blind": BLIND}
 
 # What replaying a mutant's counterexample on the tree without the mutant says (`replay`'s first
 # word): `fixed` is the mutant's own finding; `reproduced` is a bug of the tree itself (bug 5).
-ON_TREE = {"fixed": "the mutant's", "reproduced": "the tree's own", "": ""}
+ON_TREE = {"fixed": "the mutant's", "reproduced": "the tree's own"}
+INVARIANT = re.compile(r"^VIOLATION \[([\w-]+)\]")
 
 
-def measure(
-    tree: Path, mutant: Mutant, budget: int, seed: int, keep: Path | None = None
-) -> tuple[str, float, str, str]:
-    """(what the search said, its wall seconds, the found example's shape, whose bug it is: its
-    counterexample replayed on `tree`); the search's counterexample folder is copied to
-    `keep / mutant.name` when `keep` is given."""
-    with tempfile.TemporaryDirectory(prefix=f"overlapcheck-mutant-{mutant.name}-") as tmp:
-        work = Path(tmp)
-        copy = work / tree.name
-        shutil.copytree(tree, copy, ignore=shutil.ignore_patterns("__pycache__"))
-        apply_edits(copy, mutant.edits, mutant.name)
-        search = ["explore", "--scheduler", SPEC, "--budget", str(budget), "--workers", "1"]
-        started = time.monotonic()
-        said = overlapcheck([*search, "--seed", str(seed), "--out", "out"], copy, work)
-        seconds = time.monotonic() - started
-        files = sorted(p for p in (work / "out").glob("*.json") if "unshrunk" not in p.name)
-        whose = ""
-        if files and mutant.edits:
-            replay = overlapcheck(["replay", str(files[0])], tree.resolve(), work).strip()
-            first = replay.splitlines()[0] if replay else "nothing printed"
-            whose = ON_TREE.get(first.split(":")[0], first)
-        if keep is not None and (work / "out").is_dir():
-            shutil.copytree(work / "out", keep / mutant.name, dirs_exist_ok=True)
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One mutant's searches: the verdict, wall seconds, the found example's shape and whose
+    bug it is (its counterexample replayed on the tree without the mutant)."""
+
+    verdict: str
+    seconds: float
+    shape: str
+    whose: str
+
+
+def _search(
+    tree: Path, copy: Path, work: Path, out: str, args: tuple[int, int, list[str]], replay: bool
+) -> tuple[Row, str]:
+    """One `explore` of `copy` (budget, seed, skipped invariants), its counterexample replayed
+    on `tree` when `replay`: the row and the invariant it found ("" when none)."""
+    budget, seed, skips = args
+    search = ["explore", "--scheduler", SPEC, "--budget", str(budget), "--workers", "1"]
+    search += ["--seed", str(seed), "--out", out, *(a for s in skips for a in ("--skip", s))]
+    started = time.monotonic()
+    said = overlapcheck(search, copy, work)
+    seconds = time.monotonic() - started
     lines = said.splitlines()
     verdict = next((ln for ln in lines if ln.startswith(("VIOLATION", "overlapcheck bug"))), "")
     if not verdict:
         verdict = next((ln for ln in lines if ln.startswith("no violation found")), said.strip())
+    verdict = verdict.splitlines()[0] if verdict else ""
     shape = SEARCH_FOUND.search(said)
     found = (
         f"{shape[1]} examples, shrunk to {shape[4]} request(s), {shape[5]} iterations"
         if shape
         else ""
     )
-    return verdict.splitlines()[0] if verdict else "", seconds, found, whose
+    files = sorted(p for p in (work / out).glob("*.json") if "unshrunk" not in p.name)
+    whose = ""
+    if files and replay:
+        again = overlapcheck(["replay", str(files[0])], tree.resolve(), work).strip()
+        first = again.splitlines()[0] if again else "nothing printed"
+        whose = ON_TREE.get(first.split(":")[0], first)
+    hit = INVARIANT.match(verdict)
+    return Row(verdict, seconds, found, whose), hit[1] if hit else ""
+
+
+def measure(tree: Path, mutant: Mutant, budget: int, seed: int, keep: Path | None = None) -> Row:
+    """The mutant searched like a user's tree. When what it finds is the tree's own bug (bug 5:
+    the search stopped there before reaching the mutant), it is searched again past that
+    invariant (`--skip`, as a user who knows the tree's bug would), and the row says so. The
+    counterexample files are copied to `keep / mutant.name` when `keep` is given."""
+    with tempfile.TemporaryDirectory(prefix=f"overlapcheck-mutant-{mutant.name}-") as tmp:
+        work = Path(tmp)
+        copy = work / tree.name
+        shutil.copytree(tree, copy, ignore=shutil.ignore_patterns("__pycache__"))
+        apply_edits(copy, mutant.edits, mutant.name)
+        replay = bool(mutant.edits)
+        row, invariant = _search(tree, copy, work, "out", (budget, seed, []), replay)
+        if row.whose == ON_TREE["reproduced"] and invariant:
+            past, _ = _search(tree, copy, work, "past", (budget, seed, [invariant]), replay)
+            row = Row(
+                f"(past the tree's {invariant}) {past.verdict}",
+                row.seconds + past.seconds,
+                past.shape,
+                past.whose,
+            )
+        if keep is not None:
+            for found in sorted(work.glob("*/*.json")):
+                if found.parent.name in ("out", "past"):
+                    (keep / mutant.name / found.parent.name).mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(found, keep / mutant.name / found.parent.name / found.name)
+    return row
 
 
 def main() -> int:
@@ -430,10 +469,10 @@ def main() -> int:
         )
     print("| mutant | the bug | verdict | wall | search | whose (replayed without the mutant) |")
     print("| --- | --- | --- | --- | --- | --- |")
-    for mutant, (verdict, seconds, shape, whose) in zip(mutants, rows, strict=True):
+    for mutant, row in zip(mutants, rows, strict=True):
         print(
-            f"| {mutant.name} | {mutant.summary} | {verdict} | {seconds:.0f} s | {shape} "
-            f"| {whose} |"
+            f"| {mutant.name} | {mutant.summary} | {row.verdict} | {row.seconds:.0f} s "
+            f"| {row.shape} | {row.whose} |"
         )
     return 0
 

@@ -104,3 +104,35 @@ def test_bad_input_is_one_line(argv: list[str], says: str) -> None:
     )
     assert done.returncode == 2 and says in done.stderr
     assert len(done.stderr.splitlines()) == 1 or "usage:" in done.stderr
+
+
+def test_a_finding_of_the_trees_own_bug_is_searched_past(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mutant's search that stops at the tree's own bug (its counterexample reproduces without
+    the mutant) is run again with that invariant skipped; the row is the second search's."""
+    from overlapcheck.bench import minisgl_mutants
+
+    calls: list[list[str]] = []
+
+    def fake(args: list[str], checkout: Path, cwd: Path) -> str:
+        calls.append(args)
+        if args[0] == "replay":  # the first search's file is the tree's, the second's not
+            return "reproduced: x" if "/out/" in args[1] else "fixed: x no longer fires"
+        out = cwd / args[args.index("--out") + 1]
+        out.mkdir()
+        invariant = "no-crash" if "--skip" in args else "pages-conserved"
+        (out / f"{invariant}-1.json").write_text("{}")
+        return f"VIOLATION [{invariant}] step 1: something\n"
+
+    monkeypatch.setattr(minisgl_mutants, "overlapcheck", fake)
+    tree = tmp_path / "tree"
+    (tree / "a").mkdir(parents=True)
+    (tree / "a/f.py").write_text("x = 1\n")
+    mutant = minisgl_mutants.Mutant("m", "x becomes 2", (("a/f.py", "x = 1", "x = 2"),))
+    row = minisgl_mutants.measure(tree, mutant, 5, 0, tmp_path / "keep")
+    assert row.verdict == "(past the tree's pages-conserved) VIOLATION [no-crash] step 1: something"
+    assert row.whose == "the mutant's"
+    assert calls[2][-2:] == ["--skip", "pages-conserved"]
+    assert (tmp_path / "keep/m/past/no-crash-1.json").is_file()
+    assert (tree / "a/f.py").read_text() == "x = 1\n"  # the tree itself is never edited

@@ -218,8 +218,16 @@ def test_without_the_fence_the_connector_mode_races_with_the_step_in_flight(
     assert "WAW on kv cells" in message and "_start_load" in message and "transfer" in message
     replay = overlapcheck(["replay", str(found[0])], tmp_path / "vllm-0.34.0", tmp_path)
     assert replay.returncode == 1 and "identical" in replay.stdout, replay.stdout
-    drawn = overlapcheck(["timeline", str(found[0])], tmp_path / "vllm-0.34.0", tmp_path)
-    assert drawn.returncode == 0, drawn.stderr
+    # (`timeline` takes its output with -o: a run without it was a usage error, exit 2)
+    drawn = tmp_path / "t.json"
+    done = overlapcheck(
+        ["timeline", str(found[0]), "-o", str(drawn)], tmp_path / "vllm-0.34.0", tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    events = json.loads(drawn.read_text())
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    lanes = {e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    assert "transfer stream" in lanes, lanes  # the connector's loads, where the race is
 
 
 @needs_snapshot

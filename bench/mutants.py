@@ -126,8 +126,6 @@ MUTANTS: tuple[Mutant, ...] = (
         "            msg.sampling_params.max_tokens,\n",
         "admission: max_tokens is not clamped to what max_seq_len leaves after the prompt "
         "(vLLM/SGLang max_new_tokens clamping), so a long request writes past its row",
-        needs="long-running requests: prompt + max_tokens beyond max_seq_len (generated "
-        "prompts plus max_tokens stay well inside the row)",
     ),
     Mutant(
         "live-uid-accepted",
@@ -136,8 +134,6 @@ MUTANTS: tuple[Mutant, ...] = (
         "        reason = rejection(self.config, msg, live=False)",
         "receive: a request whose uid is still live is accepted and overwrites the live one's "
         "books (duplicate request id handling in vLLM and SGLang's tokenizer manager)",
-        needs="uid reuse while live (must be rejected): the generator gives every request "
-        "its own uid",
     ),
     Mutant(
         "launch-past-max-tokens",
@@ -147,10 +143,6 @@ MUTANTS: tuple[Mutant, ...] = (
         "can_decode: decode rounds are launched with no length limit; under overlap one round "
         "more than max_tokens runs and is thrown away (wasted GPU work; mini-sglang's "
         "`can_decode` vs results received)",
-        needs="work-bound counted exactly: a length-stopped request launches max_tokens "
-        "samples, never one more (the overlap extra round exists only after an EOS or abort); "
-        "or a request whose prompt + max_tokens fills the row, where the extra round writes "
-        "past it",
     ),
     Mutant(
         "abort-left-in-prefill",
@@ -192,9 +184,6 @@ MUTANTS: tuple[Mutant, ...] = (
         "            size = min(budget + 1, req.fill_len - req.kv_len)\n            if size > 0:",
         "chunked prefill: a continuing chunk takes one token more than the extend budget "
         "(chunked-prefill budget off-by-one, SGLang `rem_chunk_tokens`)",
-        needs="a batch-shape check in the device contract: a sequence with end < start, or a "
-        "prefill batch over max_extend_tokens, is the scheduler's finding (today the budget "
-        "goes negative and core/footprints.py crashes: a CheckerBug)",
     ),
     # -- lifecycle windows: one iteration between a point and its deferred cleanup -------------
     Mutant(

@@ -138,7 +138,7 @@ def test_a_search_finds_a_set_of_request_objects_within_seconds() -> None:
         reduce_runs=0,
     )
     result = search(spec)
-    # (first found after a few examples, about 5 s on a loaded 2-core host: docs/ranks.md)
+    # (first found after a few examples, about 1 s on the shared 2-core host: docs/ranks.md)
     assert result.found is not None, result.stats
     assert result.found.result.violations[0].invariant == "rank-consistent"
 
@@ -226,7 +226,7 @@ def test_a_set_of_request_id_strings_diverges_across_rank_processes_and_sorted_d
     assert found >= 2, "a decode batch ordered by string hashes went unnoticed"
 
 
-@pytest.mark.slow  # about 5 s (the run-level test above covers detection by default)
+@pytest.mark.slow  # about 0.5 s (the run-level test above covers detection by default)
 def test_a_search_finds_a_set_of_request_id_strings_and_the_finding_replays(
     tmp_path: Path,
 ) -> None:

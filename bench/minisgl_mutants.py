@@ -13,8 +13,9 @@ one to read twice is a mutant reported as the control is. Two sets: `first` (def
 the people who built the checks, and `blind`, a second set over all the code the adapter runs.
 Each mutant's counterexample is replayed on the tree without the mutant: "the tree's own" is a
 finding of the tree's bug (bug 5), not of the mutant (the search stopped there first); such a
-mutant is searched again past that invariant (`--skip`), and its row is that search's.
-`--out DIR` keeps each search's counterexamples (`DIR/<mutant>/out`, `.../past`).
+mutant is searched again past that invariant (`--skip`, the next seed), up to three searches,
+and its row is the last one's. `--out DIR` keeps each search's counterexamples
+(`DIR/<mutant>/out`, `.../past1`, `.../past2`).
 `--workers N` runs N mutants' searches at once and prints the rows in the set's order at the end.
 """
 
@@ -405,32 +406,39 @@ def _search(
     return Row(verdict, seconds, found, whose), hit[1] if hit else ""
 
 
+# Searches of one mutant past the tree's own findings: at most this many in all.
+ROUNDS = 3
+
+
 def measure(tree: Path, mutant: Mutant, budget: int, seed: int, keep: Path | None = None) -> Row:
     """The mutant searched like a user's tree. When what it finds is the tree's own bug (bug 5:
     the search stopped there before reaching the mutant), it is searched again past that
-    invariant (`--skip`, as a user who knows the tree's bug would), and the row says so. The
-    counterexample files are copied to `keep / mutant.name` when `keep` is given."""
+    invariant (`--skip`, as a user who knows the tree's bug would; the next seed, so that the
+    examples already run are not run again), up to ROUNDS searches; the row says which it looked
+    past. The counterexample files are copied to `keep / mutant.name / <search>` when `keep` is
+    given."""
     with tempfile.TemporaryDirectory(prefix=f"overlapcheck-mutant-{mutant.name}-") as tmp:
         work = Path(tmp)
         copy = work / tree.name
         shutil.copytree(tree, copy, ignore=shutil.ignore_patterns("__pycache__"))
         apply_edits(copy, mutant.edits, mutant.name)
         replay = bool(mutant.edits)
-        row, invariant = _search(tree, copy, work, "out", (budget, seed, []), replay)
-        if row.whose == ON_TREE["reproduced"] and invariant:
-            past, _ = _search(tree, copy, work, "past", (budget, seed, [invariant]), replay)
-            row = Row(
-                f"(past the tree's {invariant}) {past.verdict}",
-                row.seconds + past.seconds,
-                past.shape,
-                past.whose,
-            )
+        skips: list[str] = []
+        seconds = 0.0
+        for round_ in range(ROUNDS):
+            out = "out" if round_ == 0 else f"past{round_}"
+            row, invariant = _search(tree, copy, work, out, (budget, seed + round_, skips), replay)
+            seconds += row.seconds
+            if row.whose != ON_TREE["reproduced"] or not invariant or round_ == ROUNDS - 1:
+                break
+            skips = [*skips, invariant]
         if keep is not None:
             for found in sorted(work.glob("*/*.json")):
-                if found.parent.name in ("out", "past"):
+                if found.parent.name == "out" or found.parent.name.startswith("past"):
                     (keep / mutant.name / found.parent.name).mkdir(parents=True, exist_ok=True)
                     shutil.copy2(found, keep / mutant.name / found.parent.name / found.name)
-    return row
+    looked = f"(past the tree's {', '.join(skips)}) " if skips else ""
+    return Row(looked + row.verdict, seconds, row.shape, row.whose)
 
 
 def main() -> int:

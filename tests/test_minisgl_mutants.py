@@ -110,18 +110,19 @@ def test_a_finding_of_the_trees_own_bug_is_searched_past(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A mutant's search that stops at the tree's own bug (its counterexample reproduces without
-    the mutant) is run again with that invariant skipped; the row is the second search's."""
+    the mutant) is run again with that invariant skipped, on the next seed, until it finds the
+    mutant's; the row is the last search's."""
     from overlapcheck.bench import minisgl_mutants
 
     calls: list[list[str]] = []
 
     def fake(args: list[str], checkout: Path, cwd: Path) -> str:
         calls.append(args)
-        if args[0] == "replay":  # the first search's file is the tree's, the second's not
-            return "reproduced: x" if "/out/" in args[1] else "fixed: x no longer fires"
+        if args[0] == "replay":  # the first two searches' files are the tree's, the third's not
+            return "fixed: x no longer fires" if "/past2/" in args[1] else "reproduced: x"
         out = cwd / args[args.index("--out") + 1]
         out.mkdir()
-        invariant = "no-crash" if "--skip" in args else "pages-conserved"
+        invariant = ("pages-conserved", "oracle", "no-crash")[args.count("--skip")]
         (out / f"{invariant}-1.json").write_text("{}")
         return f"VIOLATION [{invariant}] step 1: something\n"
 
@@ -131,8 +132,10 @@ def test_a_finding_of_the_trees_own_bug_is_searched_past(
     (tree / "a/f.py").write_text("x = 1\n")
     mutant = minisgl_mutants.Mutant("m", "x becomes 2", (("a/f.py", "x = 1", "x = 2"),))
     row = minisgl_mutants.measure(tree, mutant, 5, 0, tmp_path / "keep")
-    assert row.verdict == "(past the tree's pages-conserved) VIOLATION [no-crash] step 1: something"
-    assert row.whose == "the mutant's"
-    assert calls[2][-2:] == ["--skip", "pages-conserved"]
-    assert (tmp_path / "keep/m/past/no-crash-1.json").is_file()
+    said = "(past the tree's pages-conserved, oracle) VIOLATION [no-crash] step 1: something"
+    assert row.verdict == said and row.whose == "the mutant's"
+    third = calls[4]
+    assert third[-4:] == ["--skip", "pages-conserved", "--skip", "oracle"]
+    assert third[third.index("--seed") + 1] == "2"  # (the examples already run are not again)
+    assert (tmp_path / "keep/m/past2/no-crash-1.json").is_file()
     assert (tree / "a/f.py").read_text() == "x = 1\n"  # the tree itself is never edited

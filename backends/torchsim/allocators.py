@@ -61,7 +61,7 @@ from typing import Any
 
 import torch
 
-from overlapcheck.backends.torchsim.memory import Buffer, Geometry, Memory, at, same_geometry
+from overlapcheck.backends.torchsim.memory import Buffer, Geometry, Memory, same_geometry
 from overlapcheck.backends.torchsim.streams import UNKNOWN, Marker, SimStream, StreamRuntime
 from overlapcheck.core.sites import Site, caller
 from overlapcheck.core.trace import HOST, Reuse
@@ -214,8 +214,9 @@ class DeviceAllocator:
         buffer, offset = self._owner(block, like.dtype, like.element_size(), hint, stream, site)
         buffer.on_free = self._freed
         self.blocks[id(buffer)] = block
-        where = (tuple(like.size()), tuple(like.stride()), int(like.storage_offset()) + offset)
-        return buffer, at(buffer.logical, where)
+        return buffer, buffer.logical.as_strided(
+            like.size(), like.stride(), like.storage_offset() + offset
+        )
 
     def _reserve(self, stream: SimStream, small: bool, size: int) -> _Block:
         """A new segment (`cudaMalloc`) of `size` bytes: one free block, at a fresh address."""
@@ -428,16 +429,19 @@ class HostAllocator:
         `site`: the scheduler's frame that asked, when the caller found it already."""
         self._collect()
         dtype = made.dtype
-        where: Geometry = (tuple(made.size()), tuple(made.stride()), 0)
+        where: Geometry = (made.size(), made.stride(), 0)
         bucket = _bucket(made.untyped_storage().nbytes())
         esize = made.element_size()
         free = self.free.get(bucket)
         block = None
         if free:
             for b in reversed(free):  # the latest freed first (PyTorch's free list pops its back)
-                if (b.buffer.physical.dtype == dtype or bucket % esize == 0) and all(
-                    m.query() for m in b.markers.values()
-                ):
+                if bucket % esize and b.buffer.physical.dtype != dtype:
+                    continue
+                for m in b.markers.values():  # (`Marker.query`, inline: a dozen blocks a call)
+                    if not m.fired.triggered:
+                        break
+                else:
                     block = b
                     break
         if block is not None:
@@ -507,8 +511,9 @@ class HostAllocator:
     def _collect(self) -> None:
         """Blocks no tensor of the program's uses any more are free."""
         still = []
+        count = torch._C._storage_Use_Count  # (`_use_count`, inline: every live block a call)
         for block in self.live:
-            if _use_count(block.storage) > block.own:
+            if count(block.storage) > block.own:
                 still.append(block)
             else:
                 self.free.setdefault(block.bucket, []).append(block)

@@ -255,7 +255,7 @@ def _tensors(tree: Any) -> list[torch.Tensor]:
     return [x for x in _leaves(tree) if isinstance(x, torch.Tensor)]
 
 
-@dataclass
+@dataclass(eq=False, slots=True)
 class _Written:
     """An argument an op writes in place: its buffer, the cells written, its start-time clone."""
 
@@ -264,7 +264,7 @@ class _Written:
     clone: torch.Tensor | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(eq=False, slots=True)  # (not frozen: that `__init__` goes through object.__setattr__)
 class _Ref:
     """A stream op's hold on a tensor argument: its buffer and where in it, not the tensor (the
     program's tensors die when the program drops them, whatever is still queued)."""
@@ -273,7 +273,7 @@ class _Ref:
     where: Geometry
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(eq=False, slots=True)  # (not frozen: that `__init__` goes through object.__setattr__)
 class _Held:
     """A stream op's hold on a device tensor argument: its buffer and its view of the buffer's
     physical copy (ours, not the program's tensor, whose death frees the buffer)."""

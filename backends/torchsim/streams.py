@@ -27,7 +27,7 @@ from overlapcheck.core.trace import HOST, Op
 Body = Callable[[], Generator[simpy.Event, Any, None]]
 
 
-@dataclass
+@dataclass(eq=False, slots=True)
 class Launch:
     """One stream op: its trace op, the unit it books for how long, and what it computes: at
     its start, `start` runs and returns what to run at its end."""
@@ -38,7 +38,7 @@ class Launch:
     start: Callable[[], Callable[[], None]]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(eq=False, slots=True)  # (not frozen: that `__init__` goes through object.__setattr__)
 class _Fire:
     """A recording's turn on its stream: the marker fires (`op`: its trace op, if traced)."""
 
@@ -46,7 +46,7 @@ class _Fire:
     marker: Marker
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(eq=False, slots=True)  # (not frozen: that `__init__` goes through object.__setattr__)
 class _Wait:
     """A stream's wait for a marker (`StreamRuntime.wait_event`), traced as `op`."""
 

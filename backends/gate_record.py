@@ -56,6 +56,13 @@ def start(path: Path, count: int, repeat: int) -> None:
     path.write_bytes(values.tobytes())
 
 
+def withdraw(path: Path, count: int) -> None:
+    """The running repeat's gates keep no record in `path` (CUDA would not map it): the file says
+    so, and a stopped run's gates read as not known, never as an earlier repeat's or as not
+    reached."""
+    start(path, count, NOT_WRITTEN)
+
+
 def shared_dir() -> str | None:
     """A folder in shared memory for record files (None: the system's temporary folder)."""
     shm = "/dev/shm"

@@ -47,6 +47,15 @@ def test_another_repeats_or_a_broken_record_is_none(tmp_path: Path) -> None:
     assert gate_record.read(path, 1, 4) is None  # cut short
 
 
+def test_a_withdrawn_record_reads_as_none(tmp_path: Path) -> None:
+    """Where CUDA would not map the file, its gates are not known: not 'not reached', and not
+    an earlier repeat's."""
+    path = tmp_path / "gates"
+    gate_record.start(path, 1, 2)
+    gate_record.withdraw(path, 1)
+    assert gate_record.read(path, 1, 3) is None and gate_record.read(path, 1, 2) is None
+
+
 def test_only_tmpfs_counts_as_shared_memory(tmp_path: Path) -> None:
     mounts = tmp_path / "mounts"
     mounts.write_text(

@@ -60,6 +60,8 @@ class SpinGates:
                 return
             except ValueError:  # Triton would not take the host pages' address: device memory
                 self.mapped = None
+                assert record is not None  # (mapped only from a record)
+                gate_record.withdraw(record[0], count)
         self.status = torch.zeros(count + 1, dtype=torch.int32, device=device)
         self.waited = torch.zeros(count + 1, dtype=torch.int64, device=device)
         self._warm_up()
@@ -100,15 +102,19 @@ def _mapped_record(path: Path, repeat: int, count: int) -> torch.Tensor | None:
     """The record file's pages as a host tensor the device writes through (registered with CUDA:
     pinned, and mapped at the same address under unified addressing), or None where CUDA will not
     map them (the record then stays in device memory, unreadable after a device error)."""
-    gate_record.start(path, count, repeat)
     if not gate_record.on_shared_memory(path.parent):
-        return None  # (a failed registration would leave its error for torch's next check)
+        # (a failed registration would leave its error for torch's next check)
+        gate_record.withdraw(path, count)
+        return None
+    gate_record.start(path, count, repeat)
     nbytes = gate_record.size(count)
     mapped = torch.from_file(str(path), shared=True, size=nbytes // 8, dtype=torch.int64)
     # flags 1 (cudaHostRegisterPortable), as torch pins shared memory: mapped too under
     # unified addressing, at the same address
     if torch.cuda.cudart().cudaHostRegister(mapped.data_ptr(), nbytes, 1) != 0:
+        gate_record.withdraw(path, count)
         return None
     if not mapped.is_pinned():
+        gate_record.withdraw(path, count)
         return None
     return mapped
